@@ -1,0 +1,7 @@
+"""`python -m hfsampler`: the same entry point as the console script."""
+
+import sys
+
+from hfsampler.cli import main
+
+sys.exit(main())

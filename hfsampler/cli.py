@@ -1,0 +1,211 @@
+"""The command line: `hfsampler run`, `check-config` and `fields`.
+
+Flags override the config file. A user's mistake is one line on stderr naming the key and the fix,
+exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from hfsampler import __version__, logs
+from hfsampler import fields as catalogue
+from hfsampler.config import (
+    Config,
+    load_file,
+    parse_duration,
+    parse_label,
+    with_remote_write_urls,
+)
+from hfsampler.errors import ConfigError, HfsamplerError
+from hfsampler.sources import SourceSpec
+
+log = logging.getLogger("hfsampler")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"hfsampler: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hfsampler",
+        description="Millisecond GPU sampling with window statistics, pushed over Remote-Write.",
+    )
+    parser.add_argument("--version", action="version", version=f"hfsampler {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="sample GPUs, serve /metrics, push window series")
+    run.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
+    run.add_argument("--source", choices=("auto", "nvml", "sim"), help="default: auto")
+    run.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (sim source)")
+    run.add_argument("--seed", type=int, help="seed of the simulated GPUs")
+    run.add_argument("--interval", metavar="DUR", help="the fast group's interval, e.g. 1ms")
+    run.add_argument("--window", metavar="DUR", help="window length, e.g. 1s (default)")
+    run.add_argument("--listen", metavar="HOST:PORT", help="/metrics address; '' turns it off")
+    run.add_argument("--duration", metavar="DUR", help="stop after this long, e.g. 10s")
+    run.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="external label (repeatable)"
+    )
+    run.add_argument(
+        "--fields",
+        action="append",
+        default=[],
+        metavar="LIST",
+        help="comma-separated field names or groups (fast, slow, all)",
+    )
+    run.add_argument(
+        "--remote-write", action="append", default=[], metavar="URL", help="push to (repeatable)"
+    )
+    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    run.add_argument("--log-format", choices=("text", "json"))
+
+    check = sub.add_parser("check-config", help="validate a config file and print it")
+    check.add_argument("file", metavar="FILE")
+
+    sub.add_parser("fields", help="list the field catalogue")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The file's config with every given flag applied on top."""
+    config = load_file(args.config) if args.config else Config()
+    changes: dict[str, Any] = {}
+    if args.source is not None:
+        changes["source"] = args.source
+    if args.gpus is not None:
+        changes["sim_gpus"] = args.gpus
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.interval is not None:
+        intervals = dict(config.intervals_s)
+        intervals[catalogue.FAST] = parse_duration(args.interval, "--interval")
+        changes["intervals_s"] = intervals
+    if args.window is not None:
+        changes["window_s"] = parse_duration(args.window, "--window")
+    if args.duration is not None:
+        changes["duration_s"] = parse_duration(args.duration, "--duration")
+    if args.listen is not None:
+        changes["listen"] = args.listen or None
+    if args.label:
+        changes["external_labels"] = {
+            **config.external_labels,
+            **dict(map(parse_label, args.label)),
+        }
+    if args.fields:
+        changes["fields"] = tuple(t for item in args.fields for t in item.split(",") if t.strip())
+    if args.log_level is not None:
+        changes["log_level"] = args.log_level
+    if args.log_format is not None:
+        changes["log_format"] = args.log_format
+    config = replace(config, **changes) if changes else config
+    return with_remote_write_urls(config, args.remote_write)
+
+
+def resolve_source(config: Config) -> SourceSpec:
+    """The source to use; `auto` falls back to sim, with a warning, when there is no driver."""
+    kind = config.source
+    if kind == "auto":
+        from hfsampler.sources.nvml import probe_driver
+
+        reason = probe_driver()
+        if reason is None:
+            kind = "nvml"
+        else:
+            log.warning(
+                "no usable NVIDIA driver (%s): sampling %d SIMULATED GPUs instead "
+                "(pass --source sim to silence this, --source nvml to insist on real GPUs)",
+                reason,
+                config.sim_gpus,
+            )
+            kind = "sim"
+    return SourceSpec(kind=kind, gpus=config.sim_gpus, seed=config.seed, indices=config.devices)
+
+
+def run_async(factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run a coroutine on uvloop, or on asyncio's own loop where uvloop cannot load."""
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None
+    try:
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        log.info("uvloop is not available; using asyncio's default event loop")
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(factory())
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from hfsampler.service import Service, discover
+
+    config = config_from_args(args)
+    logs.setup(config.log_level, config.log_format)
+    spec = resolve_source(config)
+    inventory = discover(spec, config.selected_fields())
+    if not inventory.devices:
+        log.error("the %s source found no GPU", spec.kind)
+        return EXIT_FAILURE
+    if not inventory.fields:
+        log.error("none of the selected fields is supported by these GPUs")
+        return EXIT_FAILURE
+    service_config = config
+    return run_async(lambda: Service(service_config, spec, inventory).run())
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    config = load_file(args.file)
+    fields = config.selected_fields()
+    print(f"{args.file}: OK")
+    print(f"  source: {config.source}; window {config.window_s:g}s; listen {config.listen}")
+    groups = sorted({f.group for f in fields})
+    for g in groups:
+        n = sum(f.group == g for f in fields)
+        print(f"  group {g}: {n} fields every {config.intervals_s[g] * 1e3:g} ms")
+    if config.external_labels:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
+        print(f"  external labels: {labels}")
+    for ep in config.remote_write:
+        print(f"  remote_write: {ep.display_url}")
+    return EXIT_OK
+
+
+def cmd_fields(args: argparse.Namespace) -> int:
+    width = max(len(f.name) for f in catalogue.CATALOGUE)
+    print(f"{'NAME':<{width}}  {'KIND':<7}  {'GROUP':<5}  {'UNIT':<5}  NVML")
+    for f in catalogue.CATALOGUE:
+        how = f.nvml_field or f"call:{f.nvml_call}"
+        if f.nvml_field and f.nvml_call:
+            how += f" (fallback call:{f.nvml_call})"
+        print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {how}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    handlers = {"run": cmd_run, "check-config": cmd_check_config, "fields": cmd_fields}
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        print(f"hfsampler: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (HfsamplerError, OSError) as exc:
+        log.error("%s", exc)
+        print(f"hfsampler: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_OK

@@ -1,0 +1,270 @@
+"""Configuration: one YAML file plus command-line flags, validated once into a frozen ``Config``.
+
+Every mistake becomes a ``ConfigError`` that names the key and the fix; the CLI prints it on one
+line and exits 2. The ``remote_write`` block is parsed by ``hfsampler.remote_write.config`` with
+Prometheus's own key names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hfsampler import fields as catalogue
+from hfsampler.errors import ConfigError
+from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
+from hfsampler.series import LABEL_NAME_RE
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|µs|ms|s|m|h|d)")
+_UNIT_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+SOURCES = ("auto", "nvml", "sim")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+MIN_INTERVAL_S = 1e-4
+
+
+def parse_duration(value: object, key: str) -> float:
+    """``250us``, ``1ms``, ``1.5s``, ``5m``, ``1h30m`` → seconds."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ConfigError(key, f"expected a duration, got {value!r}", "write it like 1ms, 1s or 5m")
+    text = str(value).strip()
+    if isinstance(value, int | float) or re.fullmatch(r"\d+(\.\d+)?", text):
+        raise ConfigError(key, f"{text!r} has no unit", f"write {text}s or {text}ms")
+    pos, total = 0, 0.0
+    for m in _DURATION_PART.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ConfigError(
+            key, f"cannot read {text!r} as a duration", "use units us, ms, s, m, h: 250us, 1s, 5m"
+        )
+    return total
+
+
+def parse_label(text: str, key: str = "--label") -> tuple[str, str]:
+    """``k=v`` → (k, v), with Prometheus's rules for label names."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(key, f"{text!r} is not k=v", "write it as name=value, e.g. cluster=eu1")
+    _check_label(name, value, key)
+    return name, value
+
+
+def _check_label(name: str, value: str, key: str) -> None:
+    if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+        raise ConfigError(
+            key, f"invalid label name {name!r}", "use letters, digits and _, not starting with __"
+        )
+    if value == "":
+        raise ConfigError(key, f"label {name!r} has an empty value", "give it a value or drop it")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything `hfsampler run` needs, validated."""
+
+    source: str = "auto"
+    sim_gpus: int = 2
+    seed: int = 0
+    devices: tuple[int, ...] | None = None
+    intervals_s: Mapping[str, float] = field(
+        default_factory=lambda: dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
+    )
+    field_groups: Mapping[str, str] = field(default_factory=dict)
+    fields: tuple[str, ...] | None = None
+    window_s: float = 1.0
+    listen: str | None = "127.0.0.1:9400"
+    duration_s: float | None = None
+    external_labels: Mapping[str, str] = field(default_factory=dict)
+    log_level: str = "info"
+    log_format: str = "text"
+    remote_write: tuple[EndpointConfig, ...] = ()
+    stale_after_windows: int = 5
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ConfigError("source", f"unknown source {self.source!r}", _one_of(SOURCES))
+        if self.sim_gpus < 1 or self.sim_gpus > 1024:
+            raise ConfigError("gpus", f"{self.sim_gpus} GPUs", "give between 1 and 1024")
+        if self.window_s < 0.01 or self.window_s > 3600:
+            raise ConfigError("window", f"{self.window_s}s is out of range", "use 10ms to 1h")
+        for group, interval in self.intervals_s.items():
+            if interval < MIN_INTERVAL_S:
+                raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")
+            if interval > self.window_s:
+                raise ConfigError(
+                    f"intervals.{group}",
+                    f"{interval}s is longer than the window ({self.window_s}s)",
+                    "sample at least once per window, or lengthen --window",
+                )
+        for name, group in self.field_groups.items():
+            if group not in self.intervals_s:
+                raise ConfigError(
+                    f"field_groups.{name}", f"unknown group {group!r}", _one_of(self.intervals_s)
+                )
+        if self.listen is not None:
+            parse_listen(self.listen)
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ConfigError("duration", "must be positive", "e.g. 10s")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError("log_level", f"unknown level {self.log_level!r}", _one_of(LOG_LEVELS))
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(
+                "log_format", f"unknown format {self.log_format!r}", _one_of(LOG_FORMATS)
+            )
+        for name, value in self.external_labels.items():
+            _check_label(name, value, f"external_labels.{name}")
+        if self.stale_after_windows < 1:
+            raise ConfigError("stale_after_windows", "must be at least 1", "e.g. 5")
+        self.selected_fields()  # unknown names fail here, at load time
+
+    def selected_fields(self) -> tuple[catalogue.Field, ...]:
+        chosen = catalogue.select(self.fields)
+        return catalogue.regroup(chosen, dict(self.field_groups))
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError("listen", f"{text!r} is not HOST:PORT", "e.g. 127.0.0.1:9400 or :9400")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _one_of(choices: Sequence[str] | Mapping[str, object]) -> str:
+    return "one of " + ", ".join(choices)
+
+
+# -- the YAML file --------------------------------------------------------------------------------
+
+_FILE_KEYS = (
+    "source",
+    "gpus",
+    "seed",
+    "devices",
+    "intervals",
+    "field_groups",
+    "fields",
+    "window",
+    "listen",
+    "duration",
+    "external_labels",
+    "global",
+    "log_level",
+    "log_format",
+    "remote_write",
+    "stale_after_windows",
+)
+
+
+def _unknown(key: str, allowed: Sequence[str], where: str = "") -> ConfigError:
+    close = difflib.get_close_matches(key, allowed, n=1)
+    fix = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(allowed)
+    return ConfigError(f"{where}{key}", "unknown key", fix)
+
+
+def _expect(value: object, kind: type | tuple[type, ...], key: str, example: str) -> Any:
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(key, f"expected {example}, got {value!r}", f"e.g. {key}: {example}")
+    if not isinstance(value, kind):
+        raise ConfigError(key, f"expected {example}, got {value!r}", f"e.g. {key}: {example}")
+    return value
+
+
+def _str_map(value: object, key: str) -> dict[str, str]:
+    mapping = _expect(value, dict, key, "a mapping")
+    out = {}
+    for k, v in mapping.items():
+        if not isinstance(k, str) or isinstance(v, dict | list) or v is None:
+            raise ConfigError(f"{key}.{k}", f"expected a string value, got {v!r}", "quote it")
+        out[k] = str(v)
+    return out
+
+
+def from_mapping(data: object, base: Config | None = None) -> Config:
+    """Build a Config from the YAML file's top-level mapping."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("", "the config file must be a YAML mapping", "see the README's example")
+    kw: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or key not in _FILE_KEYS:
+            raise _unknown(str(key), _FILE_KEYS)
+        if key == "source":
+            kw["source"] = _expect(value, str, key, "sim")
+        elif key == "gpus":
+            kw["sim_gpus"] = _expect(value, int, key, "2")
+        elif key == "seed":
+            kw["seed"] = _expect(value, int, key, "0")
+        elif key == "devices":
+            items = _expect(value, list, key, "[0, 1]")
+            kw["devices"] = tuple(_expect(i, int, f"{key}[]", "0") for i in items)
+        elif key == "intervals":
+            intervals = _expect(value, dict, key, "{fast: 1ms, slow: 100ms}")
+            merged = dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
+            for group, text in intervals.items():
+                if not isinstance(group, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", group):
+                    raise ConfigError(f"intervals.{group}", "bad group name", "use e.g. fast, slow")
+                merged[group] = parse_duration(text, f"intervals.{group}")
+            kw["intervals_s"] = merged
+        elif key == "field_groups":
+            kw["field_groups"] = _str_map(value, key)
+        elif key == "fields":
+            items = [value] if isinstance(value, str) else _expect(value, list, key, "[fast]")
+            kw["fields"] = tuple(str(_expect(i, str, f"{key}[]", "fast")) for i in items)
+        elif key in ("window", "duration"):
+            kw[f"{key}_s"] = parse_duration(value, key)
+        elif key == "listen":
+            kw["listen"] = None if value in (None, "", False) else _expect(value, str, key, ":9400")
+        elif key == "external_labels":
+            kw.setdefault("external_labels", {}).update(_str_map(value, key))
+        elif key == "global":
+            block = _expect(value, dict, key, "{external_labels: {cluster: eu1}}")
+            for sub, subvalue in block.items():
+                if sub != "external_labels":
+                    raise _unknown(str(sub), ["external_labels"], "global.")
+                labels = _str_map(subvalue, "global.external_labels")
+                kw.setdefault("external_labels", {}).update(labels)
+        elif key in ("log_level", "log_format"):
+            kw[key] = _expect(value, str, key, "info" if key == "log_level" else "json").lower()
+        elif key == "remote_write":
+            kw["remote_write"] = parse_remote_write(value, "remote_write")
+        elif key == "stale_after_windows":
+            kw["stale_after_windows"] = _expect(value, int, key, "5")
+    return replace(base or Config(), **kw)
+
+
+def load_file(path: str | Path) -> Config:
+    """Read and validate a config file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            "--config", f"cannot read {p}: {exc.strerror}", "check the path"
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError("--config", f"{p} is not UTF-8 text", "save it as UTF-8") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(str(p), f"{problem}{where}", "fix the YAML syntax") from None
+    return from_mapping(data)
+
+
+def with_remote_write_urls(config: Config, urls: Sequence[str]) -> Config:
+    """Add ``--remote-write URL`` endpoints to those of the file."""
+    extra = tuple(endpoint_from_url(u) for u in urls)
+    return replace(config, remote_write=config.remote_write + extra) if extra else config

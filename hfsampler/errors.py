@@ -1,0 +1,60 @@
+"""hfsampler's exception tree: every error the package raises on purpose descends from here."""
+
+from __future__ import annotations
+
+
+class HfsamplerError(Exception):
+    """Root of every error hfsampler raises on purpose."""
+
+
+class ConfigError(HfsamplerError, ValueError):
+    """A user's mistake in the config file or flags: names the key and the fix (exit 2)."""
+
+    def __init__(self, key: str, problem: str, fix: str = "") -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        text = f"{key}: {problem}" if key else problem
+        if fix:
+            text += f" ({fix})"
+        super().__init__(text)
+
+
+class SourceError(HfsamplerError, RuntimeError):
+    """A GPU source could not be opened or read."""
+
+
+class DriverNotFoundError(SourceError):
+    """No NVIDIA driver (libnvidia-ml) on this machine."""
+
+
+class FieldNotSupportedError(SourceError):
+    """The device or driver does not provide this field."""
+
+
+class GpuLostError(SourceError):
+    """The device fell off the bus or stopped answering: stop sampling it, keep the others."""
+
+
+class RemoteWriteError(HfsamplerError):
+    """A Remote-Write request failed."""
+
+
+class RecoverableSendError(RemoteWriteError, ConnectionError):
+    """A failure the spec says to retry: network errors, timeouts, 5xx, 429."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NonRecoverableSendError(RemoteWriteError, ValueError):
+    """The receiver refused the batch (4xx other than 429): never resent."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class InvalidLabelError(HfsamplerError, ValueError):
+    """A label set that Remote-Write receivers would refuse."""

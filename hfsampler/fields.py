@@ -1,0 +1,195 @@
+"""The field catalogue: the one table every stage reads (sources, windows, encoder, /metrics, docs).
+
+Each entry names the dcgm-exporter metric, its help text and unit, how NVML gives it (a field id for
+the batched ``nvmlDeviceGetFieldValues`` hot path, or a call), the scale from NVML's unit to the
+exported unit, its kind, and the sampling group it belongs to by default.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from hfsampler.errors import ConfigError
+
+
+class Kind(enum.Enum):
+    """How a window reduces a field and how it is exported."""
+
+    GAUGE = "gauge"  # mean under the name; _min, _max, _p99 siblings
+    COUNTER = "counter"  # monotonic: the window's last value, exported as a counter, never averaged
+    STATE = "state"  # a code (last XID, remap failure flag): the window's last value, no siblings
+    BITMASK = "bitmask"  # reason bits: OR over the window, so a 2 ms throttle is not lost
+
+
+FAST = "fast"
+SLOW = "slow"
+DEFAULT_GROUP_INTERVALS_S: dict[str, float] = {FAST: 0.001, SLOW: 0.1}
+
+GAUGE_SUFFIXES = ("_min", "_max", "_p99")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One metric of the catalogue."""
+
+    name: str
+    help: str
+    unit: str
+    kind: Kind
+    group: str
+    nvml_field: str | None = None  # pynvml constant name (NVML_FI_DEV_*), read in the batched call
+    nvml_call: str | None = None  # key of a per-device call in the nvml source (fallback too)
+    scale: float = 1.0  # exported value = NVML value * scale
+
+    @property
+    def prometheus_type(self) -> str:
+        return "counter" if self.kind is Kind.COUNTER else "gauge"
+
+    @property
+    def exported_names(self) -> tuple[str, ...]:
+        """Every series name this field exports: the mean first, then the window siblings."""
+        if self.kind is Kind.GAUGE:
+            return (self.name, *(self.name + s for s in GAUGE_SUFFIXES))
+        return (self.name,)
+
+
+_MIB = 1.0 / (1 << 20)
+
+CATALOGUE: tuple[Field, ...] = (
+    # Clocks
+    Field("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "MHz", Kind.GAUGE, FAST,
+          nvml_call="clock_sm"),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "MHz", Kind.GAUGE, FAST,
+          nvml_call="clock_mem"),
+    # Temperature
+    Field("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "C", Kind.GAUGE, SLOW,
+          nvml_call="temperature_gpu"),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "C", Kind.GAUGE, SLOW,
+          nvml_field="NVML_FI_DEV_MEMORY_TEMP"),
+    # Power and energy
+    Field("DCGM_FI_DEV_POWER_USAGE", "Power draw, 1 s average as the driver reports it (in W).",
+          "W", Kind.GAUGE, FAST, nvml_field="NVML_FI_DEV_POWER_AVERAGE", nvml_call="power_usage",
+          scale=1e-3),
+    Field("DCGM_FI_DEV_POWER_USAGE_INSTANT", "Current instantaneous power draw (in W).", "W",
+          Kind.GAUGE, FAST, nvml_field="NVML_FI_DEV_POWER_INSTANT", scale=1e-3),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
+          "mJ", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+          nvml_call="total_energy"),
+    Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", "W", Kind.GAUGE, SLOW,
+          nvml_field="NVML_FI_DEV_POWER_CURRENT_LIMIT", nvml_call="power_limit", scale=1e-3),
+    # PCIe
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "1", Kind.COUNTER,
+          SLOW, nvml_field="NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
+    Field("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe transmit throughput (in KB/s).", "KB/s",
+          Kind.GAUGE, SLOW, nvml_call="pcie_tx"),
+    Field("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe receive throughput (in KB/s).", "KB/s",
+          Kind.GAUGE, SLOW, nvml_call="pcie_rx"),
+    # Utilization
+    Field("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "%", Kind.GAUGE, FAST,
+          nvml_call="util_gpu"),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "%", Kind.GAUGE, FAST,
+          nvml_call="util_mem"),
+    Field("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "%", Kind.GAUGE, FAST,
+          nvml_call="util_enc"),
+    Field("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "%", Kind.GAUGE, FAST,
+          nvml_call="util_dec"),
+    # Errors
+    Field("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "1", Kind.STATE,
+          SLOW, nvml_call="xid"),
+    Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "1",
+          Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
+    Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "1",
+          Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    Field("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Total number of single-bit persistent ECC errors.",
+          "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
+    Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Total number of double-bit persistent ECC errors.",
+          "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    # Memory
+    Field("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "MiB", Kind.GAUGE, FAST,
+          nvml_call="fb_free", scale=_MIB),
+    Field("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "MiB", Kind.GAUGE, FAST,
+          nvml_call="fb_used", scale=_MIB),
+    Field("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "MiB", Kind.GAUGE,
+          FAST, nvml_call="fb_reserved", scale=_MIB),
+    # NVLink
+    Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+          "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
+    # Remapped rows
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+          "Number of remapped rows for correctable errors.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_REMAPPED_COR"),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+          "Number of remapped rows for uncorrectable errors.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_REMAPPED_UNC"),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed.", "1",
+          Kind.STATE, SLOW, nvml_field="NVML_FI_DEV_REMAPPED_FAILURE"),
+    # Clock events (throttling)
+    Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+          "Clock event (throttle) reasons as NVML's reason bits.", "1",
+          Kind.BITMASK, FAST, nvml_call="clocks_event_reasons"),
+    Field("DCGM_FI_DEV_POWER_VIOLATION",
+          "Throttling duration due to power constraints (in us).", "us", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_POWER", scale=1e-3),
+    Field("DCGM_FI_DEV_THERMAL_VIOLATION",
+          "Throttling duration due to thermal constraints (in us).", "us", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_THERMAL", scale=1e-3),
+    # Board state
+    Field("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "%", Kind.GAUGE, SLOW, nvml_call="fan"),
+    Field("DCGM_FI_DEV_PSTATE", "Performance state (0 fastest, 15 slowest).", "1", Kind.GAUGE,
+          SLOW, nvml_call="pstate"),
+)  # fmt: skip
+
+BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+
+
+def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
+    """The catalogue entries named by ``selectors``: field names, groups (fast, slow) or ``all``.
+
+    Names may omit the ``DCGM_FI_DEV_`` prefix and are case-insensitive. Catalogue order is kept.
+    """
+    if selectors is None:
+        return CATALOGUE
+    wanted: set[str] = set()
+    for raw in selectors:
+        token = raw.strip()
+        if not token:
+            continue
+        low = token.lower()
+        if low == "all":
+            wanted.update(BY_NAME)
+        elif low in DEFAULT_GROUP_INTERVALS_S:
+            wanted.update(f.name for f in CATALOGUE if f.group == low)
+        else:
+            name = token.upper()
+            if name not in BY_NAME:
+                name = "DCGM_FI_DEV_" + name
+            if name not in BY_NAME:
+                raise ConfigError(
+                    "fields",
+                    f"unknown field {token!r}",
+                    "use a catalogue name such as DCGM_FI_DEV_POWER_USAGE, a group "
+                    "(fast, slow) or all; `hfsampler fields` lists them",
+                )
+            wanted.add(name)
+    if not wanted:
+        raise ConfigError("fields", "selects no field", "name at least one field or group")
+    return tuple(f for f in CATALOGUE if f.name in wanted)
+
+
+def regroup(fields: Sequence[Field], overrides: dict[str, str]) -> tuple[Field, ...]:
+    """Move fields to other groups (``{field name: group}``), validating both sides."""
+    from dataclasses import replace
+
+    out = []
+    for f in fields:
+        group = overrides.get(f.name, f.group)
+        out.append(f if group == f.group else replace(f, group=group))
+    unknown = set(overrides) - set(BY_NAME)
+    if unknown:
+        raise ConfigError(
+            "field_groups", f"unknown field {sorted(unknown)[0]!r}", "use a catalogue name"
+        )
+    return tuple(out)

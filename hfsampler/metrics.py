@@ -1,0 +1,176 @@
+"""The metric model: window statistics and self-metrics become one ``Snapshot`` of named series.
+
+GPU series take dcgm-exporter's names and labels (the window mean keeps the name; ``_min``,
+``_max`` and ``_p99`` are siblings); counters, states and bitmasks export one value. Counters and
+states carry their last value into windows without a fresh sample; a gauge without samples for
+``stale_after_windows`` windows, every series of a GPU that went down, and everything at shutdown
+gets Prometheus's stale marker once.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.fields import Field, Kind
+from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot
+from hfsampler.sources import DeviceInfo
+from hfsampler.window import WindowStats
+
+ObjArray = npt.NDArray[np.object_]
+
+_STATS: dict[str, str] = {"": "mean", "_min": "min", "_max": "max", "_p99": "p99"}
+_STAT_HELP = {
+    "": "mean over the window",
+    "_min": "minimum over the window",
+    "_max": "maximum over the window",
+    "_p99": "99th percentile over the window",
+}
+
+
+def gpu_labels(device: DeviceInfo, hostname: str) -> dict[str, str]:
+    """dcgm-exporter's per-GPU labels."""
+    return {
+        "gpu": str(device.index),
+        "UUID": device.uuid,
+        "device": device.device,
+        "modelName": device.model_name,
+        "Hostname": hostname,
+        "pci_bus_id": device.pci_bus_id,
+        "DCGM_FI_DRIVER_VERSION": device.driver_version,
+    }
+
+
+@dataclass(slots=True)
+class _GroupSeries:
+    """A group's series per exported statistic, as ``[gpu, field]`` object arrays (None: none)."""
+
+    fields: tuple[Field, ...]
+    by_stat: list[tuple[str, ObjArray]]  # (WindowStats attribute, series array)
+    carried: npt.NDArray[np.bool_]  # [field]: counters, states, bitmasks carry forward
+    last: npt.NDArray[np.float64]  # [gpu, field]: last exported value of carried fields
+    empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
+
+
+class MetricModel:
+    """Builds each window's snapshot; one per service, reused for every window."""
+
+    def __init__(
+        self,
+        devices: Sequence[DeviceInfo],
+        groups: Mapping[str, Sequence[Field]],
+        self_metrics: SelfMetrics,
+        external_labels: Mapping[str, str] | None = None,
+        hostname: str | None = None,
+        stale_after_windows: int = 5,
+    ) -> None:
+        self.devices = tuple(devices)
+        self.hostname = hostname or socket.gethostname() or "localhost"
+        self.external = dict(external_labels or {})
+        self.self_metrics = self_metrics
+        self.registry = SeriesRegistry()
+        self.stale_after_windows = stale_after_windows
+        self._groups: dict[str, _GroupSeries] = {}
+        self._live: dict[int, Series] = {}
+        self._base_labels = [
+            {**gpu_labels(d, self.hostname), **self.external} for d in self.devices
+        ]
+        for name, fields in groups.items():
+            self._groups[name] = self._build_group(tuple(fields))
+
+    @property
+    def families(self) -> Mapping[str, Family]:
+        return self.registry.families
+
+    def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
+        g = len(self.devices)
+        by_stat: list[tuple[str, ObjArray]] = []
+        for suffix, stat in _STATS.items():
+            arr: ObjArray = np.empty((g, len(fields)), dtype=object)
+            for j, f in enumerate(fields):
+                if suffix and f.kind is not Kind.GAUGE:
+                    continue
+                name = f.name + suffix
+                what = _STAT_HELP[suffix] if f.kind is Kind.GAUGE else "last value in the window"
+                if f.kind is Kind.BITMASK:
+                    what = "OR over the window"
+                help_text = f"{f.help.rstrip('.')}; {what}."
+                self.registry.family(name, help_text, f.prometheus_type, f.unit)
+                for i in range(g):
+                    arr[i, j] = self.registry.series(name, self._base_labels[i])
+            stat_attr = stat if suffix else "mean"
+            by_stat.append((stat_attr, arr))
+        carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
+        # counters, states and bitmasks export `last` under the plain name, not the mean
+        by_stat[0] = ("last_or_mean", by_stat[0][1])
+        return _GroupSeries(
+            fields,
+            by_stat,
+            carried,
+            np.full((g, len(fields)), np.nan),
+            np.zeros((g, len(fields)), dtype=np.int64),
+        )
+
+    def snapshot(
+        self,
+        windows: Mapping[str, WindowStats],
+        gpu_up: npt.NDArray[np.bool_],
+        t1_ns: int,
+    ) -> Snapshot:
+        """The snapshot for the window ending at ``t1_ns``."""
+        series: list[Series] = []
+        values: list[float] = []
+        alive: dict[int, Series] = {}
+        for name, stats in windows.items():
+            group = self._groups[name]
+            has = stats.count > 0
+            group.empty_windows = np.where(has, 0, group.empty_windows + 1)
+            fresh = np.where(group.carried, stats.last, stats.mean)
+            group.last = np.where(has & group.carried, stats.last, group.last)
+            exists = (group.by_stat[0][1] != None) & gpu_up[:, None]  # noqa: E711
+            # a gauge stays live through a few windows without samples; carried fields while known
+            recent = group.empty_windows < self.stale_after_windows
+            for stat, arr in group.by_stat:
+                if stat == "last_or_mean":
+                    data = np.where(group.carried, group.last, fresh)
+                    emit = np.where(group.carried, ~np.isnan(group.last), has)
+                else:
+                    data = getattr(stats, stat)
+                    emit = has
+                present = exists & (arr != None)  # noqa: E711
+                emit = emit & present
+                live = emit | (present & ~group.carried & recent)
+                for s in arr[live]:
+                    alive[s.id] = s
+                idx = np.nonzero(emit)
+                series.extend(arr[idx])
+                values.extend(data[idx].tolist())
+        self._self_series(series, values, alive)
+        ended = [s for sid, s in self._live.items() if sid not in alive]
+        series.extend(ended)
+        values.extend([STALE_NAN] * len(ended))
+        self._live = alive
+        return Snapshot(t1_ns // 1_000_000, series, values, self.registry.families)
+
+    def final_snapshot(self, t_ns: int) -> Snapshot:
+        """Stale markers for every live series: the last thing sent at shutdown."""
+        ended = list(self._live.values())
+        self._live = {}
+        return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families)
+
+    def _self_series(
+        self, series: list[Series], values: list[float], alive: dict[int, Series]
+    ) -> None:
+        base = {"Hostname": self.hostname, **self.external}
+        for d in self.self_metrics.definitions():
+            self.registry.family(d.name, d.help, d.type)
+        for d, key, value in self.self_metrics.samples():
+            s = self.registry.series(d.name, {**base, **dict(key)})
+            series.append(s)
+            values.append(value)
+            alive[s.id] = s

@@ -1,0 +1,307 @@
+"""The sampler: a deadline loop in its own process that reads a source into the rings.
+
+It runs apart from the service's event loop because a busy asyncio loop in the same interpreter
+holds the GIL for milliseconds and the ticks would be late. Each sampling group has its own
+interval and ring; the loop sleeps to the earliest deadline and spins the last stretch only when a
+calibration at start shows that sleep alone overshoots too much. It counts ticks, late ticks and
+missed ticks, and keeps repeats (a driver timestamp that did not change) out of the samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import math
+import multiprocessing
+import multiprocessing.process
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.errors import SourceError
+from hfsampler.fields import Field
+from hfsampler.ring import Ring, SharedInts
+from hfsampler.sources import Inventory, Source, SourceSpec, open_source
+
+log = logging.getLogger(__name__)
+
+# The status block: a few global slots, then per group (ticks, late, missed), then per GPU (up).
+_STATE, _STOP, _SPIN_NS, _HEARTBEAT_NS, _PID, _ERROR = range(6)
+_GLOBAL_SLOTS = 8
+_PER_GROUP = 3
+STARTING, RUNNING, STOPPED, FAILED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """One sampling group: its name, interval and fields (all from the inventory)."""
+
+    name: str
+    interval_s: float
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerPlan:
+    """Everything the sampler process needs: picklable, no handles."""
+
+    source: SourceSpec
+    groups: tuple[GroupPlan, ...]
+    ring_names: tuple[str, ...]
+    status_name: str
+    gpus: int
+    late_threshold_s: float
+    spin_s: float | None  # None: calibrate at start
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCounters:
+    ticks: int
+    late: int
+    missed: int
+
+
+def ring_capacity(interval_s: float, window_s: float, windows: float = 4.0) -> int:
+    """Rows for ``windows`` windows of ticks: the reader takes one window, the rest is slack."""
+    return max(16, math.ceil(windows * window_s / interval_s))
+
+
+class Sampler:
+    """Owns the rings, the status block and the sampler process (the parent's side)."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        inventory: Inventory,
+        groups: Sequence[GroupPlan],
+        window_s: float,
+        late_threshold_s: float | None = None,
+        spin_s: float | None = None,
+    ) -> None:
+        self.spec = spec
+        self.inventory = inventory
+        self.groups = tuple(groups)
+        gpus = len(inventory.devices)
+        self.rings: dict[str, Ring] = {}
+        self.status: SharedInts | None = None
+        fastest = min(g.interval_s for g in self.groups)
+        threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
+        try:
+            for g in self.groups:
+                capacity = ring_capacity(g.interval_s, window_s)
+                self.rings[g.name] = Ring.create(capacity, gpus, len(g.fields))
+            self.status = SharedInts.create(_GLOBAL_SLOTS + _PER_GROUP * len(self.groups) + gpus)
+        except BaseException:
+            self.close()
+            raise
+        self.plan = SamplerPlan(
+            spec,
+            self.groups,
+            tuple(self.rings[g.name].name for g in self.groups),
+            self.status.name,
+            gpus,
+            threshold,
+            spin_s,
+        )
+        self._process: multiprocessing.process.BaseProcess | None = None
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(r.nbytes for r in self.rings.values())
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the process and wait until it ticks (or fails)."""
+        ctx = multiprocessing.get_context("spawn")
+        self._process = ctx.Process(target=_child_main, args=(self.plan,), name="hfsampler-sampler")
+        self._process.daemon = True
+        self._process.start()
+        deadline = time.monotonic() + timeout_s
+        status = self._array()
+        while status[_STATE] == STARTING:
+            if not self._process.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise SourceError("the sampler process did not start (see its log above)")
+            time.sleep(0.01)
+        if status[_STATE] == FAILED:
+            self.stop()
+            raise SourceError("the sampler process failed to open the source (see its log above)")
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.is_alive()
+
+    def counters(self, group_index: int) -> GroupCounters:
+        s = self._array()
+        base = _GLOBAL_SLOTS + _PER_GROUP * group_index
+        return GroupCounters(int(s[base]), int(s[base + 1]), int(s[base + 2]))
+
+    def gpu_up(self) -> npt.NDArray[np.bool_]:
+        s = self._array()
+        start = _GLOBAL_SLOTS + _PER_GROUP * len(self.groups)
+        up: npt.NDArray[np.bool_] = s[start : start + len(self.inventory.devices)] == 1
+        return up
+
+    @property
+    def spin_s(self) -> float:
+        return int(self._array()[_SPIN_NS]) / 1e9
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the process to stop, wait, then make sure it is gone."""
+        if self._process is not None:
+            if self.status is not None:
+                self._array()[_STOP] = 1
+            self._process.join(timeout_s)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join(timeout_s)
+            self._process = None
+
+    def close(self) -> None:
+        """Stop the process and free every shared-memory block; safe to call twice."""
+        self.stop()
+        for ring in self.rings.values():
+            ring.close()
+        self.rings.clear()
+        if self.status is not None:
+            self.status.close()
+            self.status = None
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _array(self) -> npt.NDArray[np.int64]:
+        if self.status is None:
+            raise RuntimeError("the sampler is closed")
+        array: npt.NDArray[np.int64] = self.status.array
+        return array
+
+
+# -- the child process ---------------------------------------------------------------------------
+
+
+def _reduce_timer_slack() -> None:
+    """Ask Linux for 1 µs timer slack (default 50 µs) so sleeps end closer to the deadline."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        pr_set_timerslack = 29
+        ctypes.CDLL(libc_name, use_errno=True).prctl(pr_set_timerslack, 1000, 0, 0, 0)
+
+
+def calibrate_spin_ns(late_threshold_ns: int, interval_ns: int, trials: int = 200) -> int:
+    """How long to spin before a deadline: 0 when plain sleep is precise enough.
+
+    Sleeps ``trials`` times for 500 µs and takes the 90th percentile overshoot (the tail is other
+    processes, which spinning cannot fix). Sleep alone is enough when that is under half the late
+    threshold; otherwise spin for that overshoot, but never more than a quarter of the interval,
+    since a spin burns CPU on every tick.
+    """
+    overshoot = np.empty(trials, dtype=np.int64)
+    for i in range(trials):
+        start = time.perf_counter_ns()
+        time.sleep(0.0005)
+        overshoot[i] = time.perf_counter_ns() - start - 500_000
+    p90 = int(np.percentile(overshoot, 90))
+    return 0 if p90 <= late_threshold_ns // 2 else min(p90, interval_ns // 4)
+
+
+def _child_main(plan: SamplerPlan) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
+    status = SharedInts.attach(plan.status_name)
+    rings = [Ring.attach(name) for name in plan.ring_names]
+    s = status.array
+    s[_PID] = os.getpid()
+    source = open_source(plan.source)
+    try:
+        all_fields = [f for g in plan.groups for f in g.fields]
+        source.open(all_fields)
+    except Exception as exc:
+        log.error("cannot open the %s source: %s", plan.source.kind, exc)
+        s[_STATE] = FAILED
+        _detach(rings, status)
+        return
+    try:
+        _loop(plan, source, rings, s)
+        s[_STATE] = STOPPED
+    except Exception:
+        log.exception("the sampler loop failed")
+        s[_ERROR] = 1
+        s[_STATE] = FAILED
+    finally:
+        with contextlib.suppress(Exception):
+            source.close()
+        _detach(rings, status)
+
+
+def _detach(rings: list[Ring], status: SharedInts) -> None:
+    for r in rings:
+        r.close()
+    status.close()
+
+
+def _loop(plan: SamplerPlan, src: Source, rings: list[Ring], s: npt.NDArray[np.int64]) -> None:
+    _reduce_timer_slack()
+    threshold_ns = int(plan.late_threshold_s * 1e9)
+    intervals = [int(g.interval_s * 1e9) for g in plan.groups]
+    if plan.spin_s is not None:
+        spin_ns = int(plan.spin_s * 1e9)
+    else:
+        spin_ns = calibrate_spin_ns(threshold_ns, min(intervals))
+    s[_SPIN_NS] = spin_ns
+    n = len(plan.groups)
+    gpu_slot = _GLOBAL_SLOTS + _PER_GROUP * n
+    fields = [g.fields for g in plan.groups]
+    last_driver = [np.full((plan.gpus, len(g.fields)), -1, dtype=np.int64) for g in plan.groups]
+    now = time.perf_counter_ns()
+    # stagger the groups inside the fastest interval, so a slow read never delays a fast tick
+    phase = min(intervals) // n
+    deadlines = [now - now % iv + iv + k * phase for k, iv in enumerate(intervals)]
+    s[gpu_slot : gpu_slot + plan.gpus] = 1
+    s[_STATE] = RUNNING
+    perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
+    while not s[_STOP]:
+        i = min(range(n), key=deadlines.__getitem__)
+        deadline = deadlines[i]
+        remaining = deadline - perf_ns()
+        if remaining > spin_ns:
+            sleep((remaining - spin_ns) / 1e9)
+        while perf_ns() < deadline:
+            pass
+        lateness = perf_ns() - deadline
+        interval = intervals[i]
+        missed = lateness // interval
+        if missed:
+            lateness -= missed * interval
+            deadline += missed * interval
+        ring = rings[i]
+        values, driver = ring.slot()
+        read_at = wall_ns()
+        src.read(fields[i], values, driver, read_at)
+        repeat = driver == last_driver[i]
+        values[repeat] = np.nan
+        last_driver[i][...] = driver
+        ring.commit(read_at, lateness)
+        base = _GLOBAL_SLOTS + _PER_GROUP * i
+        s[base] += 1
+        if lateness > threshold_ns:
+            s[base + 1] += 1
+        s[base + 2] += missed
+        deadlines[i] = deadline + interval
+        if i == 0:
+            s[gpu_slot : gpu_slot + plan.gpus] = src.gpu_up
+            s[_HEARTBEAT_NS] = wall_ns()

@@ -1,0 +1,106 @@
+"""The exported data model: series identities and the per-window snapshot every exporter reads.
+
+A ``Series`` is one metric name plus its sorted labels, created once by ``SeriesRegistry`` and
+reused every window, so exporters can cache what they derive from it (the encoder keeps its label
+bytes by ``Series.id``). A ``Snapshot`` is one timestamp and a value per series.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hfsampler.errors import InvalidLabelError
+
+# Prometheus's staleness marker: a NaN with this exact bit pattern ends a series.
+STALE_NAN_BITS = 0x7FF0000000000002
+STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+
+METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def is_stale(value: float) -> bool:
+    """True for the exact staleness-marker NaN, not for any other NaN."""
+    return math.isnan(value) and struct.unpack("<Q", struct.pack("<d", value))[0] == STALE_NAN_BITS
+
+
+def validate_labels(name: str, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Check a label set as Remote-Write receivers do and return it sorted by label name."""
+    if not METRIC_NAME_RE.match(name):
+        raise InvalidLabelError(f"invalid metric name {name!r}")
+    out = []
+    for key, value in labels.items():
+        if key == "__name__":
+            raise InvalidLabelError("__name__ is the series name, not a label")
+        if not LABEL_NAME_RE.match(key):
+            raise InvalidLabelError(f"invalid label name {key!r} on {name}")
+        if value == "":
+            raise InvalidLabelError(f"empty value for label {key!r} on {name}")
+        out.append((key, value))
+    out.sort()
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One exported time series: its registry id, metric name and sorted labels (no __name__)."""
+
+    id: int
+    name: str
+    labels: tuple[tuple[str, str], ...]
+
+    def all_labels(self) -> tuple[tuple[str, str], ...]:
+        """Labels as Remote-Write sends them: ``__name__`` first, then sorted by name."""
+        return (("__name__", self.name), *self.labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """A metric family's metadata for /metrics and Remote-Write metadata."""
+
+    name: str
+    help: str
+    type: str  # "gauge" or "counter"
+    unit: str = ""
+
+
+class SeriesRegistry:
+    """Interns series so each (name, labels) exists once with a stable id."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+        self.families: dict[str, Family] = {}
+
+    def series(self, name: str, labels: Mapping[str, str]) -> Series:
+        key = (name, tuple(sorted(labels.items())))
+        found = self._by_key.get(key)
+        if found is None:
+            found = Series(len(self._by_key), name, validate_labels(name, labels))
+            self._by_key[key] = found
+        return found
+
+    def family(self, name: str, help_text: str, type_: str, unit: str = "") -> None:
+        self.families.setdefault(name, Family(name, help_text, type_, unit))
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every series' value at one timestamp (ms since the epoch): one window's export."""
+
+    timestamp_ms: int
+    series: Sequence[Series]
+    values: Sequence[float]
+    families: Mapping[str, Family] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.series)
+
+    def items(self) -> Iterable[tuple[Series, float]]:
+        return zip(self.series, self.values, strict=True)

@@ -1,0 +1,97 @@
+"""GPU sources: one interface (``Source``), two implementations (``nvml``, ``sim``).
+
+A source is opened inside the process that reads it (NVML handles do not cross processes), so the
+sampler receives a picklable ``SourceSpec`` and builds the source with ``open_source``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.fields import Field
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What labels a GPU's series: dcgm-exporter's ``gpu``, ``UUID``, ``device``, ``modelName``."""
+
+    index: int
+    uuid: str
+    model_name: str
+    pci_bus_id: str
+    driver_version: str
+    minor_number: int
+
+    @property
+    def device(self) -> str:
+        return f"nvidia{self.minor_number}"
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """The devices a source opened and, per device, which of the requested fields it supports."""
+
+    devices: tuple[DeviceInfo, ...]
+    fields: tuple[Field, ...]
+    supported: BoolArray  # [gpu, field]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """How to build a source in another process: picklable, no handles."""
+
+    kind: str  # "nvml" or "sim"
+    gpus: int = 2  # sim: how many GPUs
+    seed: int = 0  # sim: the seed of every synthetic signal
+    indices: tuple[int, ...] | None = None  # nvml: which GPUs (None: all)
+
+
+class Source(Protocol):
+    """Reads a set of fields from every GPU into caller-owned arrays."""
+
+    def open(self, fields: Sequence[Field]) -> Inventory:
+        """Initialise, discover devices and probe each field's support on each device."""
+        ...
+
+    def read(
+        self,
+        fields: Sequence[Field],
+        values: FloatArray,
+        driver_ts_us: IntArray,
+        now_ns: int,
+    ) -> None:
+        """Fill ``values[gpu, field]`` (exported units; NaN where none) and the driver timestamps.
+
+        ``fields`` is a subset of what ``open`` returned; a GPU that is lost is marked in
+        ``gpu_up`` and its row is left NaN; reading never raises for one field or one GPU.
+        """
+        ...
+
+    @property
+    def gpu_up(self) -> BoolArray:
+        """Per GPU: still answering."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_source(spec: SourceSpec) -> Source:
+    """Build (not open) the source a spec names."""
+    if spec.kind == "sim":
+        from hfsampler.sources.sim import SimSource
+
+        return SimSource(gpus=spec.gpus, seed=spec.seed)
+    if spec.kind == "nvml":
+        from hfsampler.sources.nvml import NvmlSource
+
+        return NvmlSource(indices=spec.indices)
+    raise ValueError(f"unknown source kind {spec.kind!r}")

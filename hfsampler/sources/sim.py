@@ -1,0 +1,358 @@
+"""The ``sim`` source: seeded, deterministic synthetic GPUs for tests, demos and benchmarks.
+
+Every gauge is a pure function of (seed, gpu, field, time), so a test can recompute the truth for
+any window: a baseline, hash-based noise, transient power spikes of a few milliseconds, a slow
+framebuffer leak (a sawtooth), and throttling episodes during which the SM clock drops, power is
+capped and the SW power-cap reason bit is set. Counters (energy, violation time, NVLink) integrate
+the gauges from the moment the source is opened. Each field refreshes on its own period, and the
+driver timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.fields import Field
+from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+
+U64 = npt.NDArray[np.uint64]
+
+_SPIKE_BUCKET_NS = 1_000_000_000  # at most one spike per GPU per second
+_SPIKE_PROBABILITY = 0.6
+_SPIKE_RAMP_NS = 1_000_000
+_SPIKE_PLATEAU_NS = 4_000_000  # longer than a few late ticks, so every spike is sampled
+_THROTTLE_BUCKET_NS = 10_000_000_000
+_THROTTLE_PROBABILITY = 0.5
+_LEAK_PERIOD_NS = 600_000_000_000  # the leak grows for 10 min, then the "job" restarts
+SW_POWER_CAP_BIT = 0x4
+FB_TOTAL_MIB = 143_771.0
+POWER_CAP_W = 700.0
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One field's synthetic signal: baseline, noise half-width and refresh period."""
+
+    base: float
+    noise: float
+    refresh_ns: int
+
+
+_PROFILES: dict[str, Profile] = {
+    "DCGM_FI_DEV_SM_CLOCK": Profile(1980.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_MEM_CLOCK": Profile(2619.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_GPU_TEMP": Profile(55.0, 1.0, 100_000_000),
+    "DCGM_FI_DEV_MEMORY_TEMP": Profile(62.0, 1.0, 100_000_000),
+    "DCGM_FI_DEV_POWER_USAGE": Profile(330.0, 2.0, 20_000_000),
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT": Profile(330.0, 15.0, 1_000_000),
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": Profile(POWER_CAP_W, 0.0, 100_000_000),
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": Profile(2.0e6, 2.0e5, 20_000_000),
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": Profile(4.0e6, 4.0e5, 20_000_000),
+    "DCGM_FI_DEV_GPU_UTIL": Profile(90.0, 8.0, 1_000_000),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": Profile(45.0, 10.0, 1_000_000),
+    "DCGM_FI_DEV_ENC_UTIL": Profile(0.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_DEC_UTIL": Profile(0.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_RESERVED": Profile(527.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_USED": Profile(40_000.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_FREE": Profile(0.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FAN_SPEED": Profile(0.0, 0.0, 100_000_000),
+    "DCGM_FI_DEV_PSTATE": Profile(0.0, 0.0, 100_000_000),
+}
+_COUNTER_RATES: dict[str, float] = {
+    # per second, while running (energy follows the power signal instead)
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 1.0e9,
+}
+_LEAK_MIB_PER_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Spike:
+    """A transient power spike: its plateau ``[start_ns, end_ns)`` at ``peak_w``."""
+
+    gpu: int
+    start_ns: int
+    end_ns: int
+    peak_w: float
+
+
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """A throttling episode ``[start_ns, end_ns)``."""
+
+    gpu: int
+    start_ns: int
+    end_ns: int
+
+
+def _mix(x: U64) -> U64:
+    """splitmix64's finaliser: a fast, well-spread hash of uint64 arrays (wraps by design)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+_KEY_MULT = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _unit(seed: int, *keys: npt.ArrayLike) -> FloatArray:
+    """Deterministic uniform [0, 1) numbers from integer keys (broadcast together)."""
+    h: U64 = np.atleast_1d(np.uint64(seed & 0xFFFFFFFFFFFFFFFF))
+    for k in keys:
+        h = h * _KEY_MULT + np.atleast_1d(np.asarray(k, dtype=np.int64)).astype(np.uint64)
+    return (_mix(h) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _field_key(name: str) -> int:
+    return int(sum(ord(c) * 31**i for i, c in enumerate(name)) & 0x7FFFFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Per field tuple, what ``read`` needs as arrays, built once."""
+
+    keys: IntArray
+    base: FloatArray
+    noise: FloatArray
+    refresh_ns: IntArray
+    shaped: tuple[tuple[int, str], ...]  # columns with their own shape (spikes, leak, throttle)
+    counters: tuple[tuple[int, str], ...]
+
+
+_SHAPED = frozenset(
+    {
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_GPU_UTIL",
+    }
+)
+_COUNTER_NAMES = frozenset(
+    {
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_POWER_VIOLATION",
+        "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    }
+)
+_DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
+
+
+class SimSource:
+    """N synthetic GPUs whose every reading, and every spike, is known in advance."""
+
+    def __init__(self, gpus: int = 2, seed: int = 0) -> None:
+        if gpus < 1:
+            raise ValueError("the sim source needs at least one GPU")
+        self.gpus = gpus
+        self.seed = seed
+        self._gpu_ids = np.arange(gpus, dtype=np.int64)
+        self._up = np.ones(gpus, dtype=np.bool_)
+        self._last_ns: int | None = None
+        self._counters: dict[str, FloatArray] = {}
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._bucket_cache: dict[tuple[str, int], tuple[IntArray, IntArray, FloatArray]] = {}
+
+    # -- the Source protocol ---------------------------------------------------------------------
+
+    def open(self, fields: Sequence[Field]) -> Inventory:
+        devices = tuple(
+            DeviceInfo(
+                index=i,
+                uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, f'hfsampler-sim/{self.seed}/{i}')}",
+                model_name="hfsampler sim H200",
+                pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                driver_version="sim-1.0",
+                minor_number=i,
+            )
+            for i in range(self.gpus)
+        )
+        return Inventory(devices, tuple(fields), np.ones((self.gpus, len(fields)), dtype=np.bool_))
+
+    def read(
+        self,
+        fields: Sequence[Field],
+        values: FloatArray,
+        driver_ts_us: IntArray,
+        now_ns: int,
+    ) -> None:
+        plan = self._plan(tuple(f.name for f in fields))
+        sampled_at = now_ns - now_ns % plan.refresh_ns  # [F]: each field's refresh instant
+        driver_ts_us[:] = sampled_at // 1000
+        t = np.broadcast_to(sampled_at, values.shape)
+        values[:] = self._signal(plan, self._gpu_ids, t, cached=True)
+        if plan.counters:
+            self._advance_counters(now_ns)
+            for j, name in plan.counters:
+                values[:, j] = self._counters[name]
+        values[~self._up, :] = np.nan
+
+    @property
+    def gpu_up(self) -> BoolArray:
+        return self._up
+
+    def close(self) -> None:
+        self._last_ns = None
+
+    # -- ground truth ----------------------------------------------------------------------------
+
+    def value_at(
+        self, name: str, t_ns: npt.ArrayLike, gpu: npt.ArrayLike | None = None
+    ) -> FloatArray:
+        """A gauge's exact value at ``t_ns`` (for every GPU, or for ``gpu`` broadcast with t).
+
+        The time is the driver's sampling instant: a reading at ``now`` reports the value at the
+        start of the field's refresh period, as ``read`` does.
+        """
+        t = np.asarray(t_ns, dtype=np.int64)
+        g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
+        t, g = np.broadcast_arrays(t, g)
+        plan = self._plan((name,))
+        out = self._signal(plan, g.ravel(), t.reshape(-1, 1), cached=False)
+        return out[:, 0].reshape(t.shape)
+
+    def refresh_ns(self, name: str) -> int:
+        return _PROFILES.get(name, _DEFAULT_PROFILE).refresh_ns
+
+    def spikes(self, gpu: int, t0_ns: int, t1_ns: int) -> list[Spike]:
+        """Every spike whose plateau starts in ``[t0_ns, t1_ns)`` on ``gpu``."""
+        out = []
+        for bucket in range(t0_ns // _SPIKE_BUCKET_NS, t1_ns // _SPIKE_BUCKET_NS + 1):
+            start, end, peak = self._spike_params(np.array([gpu]), np.array([bucket]))
+            if end[0] > start[0] and t0_ns <= start[0] < t1_ns:
+                out.append(Spike(gpu, int(start[0]), int(end[0]), float(peak[0])))
+        return out
+
+    def throttles(self, gpu: int, t0_ns: int, t1_ns: int) -> list[Throttle]:
+        """Every throttling episode that overlaps ``[t0_ns, t1_ns)`` on ``gpu``."""
+        out = []
+        for bucket in range(t0_ns // _THROTTLE_BUCKET_NS, t1_ns // _THROTTLE_BUCKET_NS + 1):
+            start, end, _ = self._throttle_params(np.array([gpu]), np.array([bucket]))
+            if end[0] > start[0] and start[0] < t1_ns and end[0] > t0_ns:
+                out.append(Throttle(gpu, int(start[0]), int(end[0])))
+        return out
+
+    # -- the signals -----------------------------------------------------------------------------
+
+    def _plan(self, names: tuple[str, ...]) -> _Plan:
+        plan = self._plans.get(names)
+        if plan is None:
+            profiles = [_PROFILES.get(n, _DEFAULT_PROFILE) for n in names]
+            plan = _Plan(
+                keys=np.array([_field_key(n) for n in names], dtype=np.int64),
+                base=np.array([p.base for p in profiles]),
+                noise=np.array([p.noise for p in profiles]),
+                refresh_ns=np.array([p.refresh_ns for p in profiles], dtype=np.int64),
+                shaped=tuple((j, n) for j, n in enumerate(names) if n in _SHAPED),
+                counters=tuple((j, n) for j, n in enumerate(names) if n in _COUNTER_NAMES),
+            )
+            self._plans[names] = plan
+        return plan
+
+    def _signal(self, plan: _Plan, g: IntArray, t: IntArray, *, cached: bool) -> FloatArray:
+        """Values ``[len(g), F]`` of the plan's fields at times ``t`` (same shape)."""
+        ms = t // 1_000_000
+        noise = (_unit(self.seed, g[:, None], plan.keys, ms) * 2.0 - 1.0) * plan.noise
+        out: FloatArray = plan.base + noise
+        for j, name in plan.shaped:
+            out[:, j] = self._shape(name, g, t[:, j], out[:, j], cached)
+        return out
+
+    def _shape(
+        self, name: str, g: IntArray, t: IntArray, flat: FloatArray, cached: bool
+    ) -> FloatArray:
+        if name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+            leaked = (t % _LEAK_PERIOD_NS) / 1e9 * _LEAK_MIB_PER_S
+            used = _PROFILES["DCGM_FI_DEV_FB_USED"].base + leaked + g * 1000.0
+            if name == "DCGM_FI_DEV_FB_USED":
+                return used
+            return FB_TOTAL_MIB - used - _PROFILES["DCGM_FI_DEV_FB_RESERVED"].base
+        if name == "DCGM_FI_DEV_GPU_UTIL":
+            return np.clip(flat, 0.0, 100.0)
+        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", g, t, cached)[0]
+        if name == "DCGM_FI_DEV_SM_CLOCK":
+            return np.where(throttled, 1500.0, flat)
+        if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS":
+            return np.where(throttled, float(SW_POWER_CAP_BIT), 0.0)
+        capped = POWER_CAP_W * 0.6
+        value = np.where(throttled, np.minimum(flat + g * 10.0, capped), flat + g * 10.0)
+        if name == "DCGM_FI_DEV_POWER_USAGE":
+            return value
+        # DCGM_FI_DEV_POWER_USAGE_INSTANT: spikes on top, halfway up on the 1 ms ramps either side
+        plateau, peak, rel = self._within(_SPIKE_BUCKET_NS, "spike", g, t, cached)
+        ramp = ((rel >= -_SPIKE_RAMP_NS) & (rel < 0)) | (
+            (rel >= _SPIKE_PLATEAU_NS) & (rel < _SPIKE_PLATEAU_NS + _SPIKE_RAMP_NS)
+        )
+        has_spike = peak > 0
+        value = np.where(has_spike & ramp, (peak + value) / 2.0, value)
+        return np.where(plateau, peak, value)
+
+    def _within(
+        self, bucket_ns: int, kind: str, g: IntArray, t: IntArray, cached: bool
+    ) -> tuple[npt.NDArray[np.bool_], FloatArray, IntArray]:
+        """Whether each t is inside its bucket's event, the event's peak, and t - event start."""
+        bucket = t // bucket_ns
+        params = self._spike_params if kind == "spike" else self._throttle_params
+        if cached and bucket.size and bucket.min() == bucket.max():
+            key = (kind, int(bucket[0]))
+            hit = self._bucket_cache.get(key)
+            if hit is None:
+                if len(self._bucket_cache) > 64:
+                    self._bucket_cache.clear()
+                hit = self._bucket_cache[key] = params(self._gpu_ids, np.full(self.gpus, key[1]))
+            start, end, peak = hit[0][g], hit[1][g], hit[2][g]
+        else:
+            start, end, peak = params(g, bucket)
+        rel: IntArray = (t - start).astype(np.int64)
+        return (t >= start) & (t < end), peak.astype(np.float64), rel
+
+    def _spike_params(self, g: IntArray, bucket: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+        exists = _unit(self.seed, g, bucket, 1) < _SPIKE_PROBABILITY
+        offset = 50_000_000 + (_unit(self.seed, g, bucket, 2) * 850_000_000).astype(np.int64)
+        start = bucket * _SPIKE_BUCKET_NS + offset
+        # whole watts, so a test can compare the pushed _max with the truth exactly
+        peak = np.where(exists, np.round(720.0 + _unit(self.seed, g, bucket, 3) * 180.0), 0.0)
+        return start, np.where(exists, start + _SPIKE_PLATEAU_NS, start), peak
+
+    def _throttle_params(
+        self, g: IntArray, bucket: IntArray
+    ) -> tuple[IntArray, IntArray, FloatArray]:
+        exists = _unit(self.seed, g, bucket, 11) < _THROTTLE_PROBABILITY
+        offset = (_unit(self.seed, g, bucket, 12) * 8_000_000_000).astype(np.int64)
+        start = bucket * _THROTTLE_BUCKET_NS + offset
+        length = 200_000_000 + (_unit(self.seed, g, bucket, 13) * 600_000_000).astype(np.int64)
+        return start, np.where(exists, start + length, start), exists.astype(np.float64)
+
+    def _advance_counters(self, now_ns: int) -> None:
+        if self._last_ns is None:
+            self._last_ns = now_ns
+            self._counters = {name: np.zeros(self.gpus) for name in _COUNTER_NAMES}
+            self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += 1.0e9 + self._gpu_ids * 1e7
+            return
+        dt_ns = now_ns - self._last_ns
+        if dt_ns <= 0:
+            return
+        self._last_ns = now_ns
+        t = np.full(self.gpus, now_ns, dtype=np.int64)
+        power_w = self.value_at("DCGM_FI_DEV_POWER_USAGE", t)
+        self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += power_w * dt_ns / 1e6  # mJ
+        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t, True)[0]
+        self._counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(throttled, dt_ns / 1e3, 0.0)
+        for name, rate in _COUNTER_RATES.items():
+            self._counters[name] += rate * dt_ns / 1e9

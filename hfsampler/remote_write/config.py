@@ -1,0 +1,307 @@
+"""Remote-Write endpoint settings: Prometheus's ``remote_write`` block, parsed and validated.
+
+``parse_remote_write`` takes the already-loaded YAML value exactly as a Prometheus user would paste
+it; every mistake becomes a ``ConfigError`` that names the full key path and the fix. URLs may
+carry credentials (userinfo, a token in the query), so only ``redact_url`` output is ever shown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from hfsampler.errors import ConfigError
+
+# Headers the protocol sets itself or HTTP owns; a user value would break the request.
+RESERVED_HEADERS = frozenset(
+    h.lower()
+    for h in (
+        "Content-Encoding",
+        "Content-Type",
+        "Content-Length",
+        "X-Prometheus-Remote-Write-Version",
+        "User-Agent",
+        "Host",
+        "Connection",
+        "Transfer-Encoding",
+    )
+)
+
+_QUEUE_KEYS = (
+    "capacity",
+    "max_shards",
+    "min_shards",
+    "max_samples_per_send",
+    "batch_send_deadline",
+    "min_backoff",
+    "max_backoff",
+    "retry_on_http_429",
+)
+_QUEUE_UNSUPPORTED = ("sample_age_limit",)
+_ENDPOINT_KEYS = ("url", "name", "remote_timeout", "headers", "queue_config", "protobuf_message")
+_ENDPOINT_UNSUPPORTED = (
+    "basic_auth",
+    "authorization",
+    "bearer_token",
+    "bearer_token_file",
+    "tls_config",
+    "sigv4",
+    "azuread",
+    "google_iam",
+    "oauth2",
+    "write_relabel_configs",
+    "metadata_config",
+    "send_exemplars",
+    "send_native_histograms",
+    "round_robin_dns",
+    "proxy_url",
+    "no_proxy",
+    "proxy_from_environment",
+    "proxy_connect_header",
+    "follow_redirects",
+    "enable_http2",
+    "http_headers",
+)
+
+_DURATION_RE = re.compile(
+    r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?\Z"
+)
+_DURATION_UNITS_S = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be shown: no userinfo, query values replaced, fragment dropped."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "<unparsable url>"
+    netloc = host if ":" not in host else f"[{host}]"
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = "<redacted>@" + netloc
+    query = urlencode([(k, "<redacted>") for k, _ in parse_qsl(parts.query, True)], safe="<>")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def parse_duration(value: object, key: str) -> float:
+    """A Prometheus duration string (``30s``, ``100ms``, ``1h30m``) as float seconds."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ConfigError(key, "must be a Prometheus duration string", "write it like '30s'")
+    text = value.strip()
+    match = _DURATION_RE.match(text)
+    if text == "0":
+        return 0.0
+    if not text or match is None or not any(match.groups()):
+        raise ConfigError(
+            key, f"{value!r} is not a duration", "use units ms, s, m, h, d, w, y, e.g. '1m30s'"
+        )
+    return sum(
+        int(g) * unit for g, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True) if g
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Prometheus's ``queue_config``, with its defaults; durations in seconds."""
+
+    capacity: int = 10000
+    max_shards: int = 50
+    min_shards: int = 1
+    max_samples_per_send: int = 2000
+    batch_send_deadline_s: float = 5.0
+    min_backoff_s: float = 0.03
+    max_backoff_s: float = 5.0
+    retry_on_http_429: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("capacity", "max_shards", "min_shards", "max_samples_per_send"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(key, "must be a whole number of at least 1")
+        if self.min_shards > self.max_shards:
+            raise ConfigError(
+                "min_shards",
+                f"is {self.min_shards}, more than max_shards {self.max_shards}",
+                "make min_shards <= max_shards",
+            )
+        for key in ("batch_send_deadline", "min_backoff", "max_backoff"):
+            value = getattr(self, key + "_s")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(key, "must be a positive duration")
+        if self.min_backoff_s > self.max_backoff_s:
+            raise ConfigError(
+                "min_backoff", "is longer than max_backoff", "make min_backoff <= max_backoff"
+            )
+        if not isinstance(self.retry_on_http_429, bool):
+            raise ConfigError("retry_on_http_429", "must be true or false")
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class EndpointConfig:
+    """One Remote-Write receiver. ``repr`` and every message show the URL redacted."""
+
+    url: str
+    name: str = ""
+    remote_timeout_s: float = 30.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    send_metadata: bool = True
+
+    def __post_init__(self) -> None:
+        _check_url(self.url)
+        if not isinstance(self.name, str):
+            raise ConfigError("name", "must be a string")
+        if isinstance(self.remote_timeout_s, bool) or not isinstance(
+            self.remote_timeout_s, int | float
+        ):
+            raise ConfigError("remote_timeout", "must be a positive duration")
+        if not self.remote_timeout_s > 0:
+            raise ConfigError("remote_timeout", "must be a positive duration", "e.g. '30s'")
+        if not isinstance(self.headers, Mapping):
+            raise ConfigError("headers", "must be a mapping of header name to value")
+        for hname, hvalue in self.headers.items():
+            if not isinstance(hname, str) or not isinstance(hvalue, str):
+                # The value may be a secret: say only which header is wrong.
+                raise ConfigError(f"headers.{hname}", "name and value must both be strings")
+            if hname.lower() in RESERVED_HEADERS:
+                raise ConfigError(
+                    f"headers.{hname}",
+                    "is set by the Remote-Write protocol and cannot be overridden",
+                    "remove it",
+                )
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+        if not isinstance(self.queue, QueueConfig):
+            raise ConfigError("queue_config", "must be a QueueConfig")
+
+    @property
+    def display_url(self) -> str:
+        """The URL without credentials, for logs, errors and metric labels."""
+        return redact_url(self.url)
+
+    @property
+    def remote_name(self) -> str:
+        """The ``remote_name`` label: the configured name, else a short hash of the URL."""
+        return self.name or hashlib.sha256(self.url.encode()).hexdigest()[:6]
+
+    def __repr__(self) -> str:
+        return (
+            f"EndpointConfig(url={self.display_url!r}, name={self.name!r}, "
+            f"remote_timeout_s={self.remote_timeout_s!r}, headers={sorted(self.headers)!r}, "
+            f"queue={self.queue!r}, send_metadata={self.send_metadata!r})"
+        )
+
+
+def _check_url(url: object) -> None:
+    if not isinstance(url, str) or not url:
+        raise ConfigError("url", "is required", "e.g. 'http://prometheus:9090/api/v1/write'")
+    shown = redact_url(url)
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - parsing the port is what validates it
+    except ValueError:
+        raise ConfigError("url", f"{shown} is not a valid URL") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError("url", f"{shown} must use http or https")
+    if not host:
+        raise ConfigError("url", f"{shown} has no host")
+
+
+def endpoint_from_url(url: str) -> EndpointConfig:
+    """The endpoint for ``--remote-write URL``: Prometheus's defaults for everything else."""
+    try:
+        return EndpointConfig(url=url)
+    except ConfigError as err:
+        raise ConfigError(f"--remote-write {err.key}", err.problem, err.fix) from None
+
+
+def parse_remote_write(entries: object, key: str = "remote_write") -> tuple[EndpointConfig, ...]:
+    """Every endpoint of a Prometheus-style ``remote_write`` list (already loaded from YAML)."""
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise ConfigError(key, "must be a list of endpoints", "start each endpoint with '- url:'")
+    out = [_parse_endpoint(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
+    seen: dict[str, int] = {}
+    for i, ep in enumerate(out):
+        if ep.remote_name in seen:
+            raise ConfigError(
+                f"{key}[{i}].name",
+                f"{ep.remote_name!r} is already used by {key}[{seen[ep.remote_name]}]",
+                "give every endpoint a unique name",
+            )
+        seen[ep.remote_name] = i
+    return tuple(out)
+
+
+def _check_keys(
+    raw: Mapping[object, object], path: str, known: tuple[str, ...], unsupported: tuple[str, ...]
+) -> None:
+    for k in raw:
+        if not isinstance(k, str):
+            raise ConfigError(f"{path}", f"has a non-string key {k!r}")
+        if k in known:
+            continue
+        if k in unsupported:
+            raise ConfigError(
+                f"{path}.{k}",
+                "is not supported yet",
+                "remove it or push through a Prometheus agent",
+            )
+        close = difflib.get_close_matches(k, known + unsupported, n=1)
+        fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        raise ConfigError(f"{path}.{k}", "is not a known key", fix)
+
+
+def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "must be a mapping", "each endpoint needs at least 'url:'")
+    _check_keys(raw, path, _ENDPOINT_KEYS, _ENDPOINT_UNSUPPORTED)
+    if "url" not in raw:
+        raise ConfigError(f"{path}.url", "is required")
+    message = raw.get("protobuf_message", "prometheus.WriteRequest")
+    if message != "prometheus.WriteRequest":
+        raise ConfigError(
+            f"{path}.protobuf_message",
+            "only Remote-Write 1.0 (prometheus.WriteRequest) is supported yet",
+            "remove it",
+        )
+    kwargs: dict[str, object] = {"url": raw["url"]}
+    if "name" in raw:
+        kwargs["name"] = raw["name"]
+    if "remote_timeout" in raw:
+        kwargs["remote_timeout_s"] = parse_duration(raw["remote_timeout"], f"{path}.remote_timeout")
+    if "headers" in raw:
+        kwargs["headers"] = {} if raw["headers"] is None else raw["headers"]
+    if "queue_config" in raw:
+        kwargs["queue"] = _parse_queue(raw["queue_config"], f"{path}.queue_config")
+    try:
+        return EndpointConfig(**kwargs)  # type: ignore[arg-type]
+    except ConfigError as err:
+        raise ConfigError(f"{path}.{err.key}", err.problem, err.fix) from None
+
+
+def _parse_queue(raw: object, path: str) -> QueueConfig:
+    if raw is None:
+        return QueueConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "must be a mapping")
+    _check_keys(raw, path, _QUEUE_KEYS, _QUEUE_UNSUPPORTED)
+    kwargs: dict[str, object] = {}
+    for k, v in raw.items():
+        if k in ("batch_send_deadline", "min_backoff", "max_backoff"):
+            kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
+        else:
+            kwargs[str(k)] = v
+    try:
+        return QueueConfig(**kwargs)  # type: ignore[arg-type]
+    except ConfigError as err:
+        raise ConfigError(f"{path}.{err.key}", err.problem, err.fix) from None

@@ -1,0 +1,283 @@
+"""Sender: one ``RemoteWriter`` per endpoint, pushing queued samples over HTTP as the spec says.
+
+Each series always lands in the same shard (``series.id % n_shards``) and each shard has one
+request in flight, so per-series order is kept. Failures the spec calls recoverable (network
+errors, timeouts, 5xx, 429) are retried with jittered exponential backoff honouring
+``Retry-After``; any other 4xx drops that batch and moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC
+
+import aiohttp
+
+import hfsampler
+from hfsampler.errors import NonRecoverableSendError, RecoverableSendError
+from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata
+from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
+from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import Snapshot
+
+log = logging.getLogger(__name__)
+
+SAMPLES = "hfsampler_remote_write_samples_total"
+BYTES = "hfsampler_remote_write_bytes_total"
+COMPRESSED_BYTES = "hfsampler_remote_write_compressed_bytes_total"
+REQUESTS = "hfsampler_remote_write_requests_total"
+RETRIES = "hfsampler_remote_write_retries_total"
+DROPPED = "hfsampler_remote_write_samples_dropped_total"
+SEND_DURATION = "hfsampler_remote_write_send_duration_seconds"
+QUEUE_SAMPLES = "hfsampler_remote_write_queue_samples"
+
+# Above this many samples a batch is encoded and compressed in a thread, off the event loop.
+EXECUTOR_THRESHOLD_SAMPLES = 10_000
+# How much of a receiver's error body goes into the log.
+BODY_LOG_LIMIT = 512
+
+PROTOCOL_HEADERS = {
+    "Content-Encoding": "snappy",
+    "Content-Type": "application/x-protobuf",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+    "User-Agent": f"hfsampler/{hfsampler.__version__}",
+}
+
+
+def define_metrics(metrics: SelfMetrics) -> None:
+    """Define every Remote-Write self-metric; safe to call more than once."""
+    metrics.define(SAMPLES, "Samples accepted by the receiver.", "counter")
+    metrics.define(BYTES, "Uncompressed protobuf bytes accepted by the receiver.", "counter")
+    metrics.define(COMPRESSED_BYTES, "Snappy-compressed bytes accepted by the receiver.", "counter")
+    metrics.define(REQUESTS, "Requests by HTTP status, or error/timeout.", "counter")
+    metrics.define(RETRIES, "Requests retried after a recoverable failure.", "counter")
+    metrics.define(DROPPED, "Samples never delivered, by reason.", "counter")
+    metrics.define(SEND_DURATION, "Latency of the last request.", "gauge")
+    metrics.define(QUEUE_SAMPLES, "Samples waiting in the queue.", "gauge")
+
+
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """``Retry-After`` as seconds from now (delta-seconds or HTTP-date); None when absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def backoff_delay(backoff_s: float) -> float:
+    """Jittered delay: between 75% and 100% of the current backoff, so shards spread out."""
+    return backoff_s * (0.75 + 0.25 * random.random())
+
+
+class RemoteWriter:
+    """Pushes snapshots to one Remote-Write endpoint."""
+
+    def __init__(self, config: EndpointConfig, metrics: SelfMetrics) -> None:
+        define_metrics(metrics)
+        self.config = config
+        self.executor_threshold = EXECUTOR_THRESHOLD_SAMPLES
+        self._metrics = metrics
+        self._labels = {"remote_name": config.remote_name, "url": config.display_url}
+        self._encoder = Encoder()
+        self._n_shards = config.queue.min_shards
+        self._queues: list[ShardQueue] = [
+            MemoryQueue(config.queue.capacity) for _ in range(self._n_shards)
+        ]
+        self._inflight: list[list[QueuedSample] | None] = [None] * self._n_shards
+        # Protocol headers last: a user header can never replace them.
+        self._headers = {**config.headers, **PROTOCOL_HEADERS}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._metadata_pending = b""
+        self._metadata_done = not config.send_metadata
+        self._closed = False
+
+    @property
+    def n_shards(self) -> int:
+        return self._n_shards
+
+    def queued(self) -> int:
+        """Samples waiting in every shard's queue (not counting batches in flight)."""
+        return sum(len(q) for q in self._queues)
+
+    async def start(self) -> None:
+        """Open the HTTP session and start one task per shard."""
+        if self._session is not None:
+            return
+        connector = aiohttp.TCPConnector(limit=self._n_shards)
+        self._session = aiohttp.ClientSession(connector=connector)
+        self._tasks = [
+            asyncio.create_task(self._run_shard(i), name=f"rw-{self.config.remote_name}-{i}")
+            for i in range(self._n_shards)
+        ]
+
+    def push(self, snapshot: Snapshot) -> None:
+        """Queue a snapshot's samples; never blocks. Full queues drop their oldest samples."""
+        if self._closed:
+            self._drop(len(snapshot), "shutdown")
+            return
+        if not self._metadata_done and snapshot.families:
+            self._metadata_pending = encode_metadata(snapshot.families.values())
+            self._metadata_done = True
+        ts = snapshot.timestamp_ms
+        n = self._n_shards
+        dropped = 0
+        if n == 1:
+            dropped = self._queues[0].put(
+                QueuedSample(s, v, ts)
+                for s, v in zip(snapshot.series, snapshot.values, strict=True)
+            )
+        else:
+            buckets: list[list[QueuedSample]] = [[] for _ in range(n)]
+            for s, v in zip(snapshot.series, snapshot.values, strict=True):
+                buckets[s.id % n].append(QueuedSample(s, v, ts))
+            for q, bucket in zip(self._queues, buckets, strict=True):
+                if bucket:
+                    dropped += q.put(bucket)
+        if dropped:
+            self._drop(dropped, "queue_full")
+        self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+
+    async def close(self, deadline_s: float) -> None:
+        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped."""
+        self._closed = True
+        for q in self._queues:
+            q.start_flush()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=max(0.0, deadline_s))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        left = sum(len(q.drain()) for q in self._queues)
+        left += sum(len(b) for b in self._inflight if b)
+        self._inflight = [None] * self._n_shards
+        if left:
+            log.warning(
+                "remote write %s (%s): dropping %d samples not sent before shutdown",
+                self.config.remote_name,
+                self.config.display_url,
+                left,
+            )
+            self._drop(left, "shutdown")
+        self._metrics.set(QUEUE_SAMPLES, 0, self._labels)
+        if self._session is not None:
+            await self._session.close()
+        self._tasks = []
+
+    def _drop(self, count: int, reason: str) -> None:
+        self._metrics.inc(DROPPED, count, {**self._labels, "reason": reason})
+
+    async def _run_shard(self, index: int) -> None:
+        queue = self._queues[index]
+        qc = self.config.queue
+        while True:
+            batch = await queue.get_batch(qc.max_samples_per_send, qc.batch_send_deadline_s)
+            self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+            if not batch:
+                return
+            self._inflight[index] = batch
+            try:
+                await self._send_batch(batch)
+            except Exception:
+                # A bug must not silently stop the shard: count the batch and keep going.
+                log.exception("remote write %s: unexpected error", self.config.remote_name)
+                self._drop(len(batch), "error")
+            self._inflight[index] = None
+
+    def _encode(self, batch: list[QueuedSample], metadata: bytes) -> tuple[int, bytes]:
+        raw = self._encoder.encode_samples(batch, metadata)
+        return len(raw), compress(raw)
+
+    async def _send_batch(self, batch: list[QueuedSample]) -> None:
+        metadata, self._metadata_pending = self._metadata_pending, b""
+        if len(batch) > self.executor_threshold:
+            loop = asyncio.get_running_loop()
+            raw_len, body = await loop.run_in_executor(None, self._encode, batch, metadata)
+        else:
+            raw_len, body = self._encode(batch, metadata)
+        qc = self.config.queue
+        backoff = qc.min_backoff_s
+        while True:
+            try:
+                await self._post(body, len(batch))
+            except RecoverableSendError as err:
+                delay = backoff_delay(backoff)
+                if err.retry_after_s is not None:
+                    delay = err.retry_after_s
+                self._metrics.inc(RETRIES, 1, self._labels)
+                log.warning(
+                    "remote write %s (%s): %s; retrying in %.3f s",
+                    self.config.remote_name,
+                    self.config.display_url,
+                    err,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                backoff = min(backoff * 2, qc.max_backoff_s)
+                continue
+            except NonRecoverableSendError:
+                self._drop(len(batch), "rejected")
+                return
+            self._metrics.inc(SAMPLES, len(batch), self._labels)
+            self._metrics.inc(BYTES, raw_len, self._labels)
+            self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
+            return
+
+    async def _post(self, body: bytes, n_samples: int) -> None:
+        session = self._session
+        assert session is not None, "start() was not awaited"
+        timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
+        started = time.monotonic()
+        try:
+            async with session.post(
+                self.config.url, data=body, headers=self._headers, timeout=timeout
+            ) as resp:
+                status = resp.status
+                self._count_request(str(status))
+                if 200 <= status < 300:
+                    await resp.read()
+                    return
+                text = (await resp.content.read(BODY_LOG_LIMIT)).decode("utf-8", "replace")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        except TimeoutError:
+            self._count_request("timeout")
+            raise RecoverableSendError(
+                f"no answer within remote_timeout {self.config.remote_timeout_s} s"
+            ) from None
+        except aiohttp.ClientError as err:
+            self._count_request("error")
+            # Only the class and OS reason: aiohttp's own text may quote the URL with credentials.
+            reason = getattr(getattr(err, "os_error", None), "strerror", None)
+            raise RecoverableSendError(
+                f"{type(err).__name__}{f': {reason}' if reason else ''}"
+            ) from None
+        finally:
+            self._metrics.set(SEND_DURATION, time.monotonic() - started, self._labels)
+        if status >= 500 or (status == 429 and self.config.queue.retry_on_http_429):
+            raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
+        log.error(
+            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s",
+            self.config.remote_name,
+            self.config.display_url,
+            n_samples,
+            status,
+            text,
+        )
+        raise NonRecoverableSendError(f"HTTP {status}", status)
+
+    def _count_request(self, status: str) -> None:
+        self._metrics.inc(REQUESTS, 1, {**self._labels, "status": status})

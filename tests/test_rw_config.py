@@ -1,0 +1,245 @@
+"""Prometheus-style remote_write blocks parse; mistakes name the key path and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hfsampler.errors import ConfigError
+from hfsampler.remote_write.config import (
+    EndpointConfig,
+    QueueConfig,
+    endpoint_from_url,
+    parse_duration,
+    parse_remote_write,
+    redact_url,
+)
+
+PASTED = """
+remote_write:
+  - url: "https://mimir.example.com/api/v1/push"
+    name: mimir-eu
+    remote_timeout: 10s
+    headers:
+      X-Scope-OrgID: team-gpu
+    queue_config:
+      capacity: 20000
+      max_shards: 10
+      min_shards: 2
+      max_samples_per_send: 5000
+      batch_send_deadline: 1s
+      min_backoff: 100ms
+      max_backoff: 1m30s
+      retry_on_http_429: false
+  - url: http://prometheus:9090/api/v1/write
+"""
+
+
+def parse(text: str) -> tuple[EndpointConfig, ...]:
+    return parse_remote_write(yaml.safe_load(text)["remote_write"])
+
+
+def error(text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        parse(text)
+    return info.value
+
+
+def test_pasted_prometheus_block_parses() -> None:
+    mimir, prom = parse(PASTED)
+    assert mimir.url == "https://mimir.example.com/api/v1/push"
+    assert mimir.name == "mimir-eu"
+    assert mimir.remote_name == "mimir-eu"
+    assert mimir.remote_timeout_s == 10.0
+    assert dict(mimir.headers) == {"X-Scope-OrgID": "team-gpu"}
+    assert mimir.queue == QueueConfig(
+        capacity=20000,
+        max_shards=10,
+        min_shards=2,
+        max_samples_per_send=5000,
+        batch_send_deadline_s=1.0,
+        min_backoff_s=0.1,
+        max_backoff_s=90.0,
+        retry_on_http_429=False,
+    )
+    assert prom.queue == QueueConfig()
+    assert prom.remote_timeout_s == 30.0
+    assert len(prom.remote_name) == 6
+
+
+def test_prometheus_defaults() -> None:
+    q = QueueConfig()
+    assert (q.capacity, q.max_shards, q.min_shards, q.max_samples_per_send) == (10000, 50, 1, 2000)
+    assert (q.batch_send_deadline_s, q.min_backoff_s, q.max_backoff_s) == (5.0, 0.03, 5.0)
+    assert q.retry_on_http_429 is True
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30.0), ("100ms", 0.1), ("5m", 300.0), ("1h30m", 5400.0), ("0", 0.0), ("1d", 86400.0)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "k") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "30", "1.5s", "s", "5 m", "30sec", 30, True, None])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_duration(bad, "remote_write[0].remote_timeout")
+    assert info.value.key == "remote_write[0].remote_timeout"
+
+
+def test_typo_in_queue_config_names_full_path_and_suggests() -> None:
+    err = error(
+        """
+remote_write:
+  - url: http://a/api/v1/write
+    queue_config:
+      max_shard: 3
+"""
+    )
+    assert err.key == "remote_write[0].queue_config.max_shard"
+    assert "max_shards" in err.fix
+    assert str(err).startswith("remote_write[0].queue_config.max_shard: ")
+
+
+def test_typo_in_endpoint_suggests() -> None:
+    err = error("remote_write:\n  - url: http://a/\n  - url: http://b/\n    remote_timout: 5s\n")
+    assert err.key == "remote_write[1].remote_timout"
+    assert "remote_timeout" in err.fix
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "basic_auth",
+        "tls_config",
+        "authorization",
+        "sigv4",
+        "oauth2",
+        "write_relabel_configs",
+        "metadata_config",
+        "send_exemplars",
+        "proxy_url",
+    ],
+)
+def test_unsupported_prometheus_keys(key: str) -> None:
+    err = error(f"remote_write:\n  - url: http://a/\n    {key}: {{}}\n")
+    assert err.key == f"remote_write[0].{key}"
+    assert "not supported yet" in err.problem
+
+
+def test_unsupported_queue_key() -> None:
+    err = error(
+        "remote_write:\n  - url: http://a/\n    queue_config:\n      sample_age_limit: 5m\n"
+    )
+    assert err.key == "remote_write[0].queue_config.sample_age_limit"
+    assert "not supported yet" in err.problem
+
+
+@pytest.mark.parametrize(
+    ("queue", "key"),
+    [
+        ("min_shards: 5\n      max_shards: 2", "min_shards"),
+        ("capacity: 0", "capacity"),
+        ("max_samples_per_send: -1", "max_samples_per_send"),
+        ("max_shards: true", "max_shards"),
+        ("batch_send_deadline: 0s", "batch_send_deadline"),
+        ("min_backoff: 10s\n      max_backoff: 1s", "min_backoff"),
+        ("retry_on_http_429: maybe", "retry_on_http_429"),
+        ("capacity: 1.5", "capacity"),
+    ],
+)
+def test_bad_queue_values(queue: str, key: str) -> None:
+    err = error(f"remote_write:\n  - url: http://a/\n    queue_config:\n      {queue}\n")
+    assert err.key == f"remote_write[0].queue_config.{key}"
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://a/", "http:///path", "prometheus:9090/api/v1/write", "", "http://a:notaport/"]
+)
+def test_bad_urls(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_remote_write([{"url": url}])
+    assert info.value.key == "remote_write[0].url"
+
+
+def test_missing_url_and_bad_shapes() -> None:
+    assert error("remote_write:\n  - name: x\n").key == "remote_write[0].url"
+    with pytest.raises(ConfigError, match="list"):
+        parse_remote_write({"url": "http://a/"})
+    with pytest.raises(ConfigError, match=r"remote_write\[0\]"):
+        parse_remote_write(["http://a/"])
+    assert parse_remote_write(None) == ()
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Content-Encoding", "content-type", "X-Prometheus-Remote-Write-Version", "User-Agent"],
+)
+def test_protocol_headers_cannot_be_overridden(header: str) -> None:
+    err = error(f"remote_write:\n  - url: http://a/\n    headers:\n      {header}: x\n")
+    assert err.key == f"remote_write[0].headers.{header}"
+
+
+def test_duplicate_names_rejected() -> None:
+    err = error("remote_write:\n  - url: http://a/\n    name: x\n  - url: http://b/\n    name: x\n")
+    assert err.key == "remote_write[1].name"
+
+
+def test_v2_protobuf_message_not_supported_yet() -> None:
+    err = error(
+        "remote_write:\n  - url: http://a/\n    protobuf_message: io.prometheus.write.v2.Request\n"
+    )
+    assert err.key == "remote_write[0].protobuf_message"
+
+
+SECRET_URL = "https://alice:hunter2@rw.example.com:8443/push?token=s3cr3t&tenant=t1#frag"
+
+
+def test_redact_url_hides_credentials() -> None:
+    shown = redact_url(SECRET_URL)
+    assert "hunter2" not in shown
+    assert "alice" not in shown
+    assert "s3cr3t" not in shown
+    assert "t1" not in shown
+    assert shown.startswith("https://<redacted>@rw.example.com:8443/push?token=")
+    assert redact_url("http://[::1]:9090/w") == "http://[::1]:9090/w"
+
+
+def test_secrets_never_in_errors_or_repr() -> None:
+    secret_header = {"Authorization": "Bearer topsecret"}
+    cfg = EndpointConfig(url=SECRET_URL, headers=secret_header)
+    for text in (repr(cfg), str(cfg), cfg.display_url):
+        assert "hunter2" not in text
+        assert "s3cr3t" not in text
+        assert "topsecret" not in text
+    for bad in (
+        "ftp://alice:hunter2@host/?token=s3cr3t",
+        "https://alice:hunter2@/?token=s3cr3t",
+        "https://alice:hunter2@host:99999/?token=s3cr3t",
+    ):
+        with pytest.raises(ConfigError) as info:
+            parse_remote_write([{"url": bad, "headers": {"User-Agent": "topsecret"}}])
+        assert "hunter2" not in str(info.value)
+        assert "s3cr3t" not in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_remote_write([{"url": "http://a/", "headers": {"X-Token": 12345}}])
+    assert "12345" not in str(info.value)
+
+
+def test_endpoint_from_url() -> None:
+    cfg = endpoint_from_url("http://localhost:9090/api/v1/write")
+    assert cfg.queue == QueueConfig()
+    assert cfg.remote_timeout_s == 30.0
+    with pytest.raises(ConfigError) as info:
+        endpoint_from_url("localhost:9090")
+    assert "--remote-write" in info.value.key
+
+
+def test_configs_are_frozen() -> None:
+    cfg = endpoint_from_url("http://a/")
+    with pytest.raises(AttributeError):
+        cfg.url = "http://b/"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.headers["X"] = "y"  # type: ignore[index]

@@ -1,0 +1,497 @@
+"""The real-GPU source: reads the catalogue's fields from NVML, batched, for every GPU.
+
+The one module (with its table of calls, ``nvml_calls``) that imports ``pynvml``. ``open``
+probes each field on each device once and picks how to read it (batched field id, or a per-device
+call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
+into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
+per-device calls. A lost GPU is marked down and skipped; the others keep sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pynvml
+
+from hfsampler.errors import ConfigError, DriverNotFoundError, SourceError
+from hfsampler.fields import Field
+from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources import nvml_calls as calls
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_LIMIT = 10  # consecutive NVML_ERROR_UNKNOWN answers before a GPU is taken as lost
+_MAX_PLANS = 64  # a caller that builds a new tuple per tick must not grow the identity cache
+
+_NONE, _FIELD, _CALL = 0, 1, 2
+_SUCCESS: int = pynvml.NVML_SUCCESS
+_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # how a (gpu, field) cell is read
+
+_FV_SIZE = calls.FIELD_VALUE_SIZE
+_TYPES = calls.VALUE_TYPES
+_FV_DTYPE = calls.FIELD_VALUE_DTYPE
+
+
+def probe_driver() -> str | None:
+    """None when an NVIDIA driver is usable here; otherwise a short reason why not."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        code = int(e.value)
+        if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+            return "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver installed"
+        if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+            return "NVIDIA driver not loaded"
+        if code == pynvml.NVML_ERROR_NO_PERMISSION:
+            return "no permission to open the NVIDIA driver"
+        return f"NVML init failed: {calls.error_text(code)}"
+    except OSError as e:  # pragma: no cover - pynvml maps its CDLL failure, other OSErrors remain
+        return f"NVML library could not be loaded: {e}"
+    try:
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return "NVIDIA driver loaded but it sees no GPU"
+    except pynvml.NVMLError as e:
+        return f"NVML device count failed: {calls.error_text(int(e.value))}"
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One field set's preallocated ``nvmlDeviceGetFieldValues`` buffer, all GPUs back to back."""
+
+    cols: IntArray  # columns of ``values`` the batch fills
+    n: int  # entries per GPU
+    buf: Any  # ctypes array of c_nvmlFieldValue_t, gpus * n
+    per_gpu: list[Any]  # per GPU, a ctypes array sharing buf's memory at that GPU's offset
+    view: Any  # numpy structured view of buf, [gpu, n]
+    ids: IntArray  # field ids, [n]
+    mask: BoolArray  # [gpu, n]: cells read through the batch (mode FIELD)
+    rows: list[int]  # GPUs with at least one such cell
+    scale: FloatArray  # [n]
+    types: tuple[tuple[int, str], ...]  # value types seen at open
+    vt0: IntArray  # [gpu, n]: the value types seen at open
+
+
+@dataclass(slots=True)
+class _Plan:
+    """How to read one tuple of fields: built on its first ``read`` and reused."""
+
+    fields: tuple[Field, ...]
+    batch: _Batch | None
+    # per GPU: (reader key, [(column, extract, scale)]) for the cells read by call
+    calls: list[list[tuple[str, list[tuple[int, calls.Extract, float]]]]]
+    has_xid: bool
+
+
+class NvmlSource:
+    """The ``Source`` over NVML; opened in the process that reads it."""
+
+    def __init__(self, indices: tuple[int, ...] | None = None) -> None:
+        self._indices = indices
+        self._handles: list[Any] = []
+        self._devices: tuple[DeviceInfo, ...] = ()
+        self._fields: tuple[Field, ...] = ()
+        self._col: dict[Field, int] = {}
+        self._mode = np.zeros((0, 0), dtype=np.int8)
+        self._vt = np.zeros((0, 0), dtype=np.int64)
+        self._readers: list[dict[str, calls.Reader]] = []
+        self._up = np.zeros(0, dtype=np.bool_)
+        self._unknown: list[int] = []
+        self._errors = np.zeros(0, dtype=np.int64)
+        self._plans: dict[tuple[Field, ...], _Plan] = {}
+        self._plan_by_id: dict[int, _Plan] = {}
+        self._fn: Any = None
+        self._events: Any = None
+        self._event_gpu: dict[int | None, int] = {}
+        self._last_xid: list[float] = []
+        self._xid_code = _NOT_SUPPORTED
+        self._open = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def open(self, fields: Sequence[Field]) -> Inventory:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise DriverNotFoundError(f"NVML init failed: {calls.error_text(int(e.value))}") from e
+        self._open = True
+        try:
+            return self._discover(tuple(fields))
+        except BaseException:
+            self.close()
+            raise
+
+    def _discover(self, fields: tuple[Field, ...]) -> Inventory:
+        try:
+            count = int(pynvml.nvmlDeviceGetCount())
+            if count == 0:
+                raise SourceError("NVML sees no GPU")
+            indices = self._indices if self._indices is not None else tuple(range(count))
+            for i in indices:
+                if not 0 <= i < count:
+                    raise ConfigError(
+                        "gpus", f"GPU index {i} not present", f"this node has GPUs 0..{count - 1}"
+                    )
+            driver = calls.text(pynvml.nvmlSystemGetDriverVersion())
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            self._devices = tuple(
+                self._device_info(i, h, driver) for i, h in zip(indices, self._handles, strict=True)
+            )
+        except pynvml.NVMLError as e:
+            raise calls.translate(e, "NVML device discovery") from e
+        gpus = len(self._handles)
+        self._fields = fields
+        self._col = {f: c for c, f in enumerate(fields)}
+        self._up = np.ones(gpus, dtype=np.bool_)
+        self._unknown = [0] * gpus
+        self._errors = np.zeros(gpus, dtype=np.int64)
+        self._last_xid = [0.0] * gpus
+        try:
+            # The C entry point itself, called with arrays built once: pynvml's wrapper builds a
+            # new ctypes array and sets every field id on every call.
+            self._fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        except pynvml.NVMLError:
+            self._fn = None  # a driver before field values: the probe finds every id unsupported
+        self._probe(fields)
+        return Inventory(self._devices, fields, self._mode != _NONE)
+
+    @staticmethod
+    def _device_info(index: int, handle: Any, driver: str) -> DeviceInfo:
+        pci = pynvml.nvmlDeviceGetPciInfo(handle)
+        bus = calls.text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+        try:
+            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+        except pynvml.NVMLError:
+            minor = index  # not on Windows/WSL; dcgm-exporter's device label falls back too
+        return DeviceInfo(
+            index=index,
+            uuid=calls.text(pynvml.nvmlDeviceGetUUID(handle)),
+            model_name=calls.text(pynvml.nvmlDeviceGetName(handle)),
+            pci_bus_id=bus,
+            driver_version=driver,
+            minor_number=minor,
+        )
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        self._plans.clear()
+        self._plan_by_id.clear()
+        if self._events is not None:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlEventSetFree(self._events)
+            self._events = None
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as e:
+            log.debug("nvmlShutdown: %s", e)
+
+    @property
+    def gpu_up(self) -> BoolArray:
+        view = self._up.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def read_errors(self) -> IntArray:
+        """Per GPU: cells that had a value to read and got an error instead, since open."""
+        return self._errors.copy()
+
+    # -- probing ---------------------------------------------------------------------------
+
+    def _probe(self, fields: tuple[Field, ...]) -> None:
+        gpus = len(self._handles)
+        self._mode = np.zeros((gpus, len(fields)), dtype=np.int8)
+        self._vt = np.full((gpus, len(fields)), -1, dtype=np.int64)
+        self._readers = [{} for _ in range(gpus)]
+        why: dict[int, dict[str, list[int]]] = {}  # column -> reason -> GPUs
+        fallback: dict[int, list[int]] = {}  # column -> GPUs read by call instead of field id
+        ids = {c: calls.field_id(f.nvml_field) for c, f in enumerate(fields) if f.nvml_field}
+        for c, f in enumerate(fields):
+            if f.nvml_field and ids[c] is None:
+                why.setdefault(c, {}).setdefault(f"pynvml lacks {f.nvml_field}", [])
+        if any(f.nvml_call == "xid" for f in fields):
+            self._register_xid()
+        for g, handle in enumerate(self._handles):
+            if not self._up[g]:
+                continue
+            id_cols = [c for c, i in ids.items() if i is not None]
+            entry_codes = self._probe_ids(g, handle, id_cols, [ids[c] for c in id_cols])
+            for c, code in zip(id_cols, entry_codes, strict=True):
+                if code == pynvml.NVML_SUCCESS:
+                    self._mode[g, c] = _FIELD
+                else:
+                    why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+            for c, f in enumerate(fields):
+                if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g]:
+                    continue
+                code = self._probe_call(g, handle, f.nvml_call)
+                if code == pynvml.NVML_SUCCESS:
+                    self._mode[g, c] = _CALL
+                    if f.nvml_field:
+                        fallback.setdefault(c, []).append(g)
+                else:
+                    why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+        for c, f in enumerate(fields):
+            if c in fallback:
+                log.info(
+                    "%s: field id %s unsupported on GPU %s; read with call %s",
+                    f.name, f.nvml_field, self._gpus(fallback[c]), f.nvml_call,
+                )  # fmt: skip
+            missing = [g for g in range(gpus) if self._mode[g, c] == _NONE]
+            if missing:
+                reasons = "; ".join(f"{r}" for r in why.get(c, {}) or ("no way to read it",))
+                log.warning(
+                    "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
+                )
+
+    def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int | None]) -> list[int]:
+        if not ids:
+            return []
+        try:
+            entries = pynvml.nvmlDeviceGetFieldValues(handle, ids)
+        except pynvml.NVMLError as e:
+            code = int(e.value)
+            if code in calls.LOST_CODES:
+                self._mark_down(g, code)
+            return [code] * len(ids)
+        codes = []
+        for c, entry in zip(cols, entries, strict=True):
+            codes.append(int(entry.nvmlReturn))
+            self._vt[g, c] = int(entry.valueType)
+        return codes
+
+    def _probe_call(self, g: int, handle: Any, key: str) -> int:
+        spec = calls.CALL_FIELDS.get(key)
+        if spec is None:
+            return _NOT_SUPPORTED
+        if spec.reader == "xid":
+            return _SUCCESS if g in self._event_gpu.values() else self._xid_code
+        reader = self._readers[g].get(spec.reader)
+        code: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+        candidates = (reader,) if reader is not None else calls.READERS[spec.reader]
+        for candidate in candidates:
+            try:
+                raw = candidate(handle)
+            except pynvml.NVMLError as e:
+                code = int(e.value)
+                if code in calls.LOST_CODES:
+                    self._mark_down(g, code)
+                    return code
+                continue
+            self._readers[g][spec.reader] = candidate
+            if spec.extract(raw) is None:
+                return _NOT_SUPPORTED  # e.g. reserved memory from the v1 struct
+            return _SUCCESS
+        return code
+
+    def _register_xid(self) -> None:
+        try:
+            self._events = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as e:
+            self._xid_code = int(e.value)
+            return
+        for g, handle in enumerate(self._handles):
+            try:
+                pynvml.nvmlDeviceRegisterEvents(
+                    handle, pynvml.nvmlEventTypeXidCriticalError, self._events
+                )
+            except pynvml.NVMLError as e:
+                self._xid_code = int(e.value)
+                continue
+            self._event_gpu[_address(handle)] = g
+
+    def _poll_xid(self) -> None:
+        # Non-blocking drain: events of every GPU share the set; keep each GPU's last XID.
+        if self._events is None:
+            return
+        while True:
+            try:
+                data = pynvml.nvmlEventSetWait(self._events, 0)
+            except pynvml.NVMLError:
+                return  # TIMEOUT: nothing pending (other codes: try again next read)
+            g = self._event_gpu.get(_address(data.device))
+            if g is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                self._last_xid[g] = float(data.eventData)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _plan(self, fields: Sequence[Field]) -> _Plan:
+        plan = self._plan_by_id.get(id(fields))
+        if plan is not None and plan.fields is fields:
+            return plan
+        key = tuple(fields)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build_plan(key)
+            self._plans[key] = plan
+        if isinstance(fields, tuple) and len(self._plan_by_id) < _MAX_PLANS:
+            # Keyed by identity so the hot path skips hashing the fields; plan.fields keeps the
+            # tuple alive, so the id cannot be reused while the entry exists.
+            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid)
+            self._plan_by_id[id(fields)] = plan
+        return plan
+
+    def _build_plan(self, fields: tuple[Field, ...]) -> _Plan:
+        gpus = len(self._handles)
+        try:
+            src = [self._col[f] for f in fields]
+        except KeyError as e:
+            raise SourceError(f"field {e.args[0].name} was not opened") from e
+        mode = self._mode[:, src]
+        batch_cols = [k for k in range(len(fields)) if (mode[:, k] == _FIELD).any()]
+        batch = self._build_batch(fields, src, batch_cols, mode) if batch_cols else None
+        per_gpu: list[list[tuple[str, list[tuple[int, calls.Extract, float]]]]] = []
+        for g in range(gpus):
+            by_reader: dict[str, list[tuple[int, calls.Extract, float]]] = {}
+            for k, f in enumerate(fields):
+                if mode[g, k] == _CALL and f.nvml_call:
+                    spec = calls.CALL_FIELDS[f.nvml_call]
+                    by_reader.setdefault(spec.reader, []).append((k, spec.extract, f.scale))
+            per_gpu.append(list(by_reader.items()))
+        has_xid = any(r == "xid" for work in per_gpu for r, _ in work)
+        return _Plan(fields, batch, per_gpu, has_xid)
+
+    def _build_batch(
+        self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any
+    ) -> _Batch:
+        gpus, n = len(self._handles), len(cols)
+        buf = (pynvml.c_nvmlFieldValue_t * (gpus * n))()
+        row_type = pynvml.c_nvmlFieldValue_t * n
+        per_gpu = [row_type.from_buffer(buf, g * n * _FV_SIZE) for g in range(gpus)]
+        view = np.frombuffer(buf, dtype=_FV_DTYPE).reshape(gpus, n)
+        ids = np.array([calls.field_id(fields[k].nvml_field or "") or 0 for k in cols], np.int64)
+        view["fieldId"][:] = ids
+        mask = mode[:, cols] == _FIELD
+        vt0 = self._vt[:, [src[k] for k in cols]]
+        seen = {int(t) for t in vt0[mask]}
+        return _Batch(
+            cols=np.array(cols, dtype=np.int64),
+            n=n,
+            buf=buf,
+            per_gpu=per_gpu,
+            view=view,
+            ids=ids,
+            mask=mask,
+            rows=[g for g in range(gpus) if mask[g].any()],
+            scale=np.array([fields[k].scale for k in cols], dtype=np.float64),
+            types=tuple((t, name) for t, name in _TYPES if t in seen),
+            vt0=vt0,
+        )
+
+    def read(
+        self,
+        fields: Sequence[Field],
+        values: FloatArray,
+        driver_ts_us: IntArray,
+        now_ns: int,
+    ) -> None:
+        plan = self._plan(fields)
+        values.fill(np.nan)
+        driver_ts_us.fill(0)
+        if plan.batch is not None:
+            self._read_batch(plan.batch, values, driver_ts_us)
+        if plan.has_xid:
+            self._poll_xid()
+        now_us = now_ns // 1000
+        up = self._up
+        for g, work in enumerate(plan.calls):
+            if not work or not up[g]:
+                continue
+            handle = self._handles[g]
+            readers = self._readers[g]
+            for key, outs in work:
+                try:
+                    raw = self._last_xid[g] if key == "xid" else readers[key](handle)
+                except pynvml.NVMLError as e:
+                    self._errors[g] += len(outs)
+                    if self._failed(g, int(e.value)):
+                        values[g].fill(np.nan)
+                        driver_ts_us[g].fill(0)
+                        break
+                    continue
+                self._unknown[g] = 0
+                for k, extract, scale in outs:
+                    v = extract(raw)
+                    if v is not None:
+                        values[g, k] = v * scale
+                        driver_ts_us[g, k] = now_us
+
+    def _read_batch(self, b: _Batch, values: FloatArray, driver_ts_us: IntArray) -> None:
+        fn, handles, up = self._fn, self._handles, self._up
+        row_ok = up.copy()
+        view = b.view
+        view["fieldId"][:] = b.ids  # cheap insurance should a driver ever touch the inputs
+        for g in b.rows:
+            if not up[g]:
+                continue
+            ret = fn(handles[g], b.n, b.per_gpu[g])
+            if ret:
+                row_ok[g] = False
+                self._errors[g] += int(b.mask[g].sum())
+                self._failed(g, int(ret))
+            else:
+                self._unknown[g] = 0
+        vt = view["valueType"]
+        # The driver gives each field one value type; recheck only the cells that count.
+        types = _TYPES if ((vt != b.vt0) & b.mask).any() else b.types
+        out = view["d"].copy() if types and types[0][1] == "d" else np.full(vt.shape, np.nan)
+        for t, name in types:
+            if name != "d":
+                np.copyto(out, view[name], where=vt == t, casting="unsafe")
+        rets = view["nvmlReturn"]
+        live = b.mask & row_ok[:, None]
+        ok = live & (rets == 0)
+        bad = live & ~ok
+        if bad.any():
+            self._entry_errors(bad, rets)
+            ok &= self._up[:, None]
+        values[:, b.cols] = np.where(ok, out * b.scale, np.nan)
+        driver_ts_us[:, b.cols] = np.where(ok, view["timestamp"], 0)
+
+    def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
+        self._errors += bad.sum(axis=1)
+        for g in np.flatnonzero(bad.any(axis=1)):
+            lost = [int(r) for r in rets[g][bad[g]] if int(r) in calls.LOST_CODES]
+            if lost:
+                self._mark_down(int(g), lost[0])
+
+    def _failed(self, g: int, code: int) -> bool:
+        """Account an error answer from GPU ``g``; True when it takes the GPU down."""
+        if code in calls.LOST_CODES:
+            self._mark_down(g, code)
+            return True
+        if code == calls.UNKNOWN_CODE:
+            self._unknown[g] += 1
+            if self._unknown[g] >= UNKNOWN_LIMIT:
+                self._mark_down(g, code)
+                return True
+        return False
+
+    def _gpus(self, rows: Sequence[int]) -> str:
+        return ",".join(str(self._devices[g].index) for g in rows)
+
+    def _mark_down(self, g: int, code: int) -> None:
+        if not self._up[g]:
+            return
+        self._up[g] = False
+        info = self._devices[g] if g < len(self._devices) else None
+        log.error(
+            "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",
+            info.index if info else g, info.uuid if info else "?", calls.error_text(code),
+        )  # fmt: skip
+
+
+def _address(handle: Any) -> int | None:
+    value: int | None = ctypes.cast(handle, ctypes.c_void_p).value
+    return value

@@ -1,0 +1,436 @@
+"""A scriptable fake of libnvidia-ml under the real ``pynvml`` module, for tests.
+
+The fake replaces the C library, not pynvml: ``pynvml.nvmlLib`` becomes a ``FakeLib`` whose
+attributes are the NVML C entry points (``nvmlDeviceGetFieldValues``, ``nvmlDeviceGetClockInfo``,
+...), each taking the same ctypes arguments the real library does and returning an NVML return
+code. So every pynvml wrapper runs unchanged (its real signature, its real ctypes structs, its real
+``NVMLError`` subclasses raised for the codes the fake returns), and so does code that calls a
+function pointer from ``pynvml._nvmlGetFunctionPointer`` directly. A C function the fake leaves out
+(``FakeNvml.missing``) is ``NVML_ERROR_FUNCTION_NOT_FOUND``, as on an older driver.
+
+Each fake GPU has a table of field values by NVML field id and of call readings by key, each with
+a refresh period: the driver timestamp is the fake clock floored to that period, and a callable
+value is evaluated at that timestamp, so "fields with known refresh periods" come for free.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+import pytest
+
+Value = float | Callable[[int], float]  # a constant, or a function of the driver timestamp (us)
+
+_HANDLE_BASE = 0x10000  # fake device handles are pointers to these addresses, one per GPU
+_EVENT_SET = 0xE0000
+
+
+@dataclass
+class FakeReading:
+    """One value the fake driver reports: its value, refresh period, type and entry return code."""
+
+    value: Value
+    period_us: int = 1000
+    value_type: int = pynvml.NVML_VALUE_TYPE_DOUBLE
+    ret: int = pynvml.NVML_SUCCESS
+
+    def sample(self, now_us: int) -> tuple[int, float]:
+        ts = now_us - now_us % self.period_us if self.period_us > 0 else now_us
+        v = self.value(ts) if callable(self.value) else self.value
+        return ts, v
+
+
+# Call reading keys the fake understands, by C function (key -> what it answers):
+#   clock_sm, clock_mem (GetClockInfo), temperature_gpu (GetTemperature), power_usage,
+#   total_energy, power_limit, pcie_tx, pcie_rx, util_gpu, util_mem (GetUtilizationRates),
+#   util_enc, util_dec, fb_total, fb_free, fb_used, fb_reserved (GetMemoryInfo[_v2]),
+#   clocks_event_reasons (both the Event and the older Throttle name), fan, pstate.
+
+
+@dataclass
+class FakeGpu:
+    """One fake device: its labels, field table, call readings and scripted failures."""
+
+    name: str = "NVIDIA H100 80GB HBM3"
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    bus_id: str = "00000000:17:00.0"
+    minor: int = 0
+    fields: dict[int, FakeReading] = field(default_factory=dict)  # by NVML field id
+    readings: dict[str, FakeReading] = field(default_factory=dict)  # by call key (above)
+    errors: dict[str, int] = field(default_factory=dict)  # C function name -> return code
+    lost: bool = False  # every call answers NVML_ERROR_GPU_IS_LOST
+    xids: list[int] = field(default_factory=list)  # pending XID events
+    registered_events: int = 0
+
+
+def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
+    # Changes on every refresh, so a reader can tell refreshes from repeats by value too.
+    return lambda ts: float(base_mw + step_mw * ((ts // period_us) % 5))
+
+
+def standard_gpu(i: int) -> FakeGpu:
+    """An H100-like GPU: every catalogue field id and call present, with distinct periods."""
+    u, ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    fi = {
+        "NVML_FI_DEV_MEMORY_TEMP": FakeReading(45.0 + i, 1_000_000, u),
+        "NVML_FI_DEV_POWER_AVERAGE": FakeReading(_power(300_000 + i, 1000, 100_000), 100_000, u),
+        "NVML_FI_DEV_POWER_INSTANT": FakeReading(_power(310_000 + i, 2000, 20_000), 20_000, u),
+        "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION": FakeReading(
+            lambda ts: float(ts // 1000), 20_000, ull
+        ),
+        "NVML_FI_DEV_POWER_CURRENT_LIMIT": FakeReading(700_000.0, 1_000_000, u),
+        "NVML_FI_DEV_PCIE_REPLAY_COUNTER": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_ECC_SBE_VOL_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_ECC_DBE_VOL_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_ECC_SBE_AGG_TOTAL": FakeReading(2.0, 1_000_000, ull),
+        "NVML_FI_DEV_ECC_DBE_AGG_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_REMAPPED_COR": FakeReading(0.0, 1_000_000, u),
+        "NVML_FI_DEV_REMAPPED_UNC": FakeReading(0.0, 1_000_000, u),
+        "NVML_FI_DEV_REMAPPED_FAILURE": FakeReading(0.0, 1_000_000, u),
+        "NVML_FI_DEV_PERF_POLICY_POWER": FakeReading(1.5e6, 1_000_000, ull),
+        "NVML_FI_DEV_PERF_POLICY_THERMAL": FakeReading(0.0, 1_000_000, ull),
+    }
+    gib = float(1 << 30)
+    readings = {
+        "clock_sm": FakeReading(lambda ts: 1980.0 - 15 * ((ts // 10_000) % 3), 10_000),
+        "clock_mem": FakeReading(2619.0, 1_000_000),
+        "temperature_gpu": FakeReading(40.0 + i, 1_000_000),
+        "power_usage": FakeReading(_power(300_000 + i, 1000, 100_000), 100_000),
+        "total_energy": FakeReading(lambda ts: float(ts // 1000), 20_000),
+        "power_limit": FakeReading(700_000.0, 1_000_000),
+        "pcie_tx": FakeReading(1200.0, 20_000),
+        "pcie_rx": FakeReading(3400.0, 20_000),
+        "util_gpu": FakeReading(lambda ts: float((ts // 166_000) % 100), 166_000),
+        "util_mem": FakeReading(30.0, 166_000),
+        "util_enc": FakeReading(0.0, 166_000),
+        "util_dec": FakeReading(0.0, 166_000),
+        "fb_total": FakeReading(80 * gib, 1_000_000),
+        "fb_reserved": FakeReading(0.5 * gib, 1_000_000),
+        "fb_used": FakeReading(lambda ts: gib * (10 + (ts // 1000) % 7), 1000),
+        "fb_free": FakeReading(lambda ts: gib * (69.5 - (ts // 1000) % 7), 1000),
+        "clocks_event_reasons": FakeReading(0.0, 1000),
+        "fan": FakeReading(0.0, 1_000_000),
+        "pstate": FakeReading(0.0, 1_000_000),
+    }
+    return FakeGpu(
+        uuid=f"GPU-{i:08x}-1111-2222-3333-444455556666",
+        bus_id=f"00000000:{0x17 + i:02X}:00.0",
+        minor=i,
+        fields={getattr(pynvml, k): v for k, v in fi.items()},
+        readings=readings,
+    )
+
+
+@dataclass
+class FakeNvml:
+    """The fake driver's state; tests change it at any time, the next call sees the change."""
+
+    gpus: list[FakeGpu]
+    driver_version: str = "570.133.20"
+    missing: set[str] = field(default_factory=set)  # C functions this "driver" lacks
+    init_error: int | None = None  # nvmlInitWithFlags returns this (e.g. DRIVER_NOT_LOADED)
+    clock_us: Callable[[], int] = field(default=lambda: time.monotonic_ns() // 1000)
+    calls: Counter[str] = field(default_factory=Counter)  # C function name -> times called
+    initialised: int = 0
+
+    def handle(self, i: int) -> Any:
+        return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + i), pynvml.c_nvmlDevice_t)
+
+    def gpu_of(self, handle: Any) -> tuple[int, FakeGpu]:
+        addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
+        i = addr - _HANDLE_BASE
+        if not 0 <= i < len(self.gpus):
+            raise LookupError(f"not a fake device handle: {addr:#x}")
+        return i, self.gpus[i]
+
+
+class _CFunction:
+    """A fake C entry point: pynvml sets ``restype``/``argtypes`` on some, so they must stick."""
+
+    def __init__(self, name: str, impl: Callable[..., int], fake: FakeNvml) -> None:
+        self.__name__ = name
+        self._impl = impl
+        self._fake = fake
+        self.restype: Any = ctypes.c_int
+        self.argtypes: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        self._fake.calls[self.__name__] += 1
+        return self._impl(*args)
+
+
+def _obj(arg: Any) -> Any:
+    """The ctypes object behind a ``byref()`` argument (or the argument itself)."""
+    return getattr(arg, "_obj", arg)
+
+
+def _int(arg: Any) -> int:
+    return int(getattr(arg, "value", arg))
+
+
+def _set_value(union: Any, value_type: int, v: float) -> None:
+    member = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }[value_type]
+    setattr(union, member, v if member == "dVal" else int(v))
+
+
+class FakeLib:
+    """Stands in for ``CDLL("libnvidia-ml.so.1")``: attribute lookup gives C entry points."""
+
+    def __init__(self, fake: FakeNvml) -> None:
+        self._fake = fake
+
+    def __getattr__(self, name: str) -> _CFunction:
+        impl = getattr(self, "_c_" + name, None)
+        if impl is None or name in self._fake.missing:
+            raise AttributeError(name)  # pynvml turns this into FUNCTION_NOT_FOUND
+        return _CFunction(name, impl, self._fake)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _device(self, fn: str, handle: Any) -> tuple[int, FakeGpu | None]:
+        """(return code, gpu): the code a device call fails with before touching outputs."""
+        try:
+            _, gpu = self._fake.gpu_of(handle)
+        except LookupError:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, None
+        if self._fake.initialised <= 0:
+            return pynvml.NVML_ERROR_UNINITIALIZED, None
+        if gpu.lost:
+            return pynvml.NVML_ERROR_GPU_IS_LOST, None
+        code = gpu.errors.get(fn, pynvml.NVML_SUCCESS)
+        return code, (gpu if code == pynvml.NVML_SUCCESS else None)
+
+    def _reading(self, fn: str, handle: Any, key: str, out: Any, attr: str = "value") -> int:
+        code, gpu = self._device(fn, handle)
+        if gpu is None:
+            return code
+        r = gpu.readings.get(key)
+        if r is None:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        setattr(_obj(out), attr, int(r.sample(self._fake.clock_us())[1]))
+        return r.ret
+
+    # -- system ----------------------------------------------------------------------------
+
+    def _c_nvmlInitWithFlags(self, flags: Any) -> int:
+        if self._fake.init_error is not None:
+            return self._fake.init_error
+        self._fake.initialised += 1
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlShutdown(self) -> int:
+        if self._fake.initialised <= 0:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        self._fake.initialised -= 1
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlErrorString(self, code: Any) -> bytes:
+        return f"fake NVML error {_int(code)}".encode()
+
+    def _c_nvmlSystemGetDriverVersion(self, buf: Any, size: Any) -> int:
+        buf.value = self._fake.driver_version.encode()[: _int(size) - 1]
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetCount_v2(self, count: Any) -> int:
+        if self._fake.initialised <= 0:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        _obj(count).value = len(self._fake.gpus)
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetHandleByIndex_v2(self, index: Any, device: Any) -> int:
+        i = _int(index)
+        if not 0 <= i < len(self._fake.gpus):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        ctypes.c_void_p.from_buffer(_obj(device)).value = _HANDLE_BASE + i
+        return pynvml.NVML_SUCCESS
+
+    # -- labels ----------------------------------------------------------------------------
+
+    def _c_nvmlDeviceGetName(self, handle: Any, buf: Any, size: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetName", handle)
+        if gpu is not None:
+            buf.value = gpu.name.encode()
+        return code
+
+    def _c_nvmlDeviceGetUUID(self, handle: Any, buf: Any, size: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetUUID", handle)
+        if gpu is not None:
+            buf.value = gpu.uuid.encode()
+        return code
+
+    def _c_nvmlDeviceGetPciInfo_v3(self, handle: Any, info: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetPciInfo_v3", handle)
+        if gpu is not None:
+            pci = _obj(info)
+            pci.busId = gpu.bus_id.encode()
+            pci.busIdLegacy = gpu.bus_id.encode()[:15]
+        return code
+
+    def _c_nvmlDeviceGetMinorNumber(self, handle: Any, out: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetMinorNumber", handle)
+        if gpu is not None:
+            _obj(out).value = gpu.minor
+        return code
+
+    # -- field values ----------------------------------------------------------------------
+
+    def _c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetFieldValues", handle)
+        if gpu is None:
+            return code
+        entries = _obj(values)
+        now = self._fake.clock_us()
+        for k in range(_int(count)):
+            e = entries[k]
+            r = gpu.fields.get(int(e.fieldId))
+            e.latencyUsec = 0
+            if r is None:
+                e.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                e.timestamp = 0
+                continue
+            ts, v = r.sample(now)
+            e.timestamp = ts
+            e.valueType = r.value_type
+            e.nvmlReturn = r.ret
+            _set_value(e.value, r.value_type, v)
+        return pynvml.NVML_SUCCESS
+
+    # -- per-device calls ------------------------------------------------------------------
+
+    def _c_nvmlDeviceGetClockInfo(self, handle: Any, kind: Any, out: Any) -> int:
+        key = {pynvml.NVML_CLOCK_SM: "clock_sm", pynvml.NVML_CLOCK_MEM: "clock_mem"}
+        return self._reading(
+            "nvmlDeviceGetClockInfo", handle, key.get(_int(kind), "clock_other"), out
+        )
+
+    def _c_nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> int:
+        key = "temperature_gpu" if _int(sensor) == pynvml.NVML_TEMPERATURE_GPU else "temp_other"
+        return self._reading("nvmlDeviceGetTemperature", handle, key, out)
+
+    def _c_nvmlDeviceGetPowerUsage(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetPowerUsage", handle, "power_usage", out)
+
+    def _c_nvmlDeviceGetTotalEnergyConsumption(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetTotalEnergyConsumption", handle, "total_energy", out)
+
+    def _c_nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetEnforcedPowerLimit", handle, "power_limit", out)
+
+    def _c_nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, out: Any) -> int:
+        key = "pcie_tx" if _int(counter) == pynvml.NVML_PCIE_UTIL_TX_BYTES else "pcie_rx"
+        return self._reading("nvmlDeviceGetPcieThroughput", handle, key, out)
+
+    def _c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
+        code = self._reading("nvmlDeviceGetUtilizationRates", handle, "util_gpu", out, "gpu")
+        if code == pynvml.NVML_SUCCESS:
+            code = self._reading("nvmlDeviceGetUtilizationRates", handle, "util_mem", out, "memory")
+        return code
+
+    def _c_nvmlDeviceGetEncoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        _obj(period).value = 166_000
+        return self._reading("nvmlDeviceGetEncoderUtilization", handle, "util_enc", util)
+
+    def _c_nvmlDeviceGetDecoderUtilization(self, handle: Any, util: Any, period: Any) -> int:
+        _obj(period).value = 166_000
+        return self._reading("nvmlDeviceGetDecoderUtilization", handle, "util_dec", util)
+
+    def _memory(self, fn: str, handle: Any, out: Any, keys: tuple[str, ...]) -> int:
+        for key in keys:
+            code = self._reading(fn, handle, "fb_" + key, out, key)
+            if code != pynvml.NVML_SUCCESS:
+                return code
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetMemoryInfo(self, handle: Any, out: Any) -> int:
+        return self._memory("nvmlDeviceGetMemoryInfo", handle, out, ("total", "free", "used"))
+
+    def _c_nvmlDeviceGetMemoryInfo_v2(self, handle: Any, out: Any) -> int:
+        if _obj(out).version != pynvml.nvmlMemory_v2:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        keys = ("total", "reserved", "free", "used")
+        return self._memory("nvmlDeviceGetMemoryInfo_v2", handle, out, keys)
+
+    def _c_nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> int:
+        return self._reading(
+            "nvmlDeviceGetCurrentClocksEventReasons", handle, "clocks_event_reasons", out
+        )
+
+    def _c_nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, out: Any) -> int:
+        return self._reading(
+            "nvmlDeviceGetCurrentClocksThrottleReasons", handle, "clocks_event_reasons", out
+        )
+
+    def _c_nvmlDeviceGetFanSpeed(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetFanSpeed", handle, "fan", out)
+
+    def _c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetPerformanceState", handle, "pstate", out)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _c_nvmlEventSetCreate(self, out: Any) -> int:
+        ctypes.c_void_p.from_buffer(_obj(out)).value = _EVENT_SET
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlEventSetFree(self, event_set: Any) -> int:
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> int:
+        code, gpu = self._device("nvmlDeviceRegisterEvents", handle)
+        if gpu is not None:
+            gpu.registered_events |= _int(types)
+        return code
+
+    def _c_nvmlEventSetWait_v2(self, event_set: Any, data: Any, timeout_ms: Any) -> int:
+        for i, gpu in enumerate(self._fake.gpus):
+            if gpu.xids and gpu.registered_events & pynvml.nvmlEventTypeXidCriticalError:
+                d = _obj(data)
+                ctypes.c_void_p.from_buffer(d, 0).value = _HANDLE_BASE + i
+                d.eventType = pynvml.nvmlEventTypeXidCriticalError
+                d.eventData = gpu.xids.pop(0)
+                return pynvml.NVML_SUCCESS
+        return pynvml.NVML_ERROR_TIMEOUT  # the real one never blocks past timeout_ms either
+
+
+def install(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:
+    """Put ``fake`` under the real pynvml for the rest of the test (undone by monkeypatch)."""
+    monkeypatch.setattr(pynvml, "nvmlLib", FakeLib(fake))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    monkeypatch.setattr(pynvml, "_nvmlLib_refcount", 0)
+    return fake
+
+
+def remove_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No libnvidia-ml at all: pynvml's own loader fails as on a machine without the driver."""
+
+    def no_library(name: str, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(f"{name}: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(pynvml, "nvmlLib", None)
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    monkeypatch.setattr(pynvml, "CDLL", no_library)
+
+
+def make_fake(gpus: int = 2) -> FakeNvml:
+    return FakeNvml(gpus=[standard_gpu(i) for i in range(gpus)])
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    """Two standard fake GPUs under the real pynvml; change ``fake_nvml.gpus`` to script."""
+    return install(monkeypatch, make_fake(2))

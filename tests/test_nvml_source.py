@@ -1,0 +1,350 @@
+"""The NVML source against a fake libnvidia-ml under the real pynvml."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pynvml
+import pytest
+from fake_nvml import FakeNvml, FakeReading, install, make_fake, remove_library
+
+from hfsampler import fields as F
+from hfsampler.errors import DriverNotFoundError, FieldNotSupportedError, GpuLostError, SourceError
+from hfsampler.fields import Field
+from hfsampler.sources import nvml_calls
+from hfsampler.sources.nvml import UNKNOWN_LIMIT, NvmlSource, probe_driver
+
+FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST)
+POWER = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]  # field id with a call fallback
+INSTANT = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]  # field id only
+MEM_TEMP = F.BY_NAME["DCGM_FI_DEV_MEMORY_TEMP"]
+SM_CLOCK = F.BY_NAME["DCGM_FI_DEV_SM_CLOCK"]
+FB_USED = F.BY_NAME["DCGM_FI_DEV_FB_USED"]
+FB_RESERVED = F.BY_NAME["DCGM_FI_DEV_FB_RESERVED"]
+REASONS = F.BY_NAME["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]
+XID = F.BY_NAME["DCGM_FI_DEV_XID_ERRORS"]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:
+    f = install(monkeypatch, make_fake(3))
+    f.clock_us = lambda: 5_000_000
+    return f
+
+
+@pytest.fixture
+def source() -> Iterator[NvmlSource]:
+    s = NvmlSource()
+    yield s
+    s.close()
+
+
+def read(
+    s: NvmlSource, fields: Sequence[Field], now_ns: int = 7_000_000_000
+) -> tuple[np.ndarray, np.ndarray]:
+    values = np.zeros((len(s.gpu_up), len(fields)))
+    ts = np.zeros((len(s.gpu_up), len(fields)), dtype=np.int64)
+    s.read(fields, values, ts, now_ns)
+    return values, ts
+
+
+def test_discovery_and_labels(fake: FakeNvml, source: NvmlSource) -> None:
+    inv = source.open(F.CATALOGUE)
+    assert [d.index for d in inv.devices] == [0, 1, 2]
+    d = inv.devices[1]
+    assert d.uuid == "GPU-00000001-1111-2222-3333-444455556666"
+    assert d.model_name == "NVIDIA H100 80GB HBM3"
+    assert d.pci_bus_id == "00000000:18:00.0"
+    assert d.driver_version == "570.133.20"
+    assert d.minor_number == 1
+    assert d.device == "nvidia1"
+    assert inv.supported.shape == (3, len(F.CATALOGUE))
+    assert inv.supported.all()
+    assert source.gpu_up.tolist() == [True, True, True]
+
+
+def test_indices_select_gpus(fake: FakeNvml) -> None:
+    s = NvmlSource(indices=(2,))
+    try:
+        inv = s.open((INSTANT,))
+        assert [d.index for d in inv.devices] == [2]
+        values, _ = read(s, (INSTANT,))
+        assert values[0, 0] == pytest.approx(310.002)  # GPU 2: base 310_002 mW
+    finally:
+        s.close()
+
+
+def test_batched_values_scale_and_timestamps(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open(FAST)
+    fake.calls.clear()
+    values, ts = read(source, FAST)
+    # One batched call per GPU per tick for the field ids, whatever their number.
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3
+    col = {f.name: k for k, f in enumerate(FAST)}
+    # 5 s on the fake clock: POWER_INSTANT refreshes every 20 ms, 250 refreshes -> step 0.
+    assert values[0, col[INSTANT.name]] == pytest.approx(310.0)  # mW * 1e-3
+    assert values[1, col[INSTANT.name]] == pytest.approx(310.001)
+    assert ts[0, col[INSTANT.name]] == 5_000_000
+    assert values[0, col[SM_CLOCK.name]] == pytest.approx(1980.0 - 15 * (500 % 3))
+    assert values[0, col[FB_USED.name]] == pytest.approx(1024 * (10 + 5000 % 7))  # bytes -> MiB
+    assert values[0, col[FB_RESERVED.name]] == pytest.approx(512.0)
+    # Call-based fields carry the read time, for want of a driver timestamp.
+    assert ts[0, col[SM_CLOCK.name]] == 7_000_000
+    assert not np.isnan(values).any()
+
+
+def test_every_value_type_converts(fake: FakeNvml, source: NvmlSource) -> None:
+    for vt, v in [
+        (pynvml.NVML_VALUE_TYPE_DOUBLE, 45.5),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, 4_000_000_000),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, 2**40),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, 2**50),
+        (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, -(2**40)),
+        (pynvml.NVML_VALUE_TYPE_SIGNED_INT, -7),
+        (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, 65535),
+    ]:
+        fake.gpus[0].fields[pynvml.NVML_FI_DEV_MEMORY_TEMP] = FakeReading(v, 1000, vt)
+        if vt == pynvml.NVML_VALUE_TYPE_DOUBLE:
+            source.open((MEM_TEMP,))
+        values, _ = read(source, (MEM_TEMP,))
+        assert values[0, 0] == v, vt
+
+
+def test_not_supported_field_skipped_with_one_log_line(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    for gpu in fake.gpus:
+        del gpu.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP]
+    fields = (INSTANT, MEM_TEMP)
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open(fields)
+        for _ in range(5):
+            values, ts = read(source, fields)
+    assert inv.supported[:, 1].tolist() == [False, False, False]
+    assert inv.supported[:, 0].all()
+    lines = [r.getMessage() for r in caplog.records if MEM_TEMP.name in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "GPU 0,1,2" in lines[0]
+    assert "Not Supported" in lines[0]
+    assert np.isnan(values[:, 1]).all()
+    assert (ts[:, 1] == 0).all()
+    assert not np.isnan(values[:, 0]).any()
+    assert source.read_errors.tolist() == [0, 0, 0]  # known-unsupported is not an error
+
+
+def test_field_id_function_not_found_falls_back_to_call(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.missing.add("nvmlDeviceGetFieldValues")  # a driver from before field values
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open((POWER, INSTANT))
+    assert inv.supported[:, 0].all()  # read with nvmlDeviceGetPowerUsage instead
+    assert not inv.supported[:, 1].any()  # no call to fall back to
+    fake.calls.clear()
+    values, _ = read(source, (POWER, INSTANT))
+    assert values[:, 0] == pytest.approx([300.0, 300.001, 300.002])
+    assert np.isnan(values[:, 1]).all()
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum(POWER.name in m and "power_usage" in m for m in messages) == 1
+    assert sum(INSTANT.name in m and "Function Not Found" in m for m in messages) == 1
+
+
+def test_entry_not_supported_on_one_gpu_falls_back_there_only(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    fake.gpus[1].fields[pynvml.NVML_FI_DEV_POWER_AVERAGE].ret = pynvml.NVML_ERROR_NOT_SUPPORTED
+    source.open((POWER,))
+    fake.calls.clear()
+    values, ts = read(source, (POWER,))
+    assert values[:, 0] == pytest.approx([300.0, 300.001, 300.002])
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
+    assert ts[1, 0] == 7_000_000
+    assert ts[0, 0] == 5_000_000
+
+
+def test_call_function_not_found_uses_older_call(fake: FakeNvml, source: NvmlSource) -> None:
+    fake.missing.add("nvmlDeviceGetCurrentClocksEventReasons")
+    fake.gpus[0].readings["clocks_event_reasons"].value = 0x4
+    inv = source.open((REASONS,))
+    assert inv.supported.all()
+    values, _ = read(source, (REASONS,))
+    assert values[:, 0].tolist() == [4.0, 0.0, 0.0]
+    assert fake.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] >= 3
+
+
+def test_call_missing_everywhere_is_unsupported(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.missing |= {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetMemoryInfo_v2"}
+    fake.missing.add("nvmlDeviceGetCurrentClocksThrottleReasons")
+    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml"):
+        inv = source.open((REASONS, FB_USED, FB_RESERVED))
+    assert inv.supported.tolist() == [[False, True, False]] * 3  # v1 memory struct: no reserved
+    assert len([r for r in caplog.records if REASONS.name in r.getMessage()]) == 1
+    values, _ = read(source, (REASONS, FB_USED, FB_RESERVED))
+    assert np.isnan(values[:, 0]).all()
+    assert np.isnan(values[:, 2]).all()
+    assert not np.isnan(values[:, 1]).any()
+
+
+def test_repeated_driver_timestamps_are_kept(fake: FakeNvml, source: NvmlSource) -> None:
+    now = [5_000_000]
+    fake.clock_us = lambda: now[0]
+    source.open((INSTANT,))
+    seen = []
+    for t in (5_000_000, 5_001_000, 5_019_999, 5_020_000):
+        now[0] = t
+        _, ts = read(source, (INSTANT,))
+        seen.append(int(ts[0, 0]))
+    # POWER_INSTANT refreshes every 20 ms: the first three reads see the same sample.
+    assert seen == [5_000_000, 5_000_000, 5_000_000, 5_020_000]
+
+
+def test_entry_error_is_nan_and_counted(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((INSTANT, MEM_TEMP))
+    fake.gpus[2].fields[pynvml.NVML_FI_DEV_POWER_INSTANT].ret = pynvml.NVML_ERROR_TIMEOUT
+    values, ts = read(source, (INSTANT, MEM_TEMP))
+    assert np.isnan(values[2, 0])
+    assert ts[2, 0] == 0
+    assert not np.isnan(values[2, 1])
+    assert not np.isnan(values[:2]).any()
+    assert source.read_errors.tolist() == [0, 0, 1]
+    assert source.gpu_up.all()
+
+
+def test_gpu_lost_mid_run(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    fields = (INSTANT, SM_CLOCK, FB_USED)
+    source.open(fields)
+    read(source, fields)
+    fake.gpus[1].lost = True
+    with caplog.at_level(logging.ERROR, logger="hfsampler.sources.nvml"):
+        for _ in range(3):
+            values, _ = read(source, fields)
+    assert source.gpu_up.tolist() == [True, False, True]
+    assert np.isnan(values[1]).all()
+    assert not np.isnan(values[[0, 2]]).any()
+    assert len([r for r in caplog.records if "stopped answering" in r.getMessage()]) == 1
+    fake.calls.clear()
+    read(source, fields)
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # the lost GPU is no longer asked
+
+
+def test_gpu_lost_on_a_call(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((SM_CLOCK, FB_USED))
+    fake.gpus[0].errors["nvmlDeviceGetClockInfo"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    values, _ = read(source, (SM_CLOCK, FB_USED))
+    assert source.gpu_up.tolist() == [False, True, True]
+    assert np.isnan(values[0]).all()
+    assert not np.isnan(values[1:]).any()
+
+
+def test_repeated_unknown_takes_gpu_down(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((INSTANT,))
+    fake.gpus[0].errors["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_UNKNOWN
+    for _ in range(UNKNOWN_LIMIT - 1):
+        values, _ = read(source, (INSTANT,))
+        assert np.isnan(values[0, 0])
+    assert source.gpu_up[0]
+    read(source, (INSTANT,))
+    assert not source.gpu_up[0]
+    assert source.gpu_up[1:].all()
+
+
+def test_unknown_streak_resets_on_success(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((INSTANT,))
+    errors = fake.gpus[0].errors
+    for _ in range(3):
+        errors["nvmlDeviceGetFieldValues"] = pynvml.NVML_ERROR_UNKNOWN
+        for _ in range(UNKNOWN_LIMIT - 1):
+            read(source, (INSTANT,))
+        del errors["nvmlDeviceGetFieldValues"]
+        read(source, (INSTANT,))
+    assert source.gpu_up.all()
+
+
+def test_xid_events(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((XID,))
+    values, _ = read(source, (XID,))
+    assert values[:, 0].tolist() == [0.0, 0.0, 0.0]
+    fake.gpus[1].xids += [13, 79]
+    values, _ = read(source, (XID,))
+    assert values[:, 0].tolist() == [0.0, 79.0, 0.0]
+    values, _ = read(source, (XID,))
+    assert values[:, 0].tolist() == [0.0, 79.0, 0.0]  # the last XID stays
+
+
+def test_unopened_field_is_an_error(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((INSTANT,))
+    with pytest.raises(SourceError, match="not opened"):
+        read(source, (MEM_TEMP,))
+
+
+def test_no_driver_open_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    remove_library(monkeypatch)
+    with pytest.raises(DriverNotFoundError, match="Library Not Found"):
+        NvmlSource().open(FAST)
+
+
+def test_driver_not_loaded_open_raises(fake: FakeNvml) -> None:
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    with pytest.raises(DriverNotFoundError, match="Driver Not Loaded"):
+        NvmlSource().open(FAST)
+
+
+def test_probe_driver_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = install(monkeypatch, make_fake(1))
+    assert probe_driver() is None
+    assert fake.initialised == 0  # shut down again
+    fake.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+    assert probe_driver() == "NVIDIA driver not loaded"
+    fake.init_error = pynvml.NVML_ERROR_NO_PERMISSION
+    assert "permission" in (probe_driver() or "")
+    fake.init_error = None
+    fake.gpus.clear()
+    assert "no GPU" in (probe_driver() or "")
+    remove_library(monkeypatch)
+    reason = probe_driver()
+    assert reason is not None
+    assert "libnvidia-ml" in reason
+
+
+def test_close_shuts_down_once(fake: FakeNvml) -> None:
+    s = NvmlSource()
+    s.open(FAST)
+    assert fake.initialised == 1
+    s.close()
+    s.close()
+    assert fake.initialised == 0
+
+
+def test_error_mapping() -> None:
+    assert nvml_calls.error_class(pynvml.NVML_ERROR_GPU_IS_LOST) is GpuLostError
+    assert nvml_calls.error_class(pynvml.NVML_ERROR_NOT_SUPPORTED) is FieldNotSupportedError
+    assert nvml_calls.error_class(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND) is FieldNotSupportedError
+    assert nvml_calls.error_class(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND) is DriverNotFoundError
+    assert nvml_calls.error_class(pynvml.NVML_ERROR_TIMEOUT) is SourceError
+    err = nvml_calls.translate(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST), "GPU 3")
+    assert isinstance(err, GpuLostError)
+    assert isinstance(err, RuntimeError)
+    assert str(err) == "GPU 3: GPU is lost (NVML code 15)"
+
+
+def test_constant_missing_from_pynvml(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dataclasses import replace
+
+    newer = replace(POWER, name="X_WITH_CALL", nvml_field="NVML_FI_DEV_FROM_A_NEWER_PYNVML")
+    only_id = replace(INSTANT, name="X_ID_ONLY", nvml_field="NVML_FI_DEV_FROM_A_NEWER_PYNVML")
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open((newer, only_id))
+    assert inv.supported.tolist() == [[True, False]] * 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("X_ID_ONLY" in m and "pynvml lacks" in m for m in messages) == 1
+    values, _ = read(source, (newer, only_id))
+    assert values[:, 0] == pytest.approx([300.0, 300.001, 300.002])

@@ -154,6 +154,7 @@ class Service:
                 sampler.shared_bytes // 1024,
                 sampler.spin_s * 1e6,
             )  # fmt: skip
+            log.debug("shared memory: %s", " ".join(r.name for r in sampler.rings.values()))
             runner = await self._serve()
             for w in self._writers:
                 await w.start()

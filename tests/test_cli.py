@@ -1,0 +1,180 @@
+"""The command line as a user drives it: exit codes, messages, /metrics while it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hfsampler.cli import main
+from hfsampler.sources.sim import SimSource
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hfsampler(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hfsampler", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        check=False,
+    )
+
+
+def _exit_code(args: list[str]) -> int | str | None:
+    """main()'s status, whether it returns it or argparse raises it."""
+    try:
+        return main(args)
+    except SystemExit as exc:
+        return exc.code
+
+
+def _ring_names(log_text: str) -> list[str]:
+    found = re.search(r"shared memory: (.+)", log_text)
+    assert found, "the debug log names the rings"
+    return found.group(1).split()
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(
+        "window: 1s\n"
+        "remote_write:\n"
+        "  - url: http://127.0.0.1:1/api/v1/write\n"
+        "    queue_config: {max_shard: 2}\n"
+    )
+    result = _hfsampler("check-config", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "remote_write[0].queue_config.max_shard" in lines[0]
+
+
+def test_check_config_ok(tmp_path: Path) -> None:
+    path = tmp_path / "good.yml"
+    path.write_text("source: sim\nwindow: 2s\nexternal_labels: {cluster: c1}\n")
+    result = _hfsampler("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+    assert "cluster=c1" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--window", "1"], "--window: '1' has no unit"),
+        (["run", "--label", "nope"], "--label: 'nope' is not k=v"),
+        (["run", "--fields", "powr"], "fields: unknown field 'powr'"),
+        (["run", "--remote-write", "ftp://x"], "ftp"),
+        (["run", "--source", "cuda"], "invalid choice"),
+        (["run", "--interval", "2s"], "longer than the window"),
+    ],
+)
+def test_bad_flags_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _exit_code(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_fields_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fields"]) == 0
+    out = capsys.readouterr().out
+    assert "DCGM_FI_DEV_POWER_USAGE_INSTANT" in out
+    assert "NVML_FI_DEV_POWER_INSTANT" in out
+
+
+def test_nvml_without_driver_fails_clearly() -> None:
+    result = _hfsampler("run", "--source", "nvml", "--duration", "1s", "--listen", "")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "NVML" in result.stderr or "driver" in result.stderr
+
+
+def test_run_serves_window_series_and_exits_cleanly() -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "run", "--gpus", "2", "--duration", "5s",
+         "--listen", f"127.0.0.1:{port}", "--label", "cluster=test", "--log-level", "debug"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    started = time.time_ns()
+    pages: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                    pages.append(r.read().decode())
+            except OSError:
+                pass
+            time.sleep(0.5)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "SIMULATED" in err  # the fallback warning, since this machine has no driver
+    assert "Traceback" not in err
+    page = next(p for p in reversed(pages) if "DCGM_FI_DEV_POWER_USAGE_INSTANT_max" in p)
+    expected = (
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED_p99",
+        "DCGM_FI_DEV_GPU_TEMP_min",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "hfsampler_ticks_total",
+        "hfsampler_gpu_up",
+    )
+    for name in expected:
+        assert re.search(rf"^{name}{{", page, re.M), name
+    assert 'cluster="test"' in page
+    assert 'gpu="1"' in page
+    # every spike-sized window maximum seen on /metrics is a spike the sim really made
+    sim = SimSource(2, seed=0)
+    peaks = {g: {s.peak_w for s in sim.spikes(g, started - 10**9, time.time_ns())} for g in (0, 1)}
+    for p in pages:
+        for gpu, value in re.findall(
+            r'^DCGM_FI_DEV_POWER_USAGE_INSTANT_max{.*gpu="(\d)".*} (\S+)$', p, re.M
+        ):
+            if float(value) > 650:
+                assert float(value) in peaks[int(gpu)]
+    rings = _ring_names(err)
+    assert rings
+    for name in rings:  # the rings are gone
+        assert not os.path.exists(f"/dev/shm/{name}")
+
+
+def test_sigterm_stops_cleanly() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--listen", ""],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        assert proc.stderr is not None
+        seen = ""
+        while "sampling" not in seen and time.monotonic() < deadline:
+            seen += proc.stderr.readline()
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err

@@ -1,0 +1,117 @@
+"""The config file and flags: durations, labels, and every mistake named with its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hfsampler.config import Config, from_mapping, load_file, parse_duration, parse_label
+from hfsampler.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("250us", 250e-6),
+        ("1ms", 1e-3),
+        ("1s", 1.0),
+        ("1.5s", 1.5),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+    ],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text, "k") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "1", 1, "1 s", "s", "1sec", "-1s", True, None, [1]])
+def test_bad_durations_name_the_key(bad: object) -> None:
+    with pytest.raises(ConfigError, match=r"^window: "):
+        parse_duration(bad, "window")
+
+
+def test_label_parsing() -> None:
+    assert parse_label("cluster=eu-1") == ("cluster", "eu-1")
+    for bad in ("cluster", "=x", "1a=b", "__name__=x", "a="):
+        with pytest.raises(ConfigError, match="--label"):
+            parse_label(bad)
+
+
+def test_full_file(tmp_path: Path) -> None:
+    path = tmp_path / "hfsampler.yml"
+    path.write_text(
+        """
+source: sim
+gpus: 4
+window: 2s
+intervals: {fast: 2ms, slow: 200ms, medium: 10ms}
+field_groups: {DCGM_FI_DEV_GPU_TEMP: medium}
+fields: [fast, DCGM_FI_DEV_GPU_TEMP]
+listen: 127.0.0.1:9500
+global:
+  external_labels: {datacenter: fra}
+external_labels: {cluster: c1}
+log_format: json
+remote_write:
+  - url: http://127.0.0.1:9090/api/v1/write
+    name: local
+"""
+    )
+    config = load_file(path)
+    assert config.sim_gpus == 4
+    assert config.window_s == 2.0
+    assert config.intervals_s["medium"] == 0.01
+    assert config.external_labels == {"datacenter": "fra", "cluster": "c1"}
+    temp = next(f for f in config.selected_fields() if f.name == "DCGM_FI_DEV_GPU_TEMP")
+    assert temp.group == "medium"
+    assert len(config.remote_write) == 1
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("windw: 1s", r"^windw: unknown key \(did you mean 'window'\?\)"),
+        ("window: 1", r"^window: '1' has no unit \(write 1s or 1ms\)"),
+        ("gpus: two", r"^gpus: expected 2"),
+        ("source: cuda", r"^source: unknown source 'cuda' \(one of auto, nvml, sim\)"),
+        ("intervals: {fast: 5s}", r"^intervals.fast: 5.0s is longer than the window"),
+        ("intervals: {fast: 10us}", r"^intervals.fast: shorter than 100us"),
+        ("field_groups: {DCGM_FI_DEV_GPU_TEMP: medium}", r"^field_groups.DCGM_FI_DEV_GPU_TEMP"),
+        ("fields: [powr]", r"^fields: unknown field 'powr'"),
+        ("listen: 9400", r"^listen: expected :9400"),
+        ("listen: 'localhost'", r"^listen: 'localhost' is not HOST:PORT"),
+        ("external_labels: {'bad-name': x}", r"^external_labels.bad-name: invalid label name"),
+        ("global: {scrape_interval: 15s}", r"^global.scrape_interval: unknown key"),
+        ("- a\n- b", r"must be a YAML mapping"),
+        ("log_level: loud", r"^log_level: unknown level 'loud'"),
+    ],
+)
+def test_mistakes_name_key_and_fix(tmp_path: Path, yaml_text: str, message: str) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_file(path)
+
+
+def test_yaml_syntax_error_gives_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("window: 1s\nfields: [fast\n")
+    with pytest.raises(ConfigError, match=r"line \d+, column \d+"):
+        load_file(path)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="--config: cannot read"):
+        load_file("/nonexistent/hfsampler.yml")
+
+
+def test_empty_file_is_the_default(tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("")
+    assert load_file(path) == Config()
+
+
+def test_from_mapping_keeps_base() -> None:
+    base = Config(sim_gpus=3)
+    assert from_mapping({"window": "2s"}, base).sim_gpus == 3

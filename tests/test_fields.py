@@ -1,0 +1,98 @@
+"""The catalogue: one table that every stage reads, with no name spelled twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfsampler import fields
+from hfsampler.errors import ConfigError
+from hfsampler.fields import CATALOGUE, Kind
+
+DCGM_EXPORTER_DEFAULTS = {
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+}
+
+
+def test_catalogue_covers_dcgm_exporter_defaults() -> None:
+    assert {f.name for f in CATALOGUE} >= DCGM_EXPORTER_DEFAULTS
+
+
+def test_names_unique_and_every_field_readable() -> None:
+    import pynvml
+
+    names = [f.name for f in CATALOGUE]
+    assert len(names) == len(set(names))
+    for f in CATALOGUE:
+        assert f.nvml_field or f.nvml_call, f.name
+        if f.nvml_field:
+            assert isinstance(getattr(pynvml, f.nvml_field), int), f.nvml_field
+        assert f.group in fields.DEFAULT_GROUP_INTERVALS_S
+        assert f.help.endswith(".")
+
+
+def test_counters_are_counters_and_only_gauges_have_siblings() -> None:
+    energy = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    assert energy.kind is Kind.COUNTER
+    assert energy.prometheus_type == "counter"
+    assert energy.exported_names == (energy.name,)
+    power = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
+    assert power.exported_names == (
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_POWER_USAGE_min",
+        "DCGM_FI_DEV_POWER_USAGE_max",
+        "DCGM_FI_DEV_POWER_USAGE_p99",
+    )
+
+
+def test_default_groups_follow_the_issue() -> None:
+    fast = {f.name for f in CATALOGUE if f.group == fields.FAST}
+    assert {
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    } <= fast
+    slow = {f.name for f in CATALOGUE if f.group == fields.SLOW}
+    assert {"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"} <= slow
+
+
+def test_select_by_name_short_name_and_group() -> None:
+    chosen = fields.select(["power_usage", "DCGM_FI_DEV_GPU_TEMP", "slow"])
+    names = {f.name for f in chosen}
+    assert "DCGM_FI_DEV_POWER_USAGE" in names
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in names
+    assert "DCGM_FI_DEV_GPU_UTIL" not in names
+    assert fields.select(None) == CATALOGUE
+    assert fields.select(["all"]) == CATALOGUE
+
+
+def test_select_unknown_names_the_key_and_fix() -> None:
+    with pytest.raises(ConfigError, match=r"fields: unknown field 'powr'.*hfsampler fields"):
+        fields.select(["powr"])
+
+
+def test_regroup_moves_a_field() -> None:
+    moved = fields.regroup(CATALOGUE, {"DCGM_FI_DEV_GPU_TEMP": "fast"})
+    assert next(f for f in moved if f.name == "DCGM_FI_DEV_GPU_TEMP").group == "fast"
+    with pytest.raises(ConfigError, match="field_groups"):
+        fields.regroup(CATALOGUE, {"NOPE": "fast"})

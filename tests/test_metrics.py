@@ -1,0 +1,123 @@
+"""The metric model and /metrics text: dcgm-exporter names and labels, siblings, stale markers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hfsampler import exposition, fields
+from hfsampler.metrics import MetricModel
+from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import is_stale
+from hfsampler.sources.sim import SimSource
+from hfsampler.window import WindowStats
+
+POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
+ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+XID = fields.BY_NAME["DCGM_FI_DEV_XID_ERRORS"]
+
+
+def _stats(
+    fields_: tuple[fields.Field, ...], mean: list[list[float]], count: int = 10
+) -> WindowStats:
+    m = np.array(mean, dtype=np.float64)
+    c = np.where(np.isnan(m), 0, count).astype(np.int64)
+    return WindowStats(0, 1, fields_, m - 1, m + 1, m, m + 0.5, m, c, count, 1000, 2000)
+
+
+def _model(gpus: int = 2, **kw: object) -> MetricModel:
+    inv = SimSource(gpus).open([POWER, ENERGY, XID])
+    sm = SelfMetrics()
+    sm.define("hfsampler_windows_total", "Windows.", "counter")
+    sm.inc("hfsampler_windows_total")
+    return MetricModel(
+        inv.devices, {"g": (POWER, ENERGY, XID)}, sm, {"cluster": "eu1"}, hostname="node1", **kw
+    )  # type: ignore[arg-type]
+
+
+def _as_dict(snapshot) -> dict[tuple[str, str], float]:  # type: ignore[no-untyped-def]
+    return {(s.name, dict(s.labels).get("gpu", "")): v for s, v in snapshot.items()}
+
+
+def test_names_labels_and_siblings() -> None:
+    model = _model()
+    up = np.array([True, True])
+    snap = model.snapshot(
+        {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}, up, 2_500_000_000
+    )
+    assert snap.timestamp_ms == 2500
+    values = _as_dict(snap)
+    assert values[("DCGM_FI_DEV_POWER_USAGE", "0")] == 300
+    assert values[("DCGM_FI_DEV_POWER_USAGE_min", "1")] == 309
+    assert values[("DCGM_FI_DEV_POWER_USAGE_max", "1")] == 311
+    assert values[("DCGM_FI_DEV_POWER_USAGE_p99", "0")] == 300.5
+    assert values[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "1")] == 6e9
+    assert ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_max", "0") not in values
+    assert values[("hfsampler_windows_total", "")] == 1
+    series = next(s for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE")
+    labels = dict(series.labels)
+    assert labels["Hostname"] == "node1"
+    assert labels["cluster"] == "eu1"
+    assert labels["device"] == "nvidia0"
+    assert labels["modelName"] == "hfsampler sim H200"
+    assert labels["UUID"].startswith("GPU-")
+    assert labels["DCGM_FI_DRIVER_VERSION"] == "sim-1.0"
+    assert labels["pci_bus_id"] == "00000000:18:00.0"
+
+
+def test_series_are_interned_across_windows() -> None:
+    model = _model()
+    up = np.array([True, True])
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    a = model.snapshot(w, up, 1_000_000_000)
+    b = model.snapshot(w, up, 2_000_000_000)
+    assert [s.id for s in a.series] == [s.id for s in b.series]
+
+
+def test_counters_carry_forward_gauges_go_stale_after_grace() -> None:
+    model = _model(stale_after_windows=2)
+    up = np.array([True, True])
+    model.snapshot({"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}, up, 1)
+    empty = {"g": _stats((POWER, ENERGY, XID), [[np.nan] * 3, [np.nan] * 3])}
+    first = _as_dict(model.snapshot(empty, up, 2))
+    assert first[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "0")] == 5e9  # carried
+    assert ("DCGM_FI_DEV_POWER_USAGE", "0") not in first  # no sample, still within grace
+    second = model.snapshot(empty, up, 3)
+    stale = {s.name for s, v in second.items() if is_stale(v)}
+    assert "DCGM_FI_DEV_POWER_USAGE_max" in stale
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" not in stale
+
+
+def test_lost_gpu_gets_stale_markers_once_and_shutdown_ends_everything() -> None:
+    model = _model()
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    model.snapshot(w, np.array([True, True]), 1)
+    lost = model.snapshot(w, np.array([True, False]), 2)
+    stale = [(s.name, dict(s.labels)["gpu"]) for s, v in lost.items() if is_stale(v)]
+    assert ("DCGM_FI_DEV_POWER_USAGE", "1") in stale
+    assert all(gpu == "1" for _, gpu in stale)
+    assert len(stale) == 6  # 4 power series + energy + xid
+    again = model.snapshot(w, np.array([True, False]), 3)
+    assert not any(is_stale(v) for _, v in again.items())
+    final = model.final_snapshot(4)
+    assert len(final) > 0
+    assert all(is_stale(v) for _, v in final.items())
+
+
+def test_exposition_text() -> None:
+    model = _model(gpus=1)
+    snap = model.snapshot(
+        {"g": _stats((POWER, ENERGY, XID), [[300.25, 5e9, 43]])}, np.array([True]), 1
+    )
+    text = exposition.render(snap)
+    assert "# TYPE DCGM_FI_DEV_POWER_USAGE gauge" in text
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in text
+    assert "# HELP DCGM_FI_DEV_POWER_USAGE_max Power draw" in text
+    line = next(x for x in text.splitlines() if x.startswith("DCGM_FI_DEV_POWER_USAGE{"))
+    assert line.endswith(" 300.25")
+    assert 'gpu="0"' in line
+    assert 'cluster="eu1"' in line
+    assert any(
+        x.startswith("DCGM_FI_DEV_XID_ERRORS{") and x.endswith(" 43") for x in text.splitlines()
+    )
+    assert "hfsampler_windows_total{" in text
+    assert exposition.render(None) == ""

@@ -1,0 +1,89 @@
+"""The sampler process: ticks at its interval, keeps repeats out, frees shared memory on exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from hfsampler import fields
+from hfsampler.errors import SourceError
+from hfsampler.sampler import GroupPlan, Sampler, calibrate_spin_ns, ring_capacity
+from hfsampler.service import discover, plan_groups
+from hfsampler.sources import SourceSpec
+
+SPEC = SourceSpec("sim", gpus=2, seed=1)
+
+
+def _sampler(spin_s: float | None = 0.0) -> Sampler:
+    inventory = discover(SPEC, fields.CATALOGUE)
+    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    return Sampler(SPEC, inventory, groups, window_s=1.0, spin_s=spin_s)
+
+
+def _wait(predicate: object, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_ticks_counted_and_repeats_kept_out() -> None:
+    with _sampler() as sampler:
+        sampler.start()
+        _wait(lambda: sampler.counters(0).ticks >= 600)
+        fast = sampler.counters(0)
+        _, rows, lost = sampler.rings["fast"].read_since(0)
+        assert lost == 0
+        names = [f.name for f in sampler.groups[0].fields]
+        ticks = len(rows)
+        assert ticks >= 600
+        # POWER_USAGE refreshes every 20 ms: about one distinct sample in 20 ticks
+        distinct_avg = (~np.isnan(rows.values[:, 0, names.index("DCGM_FI_DEV_POWER_USAGE")])).sum()
+        assert distinct_avg <= ticks / 10
+        # POWER_USAGE_INSTANT refreshes every 1 ms: nearly every tick is distinct
+        j = names.index("DCGM_FI_DEV_POWER_USAGE_INSTANT")
+        distinct_instant = (~np.isnan(rows.values[:, 0, j])).sum()
+        assert distinct_instant >= (ticks - fast.missed) * 0.8
+        assert (np.diff(rows.time_ns) > 0).all()
+        assert sampler.gpu_up().tolist() == [True, True]
+        assert sampler.counters(1).ticks >= 3  # the slow group ticks too
+
+
+def test_ring_is_sized_for_windows() -> None:
+    assert ring_capacity(0.001, 1.0) == 4000
+    assert ring_capacity(0.1, 1.0) == 40
+    with _sampler() as sampler:
+        assert sampler.rings["fast"].capacity >= 2 * 1000
+
+
+def test_dead_sampler_is_noticed_and_memory_freed() -> None:
+    sampler = _sampler()
+    names = [r.name for r in sampler.rings.values()]
+    try:
+        sampler.start()
+        assert sampler.alive()
+        assert sampler.pid is not None
+        os.kill(sampler.pid, signal.SIGKILL)
+        _wait(lambda: not sampler.alive())
+    finally:
+        sampler.close()
+    for name in names:
+        assert not os.path.exists(f"/dev/shm/{name}")
+    sampler.close()  # twice is fine
+
+
+def test_a_source_that_cannot_open_fails_start() -> None:
+    inventory = discover(SPEC, fields.CATALOGUE)
+    bad = SourceSpec("nvml")  # no driver here: the child cannot open it
+    groups = [GroupPlan("fast", 0.001, inventory.fields[:2])]
+    with Sampler(bad, inventory, groups, 1.0) as sampler, pytest.raises(SourceError):
+        sampler.start()
+
+
+def test_spin_calibration_is_bounded() -> None:
+    spin = calibrate_spin_ns(200_000, 1_000_000, trials=20)
+    assert 0 <= spin <= 250_000

@@ -1,0 +1,102 @@
+"""The sim source: deterministic, with spikes, leaks and throttling whose truth tests can read."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hfsampler import fields
+from hfsampler.sources.sim import SW_POWER_CAP_BIT, SimSource
+
+SEC = 1_000_000_000
+T0 = 1_800_000_000 * SEC  # a fixed instant: the sim is a function of time
+
+
+def _read(src: SimSource, names: list[str], t_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    chosen = [fields.BY_NAME[n] for n in names]
+    values = np.empty((src.gpus, len(chosen)))
+    ts = np.empty((src.gpus, len(chosen)), dtype=np.int64)
+    src.read(chosen, values, ts, t_ns)
+    return values, ts
+
+
+def test_same_seed_same_signal_other_seed_other_signal() -> None:
+    names = ["DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_GPU_UTIL"]
+    a, _ = _read(SimSource(4, seed=1), names, T0)
+    b, _ = _read(SimSource(4, seed=1), names, T0)
+    c, _ = _read(SimSource(4, seed=2), names, T0)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_read_agrees_with_ground_truth() -> None:
+    src = SimSource(3, seed=7)
+    name = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
+    src.open(fields.CATALOGUE)
+    for k in range(0, 2000, 7):
+        t = T0 + k * 1_000_000 + 123_456
+        values, ts = _read(src, [name], t)
+        truth = src.value_at(name, ts[:, 0] * 1000)
+        np.testing.assert_array_equal(values[:, 0], truth)
+
+
+def test_spikes_are_the_window_maximum() -> None:
+    src = SimSource(2, seed=3)
+    name = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
+    grid = T0 + np.arange(0, 20 * SEC, 1_000_000)  # every millisecond for 20 s
+    found = 0
+    for gpu in range(2):
+        series = src.value_at(name, grid, gpu)
+        for second in range(20):
+            w0, w1 = T0 + second * SEC, T0 + (second + 1) * SEC
+            spikes = src.spikes(gpu, w0, w1)
+            inside = series[(grid >= w0) & (grid < w1)]
+            if spikes:
+                found += 1
+                assert inside.max() == spikes[0].peak_w
+                assert spikes[0].end_ns - spikes[0].start_ns >= 3_000_000
+            else:
+                assert inside.max() < 600
+    assert found >= 10  # about 60 % of seconds carry a spike
+
+
+def test_repeats_follow_each_fields_refresh_period() -> None:
+    src = SimSource(1)
+    _, a = _read(src, ["DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_USAGE_INSTANT"], T0 + 1_000)
+    _, b = _read(
+        src, ["DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_POWER_USAGE_INSTANT"], T0 + 2_000_000
+    )
+    assert a[0, 0] == b[0, 0]  # 20 ms refresh: the same driver sample
+    assert a[0, 1] != b[0, 1]  # 1 ms refresh: a new one
+
+
+def test_throttling_sets_reason_bit_lowers_clock_and_counts_violation() -> None:
+    src = SimSource(1, seed=5)
+    episodes = src.throttles(0, T0, T0 + 100 * SEC)
+    assert episodes
+    ep = episodes[0]
+    mid = (ep.start_ns + ep.end_ns) // 2
+    reasons = src.value_at("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", [mid], 0)
+    assert int(reasons[0]) & SW_POWER_CAP_BIT
+    assert src.value_at("DCGM_FI_DEV_SM_CLOCK", [mid], 0)[0] < 1980
+    names = ["DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+    before, _ = _read(src, names, mid - 1_000_000)
+    after, _ = _read(src, names, mid)
+    assert after[0, 0] - before[0, 0] == 1000.0  # 1 ms of throttling, in µs
+    assert after[0, 1] > before[0, 1]
+
+
+def test_framebuffer_leaks() -> None:
+    src = SimSource(1)
+    used = src.value_at("DCGM_FI_DEV_FB_USED", [T0, T0 + 60 * SEC], 0)
+    assert 1000 < used[1] - used[0] < 1400  # 20 MiB/s
+    free = src.value_at("DCGM_FI_DEV_FB_FREE", [T0], 0)
+    assert free[0] > 0
+
+
+def test_inventory_labels_are_stable() -> None:
+    a = SimSource(2, seed=9).open(fields.CATALOGUE)
+    b = SimSource(2, seed=9).open(fields.CATALOGUE)
+    assert a.devices == b.devices
+    assert a.devices[0].uuid != a.devices[1].uuid
+    assert a.devices[1].device == "nvidia1"
+    assert a.supported.all()

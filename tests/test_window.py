@@ -1,0 +1,86 @@
+"""Window statistics against numpy's own reductions, on random windows with gaps and repeats."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from hfsampler import fields
+from hfsampler.ring import Ring, RingRows
+from hfsampler.window import WindowReader, reduce
+
+POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
+ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
+REASONS = fields.BY_NAME["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]
+
+
+def _rows(values: np.ndarray) -> RingRows:
+    n = values.shape[0]
+    return RingRows(
+        np.arange(n, dtype=np.int64),
+        np.arange(n, dtype=np.int64) * 10,
+        values,
+        np.zeros(values.shape, dtype=np.int64),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(0, 60), st.integers(1, 3), st.just(1)),
+        elements=st.one_of(st.floats(-1e6, 1e6), st.just(np.nan)),
+    )
+)
+def test_gauge_statistics_match_numpy(values: np.ndarray) -> None:
+    stats = reduce(_rows(values), [POWER], 0, 1)
+    for g in range(values.shape[1]):
+        x = values[:, g, 0]
+        x = x[~np.isnan(x)]
+        assert stats.count[g, 0] == len(x)
+        if len(x) == 0:
+            assert np.isnan(stats.mean[g, 0])
+            assert np.isnan(stats.max[g, 0])
+            continue
+        assert stats.min[g, 0] == x.min()
+        assert stats.max[g, 0] == x.max()
+        assert stats.last[g, 0] == x[-1]
+        np.testing.assert_allclose(stats.mean[g, 0], x.mean(), rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(stats.p99[g, 0], np.quantile(x, 0.99), rtol=1e-9, atol=1e-6)
+
+
+def test_counter_keeps_last_and_bitmask_ors_the_window() -> None:
+    values = np.full((5, 1, 2), np.nan)
+    values[:, 0, 0] = [10, 11, np.nan, 13, np.nan]
+    values[:, 0, 1] = [0, 4, 0, 8, np.nan]
+    stats = reduce(_rows(values), [ENERGY, REASONS], 0, 1)
+    assert stats.last[0, 0] == 13
+    assert stats.last[0, 1] == 12  # 4 | 8: both reasons were active at some point
+    assert stats.ticks == 5
+    assert stats.lateness_max_ns == 40
+
+
+def test_empty_window_has_no_values() -> None:
+    stats = reduce(_rows(np.empty((0, 2, 1))), [POWER], 0, 1)
+    assert stats.count.tolist() == [[0], [0]]
+    assert np.isnan(stats.mean).all()
+
+
+def test_reader_hands_out_rows_by_window_end() -> None:
+    ring = Ring.create(16, 1, 1)
+    try:
+        reader = WindowReader(ring)
+        for t in (5, 15, 25):
+            values, _ = ring.slot()
+            values[:] = t
+            ring.commit(t, 0)
+        first = reader.take(10)
+        assert first.time_ns.tolist() == [5]
+        second = reader.take(20)
+        assert second.time_ns.tolist() == [15]
+        assert reader.take(30).time_ns.tolist() == [25]
+        assert len(reader.take(40)) == 0
+    finally:
+        ring.close()

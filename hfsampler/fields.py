@@ -42,6 +42,8 @@ class Field:
     nvml_field: str | None = None  # pynvml constant name (NVML_FI_DEV_*), read in the batched call
     nvml_call: str | None = None  # key of a per-device call in the nvml source (fallback too)
     scale: float = 1.0  # exported value = NVML value * scale
+    # NVML gives a cumulative counter; export its rate per second between distinct samples
+    nvml_rate: bool = False
 
     @property
     def prometheus_type(self) -> str:
@@ -82,10 +84,14 @@ CATALOGUE: tuple[Field, ...] = (
     # PCIe
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "1", Kind.COUNTER,
           SLOW, nvml_field="NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
+    # From the byte counters, not nvmlDeviceGetPcieThroughput: that call measures for ~20 ms
+    # inside the call, which would stall the millisecond loop.
     Field("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "PCIe transmit throughput (in KB/s).", "KB/s",
-          Kind.GAUGE, SLOW, nvml_call="pcie_tx"),
+          Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_PCIE_COUNT_TX_BYTES", scale=1 / 1024,
+          nvml_rate=True),
     Field("DCGM_FI_DEV_PCIE_RX_THROUGHPUT", "PCIe receive throughput (in KB/s).", "KB/s",
-          Kind.GAUGE, SLOW, nvml_call="pcie_rx"),
+          Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_PCIE_COUNT_RX_BYTES", scale=1 / 1024,
+          nvml_rate=True),
     # Utilization
     Field("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "%", Kind.GAUGE, FAST,
           nvml_call="util_gpu"),

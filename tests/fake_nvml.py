@@ -48,7 +48,7 @@ class FakeReading:
 
 # Call reading keys the fake understands, by C function (key -> what it answers):
 #   clock_sm, clock_mem (GetClockInfo), temperature_gpu (GetTemperature), power_usage,
-#   total_energy, power_limit, pcie_tx, pcie_rx, util_gpu, util_mem (GetUtilizationRates),
+#   total_energy, power_limit, util_gpu, util_mem (GetUtilizationRates),
 #   util_enc, util_dec, fb_total, fb_free, fb_used, fb_reserved (GetMemoryInfo[_v2]),
 #   clocks_event_reasons (both the Event and the older Throttle name), fan, pstate.
 
@@ -96,6 +96,9 @@ def standard_gpu(i: int) -> FakeGpu:
         "NVML_FI_DEV_REMAPPED_FAILURE": FakeReading(0.0, 1_000_000, u),
         "NVML_FI_DEV_PERF_POLICY_POWER": FakeReading(1.5e6, 1_000_000, ull),
         "NVML_FI_DEV_PERF_POLICY_THERMAL": FakeReading(0.0, 1_000_000, ull),
+        # 2 GB/s and 4 GB/s of PCIe traffic, counted in bytes
+        "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": FakeReading(lambda ts: ts * 2_000.0, 20_000, ull),
+        "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": FakeReading(lambda ts: ts * 4_000.0, 20_000, ull),
     }
     gib = float(1 << 30)
     readings = {
@@ -105,8 +108,6 @@ def standard_gpu(i: int) -> FakeGpu:
         "power_usage": FakeReading(_power(300_000 + i, 1000, 100_000), 100_000),
         "total_energy": FakeReading(lambda ts: float(ts // 1000), 20_000),
         "power_limit": FakeReading(700_000.0, 1_000_000),
-        "pcie_tx": FakeReading(1200.0, 20_000),
-        "pcie_rx": FakeReading(3400.0, 20_000),
         "util_gpu": FakeReading(lambda ts: float((ts // 166_000) % 100), 166_000),
         "util_mem": FakeReading(30.0, 166_000),
         "util_enc": FakeReading(0.0, 166_000),
@@ -330,10 +331,6 @@ class FakeLib:
 
     def _c_nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetEnforcedPowerLimit", handle, "power_limit", out)
-
-    def _c_nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, out: Any) -> int:
-        key = "pcie_tx" if _int(counter) == pynvml.NVML_PCIE_UTIL_TX_BYTES else "pcie_rx"
-        return self._reading("nvmlDeviceGetPcieThroughput", handle, key, out)
 
     def _c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
         code = self._reading("nvmlDeviceGetUtilizationRates", handle, "util_gpu", out, "gpu")

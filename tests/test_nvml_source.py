@@ -348,3 +348,21 @@ def test_constant_missing_from_pynvml(
     assert sum("X_ID_ONLY" in m and "pynvml lacks" in m for m in messages) == 1
     values, _ = read(source, (newer, only_id))
     assert values[:, 0] == pytest.approx([300.0, 300.001, 300.002])
+
+
+def test_pcie_throughput_is_the_byte_counters_rate(fake: FakeNvml, source: NvmlSource) -> None:
+    tx = F.BY_NAME["DCGM_FI_DEV_PCIE_TX_THROUGHPUT"]
+    rx = F.BY_NAME["DCGM_FI_DEV_PCIE_RX_THROUGHPUT"]
+    now = [5_000_000]
+    fake.clock_us = lambda: now[0]
+    source.open((tx, rx))
+    first, _ = read(source, (tx, rx))
+    assert np.isnan(first).all()  # a rate needs two samples
+    now[0] = 5_040_000
+    second, _ = read(source, (tx, rx))
+    # the fake counts 2000 and 4000 bytes per µs: 2 GB/s and 4 GB/s, exported in KB/s
+    np.testing.assert_allclose(second[0], [2e9 / 1024, 4e9 / 1024])
+    now[0] = 5_045_000  # inside the same 20 ms refresh: a repeat, no new rate
+    _, ts = read(source, (tx, rx))
+    assert ts[0, 0] == 5_040_000
+    assert "nvmlDeviceGetPcieThroughput" not in fake.calls  # the 20 ms blocking call is never made

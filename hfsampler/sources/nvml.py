@@ -77,6 +77,9 @@ class _Batch:
     mask: BoolArray  # [gpu, n]: cells read through the batch (mode FIELD)
     rows: list[int]  # GPUs with at least one such cell
     scale: FloatArray  # [n]
+    rate: BoolArray  # [n]: cumulative counters exported as a rate per second
+    prev_value: FloatArray  # [gpu, n]: the last distinct raw value of rate columns
+    prev_ts_us: IntArray  # [gpu, n]: its driver timestamp
     types: tuple[tuple[int, str], ...]  # value types seen at open
     vt0: IntArray  # [gpu, n]: the value types seen at open
 
@@ -385,6 +388,9 @@ class NvmlSource:
             mask=mask,
             rows=[g for g in range(gpus) if mask[g].any()],
             scale=np.array([fields[k].scale for k in cols], dtype=np.float64),
+            rate=np.array([fields[k].nvml_rate for k in cols], dtype=np.bool_),
+            prev_value=np.full((gpus, n), np.nan),
+            prev_ts_us=np.zeros((gpus, n), dtype=np.int64),
             types=tuple((t, name) for t, name in _TYPES if t in seen),
             vt0=vt0,
         )
@@ -456,8 +462,27 @@ class NvmlSource:
         if bad.any():
             self._entry_errors(bad, rets)
             ok &= self._up[:, None]
+        ts = view["timestamp"]
+        if b.rate.any():
+            out = self._rates(b, out, ts, ok)
         values[:, b.cols] = np.where(ok, out * b.scale, np.nan)
-        driver_ts_us[:, b.cols] = np.where(ok, view["timestamp"], 0)
+        driver_ts_us[:, b.cols] = np.where(ok, ts, 0)
+
+    @staticmethod
+    def _rates(b: _Batch, raw: FloatArray, ts: IntArray, ok: BoolArray) -> FloatArray:
+        """Counter columns become (value delta) / (driver timestamp delta) per second.
+
+        The first sample, a repeat, and a counter that went backwards (reset) give NaN.
+        """
+        fresh = ok & b.rate & (ts != b.prev_ts_us)
+        dt_s = (ts - b.prev_ts_us) / 1e6
+        delta = raw - b.prev_value
+        usable = fresh & (b.prev_ts_us > 0) & (dt_s > 0) & (delta >= 0)
+        rate = np.divide(delta, dt_s, out=np.full(raw.shape, np.nan), where=usable)
+        b.prev_value = np.where(fresh, raw, b.prev_value)
+        b.prev_ts_us = np.where(fresh, ts, b.prev_ts_us)
+        result: FloatArray = np.where(b.rate, rate, raw)
+        return result
 
     def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
         self._errors += bad.sum(axis=1)

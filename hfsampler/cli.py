@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -30,6 +31,12 @@ log = logging.getLogger("hfsampler")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
+Handler = Callable[[argparse.Namespace], int]
+
+# Modules that add subcommands: each has ``register(subparsers) -> dict[str, Handler]``, so a new
+# command lives beside the code it drives and this file does not grow with every command.
+COMMAND_MODULES: tuple[str, ...] = ()
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -37,7 +44,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"hfsampler: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and, per subcommand, the function that runs it."""
     parser = _Parser(
         prog="hfsampler",
         description="Millisecond GPU sampling with window statistics, pushed over Remote-Write.",
@@ -74,7 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE")
 
     sub.add_parser("fields", help="list the field catalogue")
-    return parser
+    handlers: dict[str, Handler] = {
+        "run": cmd_run,
+        "check-config": cmd_check_config,
+        "fields": cmd_fields,
+    }
+    for name in COMMAND_MODULES:
+        handlers.update(importlib.import_module(name).register(sub))
+    return parser, handlers
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -192,12 +207,11 @@ def cmd_fields(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser, handlers = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    handlers = {"run": cmd_run, "check-config": cmd_check_config, "fields": cmd_fields}
     try:
         return handlers[args.command](args)
     except ConfigError as exc:

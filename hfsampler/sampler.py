@@ -119,7 +119,9 @@ class Sampler:
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the process and wait until it ticks (or fails)."""
         ctx = multiprocessing.get_context("spawn")
-        self._process = ctx.Process(target=_child_main, args=(self.plan,), name="hfsampler-sampler")
+        self._process = ctx.Process(
+            target=_child_main, args=(self.plan, os.getpid()), name="hfsampler-sampler"
+        )
         self._process.daemon = True
         self._process.start()
         deadline = time.monotonic() + timeout_s
@@ -192,14 +194,22 @@ class Sampler:
 # -- the child process ---------------------------------------------------------------------------
 
 
-def _reduce_timer_slack() -> None:
-    """Ask Linux for 1 µs timer slack (default 50 µs) so sleeps end closer to the deadline."""
+_PR_SET_PDEATHSIG = 1
+_PR_SET_TIMERSLACK = 29
+
+
+def _prctl(option: int, value: int) -> None:
+    """Best-effort Linux prctl; elsewhere a no-op."""
     libc_name = ctypes.util.find_library("c")
     if not libc_name:
         return
     with contextlib.suppress(OSError, AttributeError):
-        pr_set_timerslack = 29
-        ctypes.CDLL(libc_name, use_errno=True).prctl(pr_set_timerslack, 1000, 0, 0, 0)
+        ctypes.CDLL(libc_name, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _reduce_timer_slack() -> None:
+    """Ask Linux for 1 µs timer slack (default 50 µs) so sleeps end closer to the deadline."""
+    _prctl(_PR_SET_TIMERSLACK, 1000)
 
 
 def calibrate_spin_ns(late_threshold_ns: int, interval_ns: int, trials: int = 200) -> int:
@@ -219,8 +229,12 @@ def calibrate_spin_ns(late_threshold_ns: int, interval_ns: int, trials: int = 20
     return 0 if p90 <= late_threshold_ns // 2 else min(p90, interval_ns // 4)
 
 
-def _child_main(plan: SamplerPlan) -> None:
+def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
+    # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
     status = SharedInts.attach(plan.status_name)
     rings = [Ring.attach(name) for name in plan.ring_names]
@@ -236,7 +250,7 @@ def _child_main(plan: SamplerPlan) -> None:
         _detach(rings, status)
         return
     try:
-        _loop(plan, source, rings, s)
+        _loop(plan, source, rings, s, parent_pid)
         s[_STATE] = STOPPED
     except Exception:
         log.exception("the sampler loop failed")
@@ -254,7 +268,13 @@ def _detach(rings: list[Ring], status: SharedInts) -> None:
     status.close()
 
 
-def _loop(plan: SamplerPlan, src: Source, rings: list[Ring], s: npt.NDArray[np.int64]) -> None:
+def _loop(
+    plan: SamplerPlan,
+    src: Source,
+    rings: list[Ring],
+    s: npt.NDArray[np.int64],
+    parent_pid: int,
+) -> None:
     _reduce_timer_slack()
     threshold_ns = int(plan.late_threshold_s * 1e9)
     intervals = [int(g.interval_s * 1e9) for g in plan.groups]
@@ -305,3 +325,5 @@ def _loop(plan: SamplerPlan, src: Source, rings: list[Ring], s: npt.NDArray[np.i
         if i == 0:
             s[gpu_slot : gpu_slot + plan.gpus] = src.gpu_up
             s[_HEARTBEAT_NS] = wall_ns()
+            if s[base] % 1000 == 0 and os.getppid() != parent_pid:
+                break  # orphaned where PR_SET_PDEATHSIG is not available

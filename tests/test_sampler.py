@@ -87,3 +87,44 @@ def test_a_source_that_cannot_open_fails_start() -> None:
 def test_spin_calibration_is_bounded() -> None:
     spin = calibrate_spin_ns(200_000, 1_000_000, trials=20)
     assert 0 <= spin <= 250_000
+
+
+def test_sampler_dies_with_its_parent(tmp_path: object) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from hfsampler import fields
+        from hfsampler.sampler import Sampler
+        from hfsampler.service import discover, plan_groups
+        from hfsampler.sources import SourceSpec
+
+        if __name__ == "__main__":
+            spec = SourceSpec("sim", gpus=1)
+            inv = discover(spec, fields.CATALOGUE)
+            s = Sampler(spec, inv, plan_groups(inv.fields, {"fast": 0.001, "slow": 0.1}), 1.0)
+            s.start()
+            print(s.pid, flush=True)
+            time.sleep(60)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as p:
+        try:
+            assert p.stdout is not None
+            child = int(p.stdout.readline())
+            p.kill()  # SIGKILL: the parent cannot clean up
+            p.wait(10)
+            _wait(lambda: _zombie(child), 10)
+        finally:
+            p.kill()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True

@@ -33,7 +33,7 @@ from hfsampler.sources import Inventory, Source, SourceSpec, open_source
 log = logging.getLogger(__name__)
 
 # The status block: a few global slots, then per group (ticks, late, missed), then per GPU (up).
-_STATE, _STOP, _SPIN_NS, _HEARTBEAT_NS, _PID, _ERROR = range(6)
+_STATE, _STOP, _SPIN_NS, _HEARTBEAT_NS, _PID, _ERROR, _RT_PRIORITY = range(7)
 _GLOBAL_SLOTS = 8
 _PER_GROUP = 3
 STARTING, RUNNING, STOPPED, FAILED = 0, 1, 2, 3
@@ -59,6 +59,7 @@ class SamplerPlan:
     gpus: int
     late_threshold_s: float
     spin_s: float | None  # None: calibrate at start
+    realtime_priority: int  # SCHED_FIFO priority to ask for; 0 keeps the normal scheduler
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,7 @@ class Sampler:
         window_s: float,
         late_threshold_s: float | None = None,
         spin_s: float | None = None,
+        realtime_priority: int = 0,
     ) -> None:
         self.spec = spec
         self.inventory = inventory
@@ -109,6 +111,7 @@ class Sampler:
             gpus,
             threshold,
             spin_s,
+            realtime_priority,
         )
         self._process: multiprocessing.process.BaseProcess | None = None
 
@@ -148,6 +151,11 @@ class Sampler:
         start = _GLOBAL_SLOTS + _PER_GROUP * len(self.groups)
         up: npt.NDArray[np.bool_] = s[start : start + len(self.inventory.devices)] == 1
         return up
+
+    @property
+    def realtime_priority(self) -> int:
+        """The SCHED_FIFO priority the sampler got (0: the normal scheduler)."""
+        return int(self._array()[_RT_PRIORITY])
 
     @property
     def spin_s(self) -> float:
@@ -215,18 +223,41 @@ def _reduce_timer_slack() -> None:
 def calibrate_spin_ns(late_threshold_ns: int, interval_ns: int, trials: int = 200) -> int:
     """How long to spin before a deadline: 0 when plain sleep is precise enough.
 
-    Sleeps ``trials`` times for 500 µs and takes the 90th percentile overshoot (the tail is other
-    processes, which spinning cannot fix). Sleep alone is enough when that is under half the late
-    threshold; otherwise spin for that overshoot, but never more than a quarter of the interval,
-    since a spin burns CPU on every tick.
+    Sleeps ``trials`` times for 500 µs and takes the median overshoot: the tail is preemption by
+    other processes, which spinning cannot fix (a real-time priority does). Sleep alone is enough
+    when the median is under half the late threshold; otherwise spin for it, but never more than
+    a twentieth of the interval, since a spin burns CPU on every tick.
     """
     overshoot = np.empty(trials, dtype=np.int64)
     for i in range(trials):
         start = time.perf_counter_ns()
         time.sleep(0.0005)
         overshoot[i] = time.perf_counter_ns() - start - 500_000
-    p90 = int(np.percentile(overshoot, 90))
-    return 0 if p90 <= late_threshold_ns // 2 else min(p90, interval_ns // 4)
+    median = int(np.median(overshoot))
+    return 0 if median <= late_threshold_ns // 2 else min(median, interval_ns // 20)
+
+
+def _ask_realtime(priority: int) -> int:
+    """Run under SCHED_FIFO at ``priority`` if allowed; returns the priority in effect.
+
+    On a loaded machine a normal-priority sampler waits for a CPU for hundreds of microseconds
+    (measured in benchmarks/sampler.py); the lowest real-time priority removes most of that wait.
+    The loop sleeps nearly all of each tick, and the kernel's real-time throttling still bounds
+    it. Without CAP_SYS_NICE the request is refused and the sampler runs as before.
+    """
+    if priority <= 0 or not hasattr(os, "sched_setscheduler"):
+        return 0
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
+    except (PermissionError, OSError) as exc:
+        log.info(
+            "real-time priority %d refused (%s): sampling at normal priority; grant "
+            "CAP_SYS_NICE or set realtime_priority: 0 to silence this",
+            priority,
+            exc.strerror,
+        )
+        return 0
+    return priority
 
 
 def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
@@ -276,6 +307,7 @@ def _loop(
     parent_pid: int,
 ) -> None:
     _reduce_timer_slack()
+    s[_RT_PRIORITY] = _ask_realtime(plan.realtime_priority)
     threshold_ns = int(plan.late_threshold_s * 1e9)
     intervals = [int(g.interval_s * 1e9) for g in plan.groups]
     if plan.spin_s is not None:

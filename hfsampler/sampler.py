@@ -261,9 +261,13 @@ def _ask_realtime(priority: int) -> int:
 
 
 def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and tells us to stop
+    # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
+    # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
+    # systemd's control-group kill) must not end sampling before the parent has finished.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")

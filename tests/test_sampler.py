@@ -128,3 +128,14 @@ def _zombie(pid: int) -> bool:
             return f.read().split(") ")[1].startswith("Z")
     except FileNotFoundError:
         return True
+
+
+def test_group_signals_do_not_stop_the_sampler() -> None:
+    with _sampler() as sampler:
+        sampler.start()
+        assert sampler.pid is not None
+        os.kill(sampler.pid, signal.SIGTERM)
+        os.kill(sampler.pid, signal.SIGINT)
+        before = sampler.counters(0).ticks
+        _wait(lambda: sampler.counters(0).ticks > before + 200)
+        assert sampler.alive()

@@ -70,7 +70,8 @@ def test_pasted_prometheus_block_parses() -> None:
 def test_prometheus_defaults() -> None:
     q = QueueConfig()
     assert (q.capacity, q.max_shards, q.min_shards, q.max_samples_per_send) == (10000, 50, 1, 2000)
-    assert (q.batch_send_deadline_s, q.min_backoff_s, q.max_backoff_s) == (5.0, 0.03, 5.0)
+    # every window is sent as soon as it is queued; the backoffs are Prometheus's
+    assert (q.batch_send_deadline_s, q.min_backoff_s, q.max_backoff_s) == (0.0, 0.03, 5.0)
     assert q.retry_on_http_429 is True
 
 
@@ -111,17 +112,7 @@ def test_typo_in_endpoint_suggests() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    [
-        "basic_auth",
-        "tls_config",
-        "authorization",
-        "sigv4",
-        "oauth2",
-        "write_relabel_configs",
-        "metadata_config",
-        "send_exemplars",
-        "proxy_url",
-    ],
+    ["sigv4", "oauth2", "metadata_config", "send_exemplars", "no_proxy", "azuread"],
 )
 def test_unsupported_prometheus_keys(key: str) -> None:
     err = error(f"remote_write:\n  - url: http://a/\n    {key}: {{}}\n")
@@ -144,7 +135,8 @@ def test_unsupported_queue_key() -> None:
         ("capacity: 0", "capacity"),
         ("max_samples_per_send: -1", "max_samples_per_send"),
         ("max_shards: true", "max_shards"),
-        ("batch_send_deadline: 0s", "batch_send_deadline"),
+        ("batch_send_deadline: -1s", "batch_send_deadline"),
+        ("min_backoff: 0s", "min_backoff"),
         ("min_backoff: 10s\n      max_backoff: 1s", "min_backoff"),
         ("retry_on_http_429: maybe", "retry_on_http_429"),
         ("capacity: 1.5", "capacity"),
@@ -243,3 +235,79 @@ def test_configs_are_frozen() -> None:
         cfg.url = "http://b/"  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.headers["X"] = "y"  # type: ignore[index]
+
+
+# -- edge delivery: flavours, tenants, auth, proxy, disk bound -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flavor", "url", "expected"),
+    [
+        ("mimir", "http://m:8080", "http://m:8080/api/v1/push"),
+        ("thanos", "http://t:19291/", "http://t:19291/api/v1/receive"),
+        ("prometheus", "http://p:9090", "http://p:9090/api/v1/write"),
+        ("victoriametrics", "http://v:8428", "http://v:8428/api/v1/write"),
+        ("mimir", "http://m/custom/push", "http://m/custom/push"),  # an explicit path stays
+    ],
+)
+def test_flavor_default_paths(flavor: str, url: str, expected: str) -> None:
+    (ep,) = parse(f"remote_write:\n  - url: {url}\n    flavor: {flavor}\n")
+    assert ep.url == expected
+    assert ep.flavor == flavor
+
+
+def test_tenant_headers_and_conflicts() -> None:
+    (ep,) = parse("remote_write:\n  - url: http://m/\n    flavor: mimir\n    tenant: gpu\n")
+    assert dict(ep.headers) == {"X-Scope-OrgID": "gpu"}
+    (ep,) = parse("remote_write:\n  - url: http://t/\n    flavor: thanos\n    tenant: gpu\n")
+    assert dict(ep.headers) == {"THANOS-TENANT": "gpu"}
+    err = error("remote_write:\n  - url: http://m/\n    tenant: gpu\n")
+    assert err.key == "remote_write[0].tenant"
+    assert "flavor" in err.problem
+    err = error(
+        "remote_write:\n  - url: http://m/\n    flavor: mimir\n    tenant: a\n"
+        "    headers: {x-scope-orgid: b}\n"
+    )
+    assert "conflicts" in err.problem
+    err = error("remote_write:\n  - url: http://m/\n    flavor: cortex\n")
+    assert err.key == "remote_write[0].flavor"
+
+
+def test_auth_methods_are_exclusive_and_secrets_hidden() -> None:
+    (ep,) = parse(
+        "remote_write:\n  - url: http://a/\n    basic_auth: {username: u, password: hunter22}\n"
+    )
+    assert ep.auth is not None
+    assert ep.auth.username == "u"
+    assert "hunter22" not in repr(ep)
+    assert "hunter22" not in ep.auth.describe()
+    err = error(
+        "remote_write:\n  - url: http://a/\n    basic_auth: {username: u, password: p}\n"
+        "    bearer_token: t\n"
+    )
+    assert "cannot be combined" in err.problem
+    err = error(
+        "remote_write:\n  - url: http://a/\n    authorization: {type: Basic, credentials: x}\n"
+    )
+    assert err.key == "remote_write[0].authorization.type"
+    err = error("remote_write:\n  - url: http://a/\n    basic_auth: {username: u, password: 5}\n")
+    assert "5" not in str(err).replace("[0]", "")  # the value is never echoed
+    err = error(
+        "remote_write:\n  - url: http://a/\n    bearer_token: t\n    headers: {Authorization: x}\n"
+    )
+    assert "conflicts" in err.problem
+
+
+def test_proxy_and_max_disk_bytes() -> None:
+    (ep,) = parse(
+        "remote_write:\n  - url: http://a/\n    proxy_url: http://u:pw@proxy:3128\n"
+        "    queue_config: {max_disk_bytes: 256MiB}\n"
+    )
+    assert ep.queue.max_disk_bytes == 256 << 20
+    assert "pw" not in repr(ep)
+    err = error("remote_write:\n  - url: http://a/\n    proxy_url: socks5://p:1080\n")
+    assert err.key == "remote_write[0].proxy_url"
+    err = error("remote_write:\n  - url: http://a/\n    queue_config: {max_disk_bytes: 10}\n")
+    assert err.key == "remote_write[0].queue_config.max_disk_bytes"
+    err = error("remote_write:\n  - url: http://a/\n    queue_config: {max_disk_bytes: lots}\n")
+    assert "not a size" in err.problem

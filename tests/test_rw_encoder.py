@@ -167,3 +167,15 @@ def test_compress_is_snappy_block_format() -> None:
     # Block format starts with the uncompressed length as a varint; framed starts with 0xff.
     assert out[:2] == varint(len(raw))
     assert snappy.uncompress(out) == raw
+
+
+def test_stale_marker_ends_the_series_label_cache() -> None:
+    registry = SeriesRegistry()
+    a = registry.series("m", {"pod": "a"})
+    b = registry.series("m", {"pod": "b"})
+    enc = Encoder()
+    enc.encode_samples([QueuedSample(a, 1.0, 1000), QueuedSample(b, 2.0, 1000)])
+    assert enc.cached_series == 2
+    raw = enc.encode_samples([QueuedSample(a, STALE_NAN, 2000), QueuedSample(b, 3.0, 2000)])
+    assert enc.cached_series == 1  # a ended; b lives on
+    assert b"pod" in raw  # the stale marker itself still went out with a's labels

@@ -1,4 +1,4 @@
-"""Remote-Write 1.0 push: encode snapshots, queue them per endpoint, send them with retries."""
+"""Remote-Write 1.0 push: encode snapshots, queue (and spool) them per endpoint, send them."""
 
 from hfsampler.remote_write.config import (
     EndpointConfig,
@@ -9,10 +9,12 @@ from hfsampler.remote_write.config import (
     redact_url,
 )
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata
-from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
+from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
 from hfsampler.remote_write.sender import RemoteWriter, define_metrics
+from hfsampler.remote_write.spool import SpoolQueue
 
 __all__ = [
+    "Batch",
     "Encoder",
     "EndpointConfig",
     "MemoryQueue",
@@ -20,6 +22,7 @@ __all__ = [
     "QueuedSample",
     "RemoteWriter",
     "ShardQueue",
+    "SpoolQueue",
     "compress",
     "define_metrics",
     "encode_metadata",

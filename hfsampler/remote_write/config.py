@@ -7,6 +7,7 @@ carry credentials (userinfo, a token in the query), so only ``redact_url`` outpu
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import re
@@ -16,6 +17,8 @@ from types import MappingProxyType
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from hfsampler.errors import ConfigError
+from hfsampler.remote_write.relabel import RelabelRule, parse_rules
+from hfsampler.remote_write.security import AuthConfig, TLSConfig, parse_auth, parse_tls
 
 # Headers the protocol sets itself or HTTP owns; a user value would break the request.
 RESERVED_HEADERS = frozenset(
@@ -41,25 +44,35 @@ _QUEUE_KEYS = (
     "min_backoff",
     "max_backoff",
     "retry_on_http_429",
+    "max_disk_bytes",
 )
 _QUEUE_UNSUPPORTED = ("sample_age_limit",)
-_ENDPOINT_KEYS = ("url", "name", "remote_timeout", "headers", "queue_config", "protobuf_message")
-_ENDPOINT_UNSUPPORTED = (
+_ENDPOINT_KEYS = (
+    "url",
+    "name",
+    "remote_timeout",
+    "headers",
+    "queue_config",
+    "protobuf_message",
+    "flavor",
+    "tenant",
     "basic_auth",
     "authorization",
     "bearer_token",
     "bearer_token_file",
     "tls_config",
+    "proxy_url",
+    "write_relabel_configs",
+)
+_ENDPOINT_UNSUPPORTED = (
     "sigv4",
     "azuread",
     "google_iam",
     "oauth2",
-    "write_relabel_configs",
     "metadata_config",
     "send_exemplars",
     "send_native_histograms",
     "round_robin_dns",
-    "proxy_url",
     "no_proxy",
     "proxy_from_environment",
     "proxy_connect_header",
@@ -67,6 +80,28 @@ _ENDPOINT_UNSUPPORTED = (
     "enable_http2",
     "http_headers",
 )
+
+# Receiver flavours: (default path when the URL has none, tenant header or None).
+FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
+    {
+        "prometheus": ("/api/v1/write", None),
+        "mimir": ("/api/v1/push", "X-Scope-OrgID"),
+        "thanos": ("/api/v1/receive", "THANOS-TENANT"),
+        "victoriametrics": ("/api/v1/write", None),
+    }
+)
+DEFAULT_MAX_DISK_BYTES = 1 << 30
+_SIZE_RE = re.compile(r"(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\Z")
+_SIZE_UNITS = {
+    None: 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+}
 
 _DURATION_RE = re.compile(
     r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?\Z"
@@ -108,6 +143,15 @@ def parse_duration(value: object, key: str) -> float:
     )
 
 
+def parse_size(value: object, key: str) -> int:
+    """Bytes from a whole number or a string such as ``512MiB`` or ``2GB``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and (m := _SIZE_RE.match(value.strip())):
+        return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    raise ConfigError(key, f"{value!r} is not a size", "write bytes or e.g. '512MiB', '2GB'")
+
+
 @dataclass(frozen=True, slots=True)
 class QueueConfig:
     """Prometheus's ``queue_config``, with its defaults; durations in seconds."""
@@ -116,10 +160,15 @@ class QueueConfig:
     max_shards: int = 50
     min_shards: int = 1
     max_samples_per_send: int = 2000
-    batch_send_deadline_s: float = 5.0
+    # hfsampler's one departure from Prometheus's defaults (5s): its samples arrive a whole
+    # window at a time, so waiting after a window only adds latency (measured by
+    # benchmarks/e2e.py: p99 4.5 s at 5s, 94 ms when each window is sent at once). 0 sends each
+    # window as soon as it is queued; a larger value batches windows, as in Prometheus.
+    batch_send_deadline_s: float = 0.0
     min_backoff_s: float = 0.03
     max_backoff_s: float = 5.0
     retry_on_http_429: bool = True
+    max_disk_bytes: int = DEFAULT_MAX_DISK_BYTES  # with a queue_dir: the spool's bound
 
     def __post_init__(self) -> None:
         for key in ("capacity", "max_shards", "min_shards", "max_samples_per_send"):
@@ -134,14 +183,22 @@ class QueueConfig:
             )
         for key in ("batch_send_deadline", "min_backoff", "max_backoff"):
             value = getattr(self, key + "_s")
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigError(key, "must be a positive duration")
+            least = 0 if key == "batch_send_deadline" else 1e-9
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= least:
+                what = "zero or a positive duration" if least == 0 else "a positive duration"
+                raise ConfigError(key, f"must be {what}")
         if self.min_backoff_s > self.max_backoff_s:
             raise ConfigError(
                 "min_backoff", "is longer than max_backoff", "make min_backoff <= max_backoff"
             )
         if not isinstance(self.retry_on_http_429, bool):
             raise ConfigError("retry_on_http_429", "must be true or false")
+        if (
+            isinstance(self.max_disk_bytes, bool)
+            or not isinstance(self.max_disk_bytes, int)
+            or self.max_disk_bytes < 1 << 16
+        ):
+            raise ConfigError("max_disk_bytes", "must be at least 64KiB", "e.g. '1GiB'")
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -154,6 +211,11 @@ class EndpointConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     queue: QueueConfig = field(default_factory=QueueConfig)
     send_metadata: bool = True
+    flavor: str = ""
+    auth: AuthConfig | None = None
+    tls: TLSConfig | None = None
+    proxy_url: str = ""
+    relabel: tuple[RelabelRule, ...] = ()
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -180,6 +242,15 @@ class EndpointConfig:
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
         if not isinstance(self.queue, QueueConfig):
             raise ConfigError("queue_config", "must be a QueueConfig")
+        if self.flavor and self.flavor not in FLAVORS:
+            raise ConfigError(
+                "flavor", f"unknown flavor {self.flavor!r}", "one of " + ", ".join(FLAVORS)
+            )
+        if self.proxy_url:
+            try:
+                _check_url(self.proxy_url)
+            except ConfigError as err:
+                raise ConfigError("proxy_url", err.problem, err.fix) from None
 
     @property
     def display_url(self) -> str:
@@ -195,7 +266,10 @@ class EndpointConfig:
         return (
             f"EndpointConfig(url={self.display_url!r}, name={self.name!r}, "
             f"remote_timeout_s={self.remote_timeout_s!r}, headers={sorted(self.headers)!r}, "
-            f"queue={self.queue!r}, send_metadata={self.send_metadata!r})"
+            f"queue={self.queue!r}, send_metadata={self.send_metadata!r}, "
+            f"flavor={self.flavor!r}, auth={self.auth!r}, tls={self.tls!r}, "
+            f"proxy_url={redact_url(self.proxy_url) if self.proxy_url else ''!r}, "
+            f"relabel_rules={len(self.relabel)})"
         )
 
 
@@ -274,19 +348,60 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
             "only Remote-Write 1.0 (prometheus.WriteRequest) is supported yet",
             "remove it",
         )
-    kwargs: dict[str, object] = {"url": raw["url"]}
+    url = raw["url"]
+    flavor = raw.get("flavor", "")
+    if not isinstance(flavor, str) or (flavor and flavor not in FLAVORS):
+        raise ConfigError(
+            f"{path}.flavor", f"unknown flavor {flavor!r}", "one of " + ", ".join(FLAVORS)
+        )
+    if flavor and isinstance(url, str):
+        with contextlib.suppress(ValueError):
+            if urlsplit(url).path in ("", "/"):
+                url = url.rstrip("/") + FLAVORS[flavor][0]
+    kwargs: dict[str, object] = {"url": url, "flavor": flavor}
     if "name" in raw:
         kwargs["name"] = raw["name"]
     if "remote_timeout" in raw:
         kwargs["remote_timeout_s"] = parse_duration(raw["remote_timeout"], f"{path}.remote_timeout")
     if "headers" in raw:
         kwargs["headers"] = {} if raw["headers"] is None else raw["headers"]
+    if "tenant" in raw:
+        kwargs["headers"] = _tenant_headers(raw, flavor, kwargs.get("headers", {}), path)
+    kwargs["auth"] = parse_auth(raw, path)
+    if "tls_config" in raw:
+        kwargs["tls"] = parse_tls(raw["tls_config"], f"{path}.tls_config")
+    if raw.get("proxy_url") is not None:
+        kwargs["proxy_url"] = raw["proxy_url"]
+    if "write_relabel_configs" in raw:
+        kwargs["relabel"] = parse_rules(
+            raw["write_relabel_configs"], f"{path}.write_relabel_configs"
+        )
     if "queue_config" in raw:
         kwargs["queue"] = _parse_queue(raw["queue_config"], f"{path}.queue_config")
     try:
         return EndpointConfig(**kwargs)  # type: ignore[arg-type]
     except ConfigError as err:
         raise ConfigError(f"{path}.{err.key}", err.problem, err.fix) from None
+
+
+def _tenant_headers(
+    raw: Mapping[object, object], flavor: str, headers: object, path: str
+) -> object:
+    tenant = raw["tenant"]
+    header = FLAVORS.get(flavor, ("", None))[1]
+    if header is None:
+        raise ConfigError(
+            f"{path}.tenant",
+            "needs flavor: mimir or flavor: thanos",
+            "VictoriaMetrics cluster takes the tenant in the URL: /insert/<id>/prometheus/...",
+        )
+    if not isinstance(tenant, str) or not tenant:
+        raise ConfigError(f"{path}.tenant", "must be a non-empty string", "quote it")
+    if not isinstance(headers, Mapping):
+        return headers  # EndpointConfig names the problem
+    if any(isinstance(h, str) and h.lower() == header.lower() for h in headers):
+        raise ConfigError(f"{path}.tenant", f"conflicts with headers.{header}", "keep one")
+    return {**headers, header: tenant}
 
 
 def _parse_queue(raw: object, path: str) -> QueueConfig:
@@ -299,6 +414,8 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
     for k, v in raw.items():
         if k in ("batch_send_deadline", "min_backoff", "max_backoff"):
             kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
+        elif k == "max_disk_bytes":
+            kwargs[k] = parse_size(v, f"{path}.{k}")
         else:
             kwargs[str(k)] = v
     try:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import snappy
 
-from hfsampler.series import Family, Series, Snapshot
+from hfsampler.series import Family, Series, Snapshot, is_stale
 
 # Tags are (field_number << 3) | wire_type; wire type 2 is length-delimited, 1 is 64-bit, 0 varint.
 _TAG_WRITE_REQUEST_TIMESERIES = b"\x0a"  # WriteRequest.timeseries = 1
@@ -109,8 +109,9 @@ def encode_metadata(families: Iterable[Family]) -> bytes:
 class Encoder:
     """Serializes samples into ``WriteRequest`` bytes, caching each series' label bytes.
 
-    Safe to call from an executor thread while the event loop also encodes: the cache only ever
-    gains entries, and two threads computing the same entry store identical bytes.
+    Safe to call from an executor thread while the event loop also encodes: two threads
+    computing the same entry store identical bytes, and a series is only dropped from the cache
+    once its stale marker is encoded, after which a recomputation gives the same bytes again.
     """
 
     def __init__(self) -> None:
@@ -161,7 +162,10 @@ class Encoder:
         pack = _pack_double
         last_ts: int | None = None
         head = tail = b""
+        ended: list[int] = []
         for series, value, ts in samples:
+            if value != value and is_stale(value):  # NaN first: the cheap test on the hot path
+                ended.append(series.id)
             if ts != last_ts:
                 head, tail = self._frame(ts)
                 last_ts = ts
@@ -190,6 +194,9 @@ class Encoder:
             append(_TAG_WRITE_REQUEST_TIMESERIES + prefix + labels + body)
         if metadata:
             append(metadata)
+        # a series that got its stale marker is over (a pod left, a GPU was lost): without this
+        # the cache would grow with every pod that ever ran on the node
+        self.forget(ended)
         return b"".join(out)
 
     def encode(

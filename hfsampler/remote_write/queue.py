@@ -1,8 +1,9 @@
 """Queue: holds one shard's samples between ``push`` and the sender, bounded, oldest dropped first.
 
-``ShardQueue`` is the narrow interface the sender depends on; ``MemoryQueue`` is the in-memory
-implementation. A disk-spooling queue (persistent segment files) can replace it behind the same
-interface without the sender changing.
+``ShardQueue`` is the narrow interface the sender depends on. ``MemoryQueue`` (this module) keeps
+samples in memory only; ``SpoolQueue`` (``spool.py``) replaces it when a ``queue_dir`` is set and
+keeps every record in checksummed segment files until the receiver acknowledged it. A ``Batch``
+is what a shard sends in one request: samples still to encode and/or records already encoded.
 """
 
 from __future__ import annotations
@@ -12,30 +13,58 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hfsampler.remote_write.encoder import QueuedSample
 
 
+@dataclass(slots=True)
+class Batch:
+    """One request's worth of data, handed out by ``get_batch`` and given back with ``ack``.
+
+    ``samples`` still need encoding; ``parts`` are snappy-compressed ``WriteRequest`` bytes that
+    a persistent queue stored already encoded (concatenated WriteRequests are one WriteRequest).
+    ``token`` is the queue's own bookkeeping (the last record's sequence number).
+    """
+
+    samples: list[QueuedSample] = field(default_factory=list)
+    parts: list[bytes] = field(default_factory=list)
+    count: int = 0
+    token: int = -1
+
+    def __len__(self) -> int:
+        return self.count
+
+
 class ShardQueue(Protocol):
     """What a shard needs from its queue."""
+
+    @property
+    def persistent(self) -> bool:
+        """True when what is queued (and not acknowledged) outlives the process."""
+        ...
 
     def put(self, samples: Iterable[QueuedSample]) -> int:
         """Enqueue without blocking; returns how many old samples were dropped to make room."""
         ...
 
-    async def get_batch(self, max_samples: int, deadline_s: float) -> list[QueuedSample]:
+    async def get_batch(self, max_samples: int, deadline_s: float) -> Batch:
         """Up to ``max_samples`` samples, oldest first: as soon as that many are queued, or when
         ``deadline_s`` has passed with at least one queued, or at once when flushing. Empty only
         when flushing and nothing is left."""
+        ...
+
+    def ack(self, batch: Batch) -> None:
+        """The batch is done with (delivered, or refused for good): never hand it out again."""
         ...
 
     def start_flush(self) -> None:
         """From now on hand out what is queued without waiting for the deadline."""
         ...
 
-    def drain(self) -> list[QueuedSample]:
-        """Remove and return everything still queued (at shutdown, to count it)."""
+    async def close(self) -> int:
+        """Stop; return how many queued samples are lost (a persistent queue keeps them)."""
         ...
 
     def __len__(self) -> int: ...
@@ -43,6 +72,8 @@ class ShardQueue(Protocol):
 
 class MemoryQueue:
     """A bounded deque of samples; when full, the oldest samples make way for new ones."""
+
+    persistent = False
 
     def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:
@@ -74,19 +105,23 @@ class MemoryQueue:
         self._flushing = True
         self._ready.set()
 
-    def drain(self) -> list[QueuedSample]:
-        out = list(self._items)
-        self._items.clear()
-        return out
+    def ack(self, batch: Batch) -> None:
+        """Nothing to do: a handed-out batch is no longer held here."""
 
-    async def get_batch(self, max_samples: int, deadline_s: float) -> list[QueuedSample]:
+    async def close(self) -> int:
+        lost = len(self._items)
+        self._items.clear()
+        return lost
+
+    async def get_batch(self, max_samples: int, deadline_s: float) -> Batch:
         end = self._clock() + deadline_s
         while True:
             n = len(self._items)
             if n >= max_samples or (self._flushing and n) or (n and self._clock() >= end):
-                return self._take(max_samples)
+                samples = self._take(max_samples)
+                return Batch(samples=samples, count=len(samples))
             if self._flushing:
-                return []
+                return Batch()
             # Wake on a full batch; with nothing queued, any sample is worth waking for so the
             # deadline clock below runs against real data.
             self._wanted = max_samples if n else 1

@@ -3,7 +3,11 @@
 Each series always lands in the same shard (``series.id % n_shards``) and each shard has one
 request in flight, so per-series order is kept. Failures the spec calls recoverable (network
 errors, timeouts, 5xx, 429) are retried with jittered exponential backoff honouring
-``Retry-After``; any other 4xx drops that batch and moves on.
+``Retry-After`` (Mimir's 529 counts as a 429); any other 4xx (Thanos's 409 for out-of-order and
+duplicate samples included) drops that batch and moves on. With a ``queue_dir`` each shard's queue
+is a ``SpoolQueue`` and a batch leaves it only once the receiver answered; without one, a
+``MemoryQueue``. Per endpoint, ``write_relabel_configs`` run once per series (cached), and auth,
+TLS and proxy settings apply to every request; secrets never reach a log line or a metric.
 """
 
 from __future__ import annotations
@@ -12,19 +16,26 @@ import asyncio
 import email.utils
 import logging
 import random
+import re
+import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC
+from pathlib import Path
 
 import aiohttp
+import snappy
 
 import hfsampler
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata
-from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
+from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
+from hfsampler.remote_write.relabel import apply as relabel
+from hfsampler.remote_write.security import AuthHeader, TLSSendError, ssl_context
+from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Snapshot
+from hfsampler.series import Series, SeriesRegistry, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +47,9 @@ RETRIES = "hfsampler_remote_write_retries_total"
 DROPPED = "hfsampler_remote_write_samples_dropped_total"
 SEND_DURATION = "hfsampler_remote_write_send_duration_seconds"
 QUEUE_SAMPLES = "hfsampler_remote_write_queue_samples"
+QUEUE_DISK_BYTES = "hfsampler_remote_write_queue_disk_bytes"
+# Statuses retried like 429 when retry_on_http_429 is on: Mimir's "too many requests" variant.
+RATE_LIMIT_STATUSES = frozenset((429, 529))
 
 # Above this many samples a batch is encoded and compressed in a thread, off the event loop.
 EXECUTOR_THRESHOLD_SAMPLES = 10_000
@@ -60,6 +74,13 @@ def define_metrics(metrics: SelfMetrics) -> None:
     metrics.define(DROPPED, "Samples never delivered, by reason.", "counter")
     metrics.define(SEND_DURATION, "Latency of the last request.", "gauge")
     metrics.define(QUEUE_SAMPLES, "Samples waiting in the queue.", "gauge")
+    metrics.define(QUEUE_DISK_BYTES, "Bytes of the persistent queue's segment files.", "gauge")
+
+
+def spool_dir(queue_dir: Path, config: EndpointConfig) -> Path:
+    """Where an endpoint's segments live: stable across restarts, safe as a file name."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", config.remote_name)[:64]
+    return queue_dir / safe
 
 
 def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
@@ -86,7 +107,9 @@ def backoff_delay(backoff_s: float) -> float:
 class RemoteWriter:
     """Pushes snapshots to one Remote-Write endpoint."""
 
-    def __init__(self, config: EndpointConfig, metrics: SelfMetrics) -> None:
+    def __init__(
+        self, config: EndpointConfig, metrics: SelfMetrics, queue_dir: Path | None = None
+    ) -> None:
         define_metrics(metrics)
         self.config = config
         self.executor_threshold = EXECUTOR_THRESHOLD_SAMPLES
@@ -94,12 +117,31 @@ class RemoteWriter:
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
         self._encoder = Encoder()
         self._n_shards = config.queue.min_shards
-        self._queues: list[ShardQueue] = [
-            MemoryQueue(config.queue.capacity) for _ in range(self._n_shards)
-        ]
-        self._inflight: list[list[QueuedSample] | None] = [None] * self._n_shards
+        self._queues: list[ShardQueue]
+        if queue_dir is None:
+            self._queues = [MemoryQueue(config.queue.capacity) for _ in range(self._n_shards)]
+        else:
+            base = spool_dir(queue_dir, config)
+            self._queues = [
+                SpoolQueue(
+                    base / f"shard-{i}",
+                    config.queue.capacity,
+                    max(config.queue.max_disk_bytes // self._n_shards, 1 << 16),
+                    self._encoder,
+                    self._drop,
+                )
+                for i in range(self._n_shards)
+            ]
+        self._inflight: list[Batch | None] = [None] * self._n_shards
         # Protocol headers last: a user header can never replace them.
         self._headers = {**config.headers, **PROTOCOL_HEADERS}
+        self._auth = AuthHeader(config.auth) if config.auth is not None else None
+        self._ssl: ssl.SSLContext | None = None
+        if config.tls is not None and config.url.startswith("https:"):
+            self._ssl = ssl_context(config.tls)
+        # Relabelled series get ids of their own, so the encoder's label cache stays per series.
+        self._relabelled: dict[int, Series | None] = {}
+        self._relabel_registry = SeriesRegistry()
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
         self._metadata_pending = b""
@@ -118,7 +160,7 @@ class RemoteWriter:
         """Open the HTTP session and start one task per shard."""
         if self._session is not None:
             return
-        connector = aiohttp.TCPConnector(limit=self._n_shards)
+        connector = aiohttp.TCPConnector(limit=self._n_shards, ssl=self._ssl or True)
         self._session = aiohttp.ClientSession(connector=connector)
         self._tasks = [
             asyncio.create_task(self._run_shard(i), name=f"rw-{self.config.remote_name}-{i}")
@@ -136,14 +178,14 @@ class RemoteWriter:
         ts = snapshot.timestamp_ms
         n = self._n_shards
         dropped = 0
+        pairs = zip(snapshot.series, snapshot.values, strict=True)
+        if self.config.relabel:
+            pairs = ((r, v) for s, v in pairs if (r := self._relabel(s)) is not None)  # type: ignore[assignment]
         if n == 1:
-            dropped = self._queues[0].put(
-                QueuedSample(s, v, ts)
-                for s, v in zip(snapshot.series, snapshot.values, strict=True)
-            )
+            dropped = self._queues[0].put([QueuedSample(s, v, ts) for s, v in pairs])
         else:
             buckets: list[list[QueuedSample]] = [[] for _ in range(n)]
-            for s, v in zip(snapshot.series, snapshot.values, strict=True):
+            for s, v in pairs:
                 buckets[s.id % n].append(QueuedSample(s, v, ts))
             for q, bucket in zip(self._queues, buckets, strict=True):
                 if bucket:
@@ -151,6 +193,24 @@ class RemoteWriter:
         if dropped:
             self._drop(dropped, "queue_full")
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _relabel(self, series: Series) -> Series | None:
+        """The series as this endpoint sends it, or None when a rule drops it (cached)."""
+        try:
+            return self._relabelled[series.id]
+        except KeyError:
+            pass
+        labels = relabel(self.config.relabel, {"__name__": series.name, **dict(series.labels)})
+        out = None
+        if labels is not None:
+            name = labels.pop("__name__")
+            out = self._relabel_registry.series(name, labels)
+        self._relabelled[series.id] = out
+        return out
+
+    def disk_bytes(self) -> int:
+        """Bytes of spooled segments (0 without a queue_dir)."""
+        return sum(q.disk_bytes for q in self._queues if isinstance(q, SpoolQueue))
 
     async def close(self, deadline_s: float) -> None:
         """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped."""
@@ -162,8 +222,11 @@ class RemoteWriter:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        left = sum(len(q.drain()) for q in self._queues)
-        left += sum(len(b) for b in self._inflight if b)
+        left = 0
+        for q, batch in zip(self._queues, self._inflight, strict=True):
+            left += await q.close()
+            if batch is not None and not q.persistent:
+                left += batch.count  # a spooled batch stays on disk until acknowledged
         self._inflight = [None] * self._n_shards
         if left:
             log.warning(
@@ -174,6 +237,12 @@ class RemoteWriter:
             )
             self._drop(left, "shutdown")
         self._metrics.set(QUEUE_SAMPLES, 0, self._labels)
+        if self.disk_bytes():
+            log.info(
+                "remote write %s: %d bytes stay spooled for the next start",
+                self.config.remote_name,
+                self.disk_bytes(),
+            )
         if self._session is not None:
             await self._session.close()
         self._tasks = []
@@ -187,7 +256,8 @@ class RemoteWriter:
         while True:
             batch = await queue.get_batch(qc.max_samples_per_send, qc.batch_send_deadline_s)
             self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
-            if not batch:
+            self._metrics.set(QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
+            if not batch.count:
                 return
             self._inflight[index] = batch
             try:
@@ -196,15 +266,22 @@ class RemoteWriter:
                 # A bug must not silently stop the shard: count the batch and keep going.
                 log.exception("remote write %s: unexpected error", self.config.remote_name)
                 self._drop(len(batch), "error")
+            queue.ack(batch)
             self._inflight[index] = None
 
-    def _encode(self, batch: list[QueuedSample], metadata: bytes) -> tuple[int, bytes]:
-        raw = self._encoder.encode_samples(batch, metadata)
+    def _encode(self, batch: Batch, metadata: bytes) -> tuple[int, bytes]:
+        if not batch.samples and len(batch.parts) == 1 and not metadata:
+            # One spooled record is already a compressed WriteRequest: send it as it is.
+            return -1, batch.parts[0]
+        raw = b"".join(snappy.uncompress(p) for p in batch.parts)
+        if batch.samples:
+            raw += self._encoder.encode_samples(batch.samples)
+        raw += metadata
         return len(raw), compress(raw)
 
-    async def _send_batch(self, batch: list[QueuedSample]) -> None:
+    async def _send_batch(self, batch: Batch) -> None:
         metadata, self._metadata_pending = self._metadata_pending, b""
-        if len(batch) > self.executor_threshold:
+        if len(batch) > self.executor_threshold or len(batch.parts) > 1:
             loop = asyncio.get_running_loop()
             raw_len, body = await loop.run_in_executor(None, self._encode, batch, metadata)
         else:
@@ -215,6 +292,9 @@ class RemoteWriter:
             try:
                 await self._post(body, len(batch))
             except RecoverableSendError as err:
+                if isinstance(err, TLSSendError):
+                    # A certificate problem will not fix itself in milliseconds: wait the most.
+                    backoff = qc.max_backoff_s
                 delay = backoff_delay(backoff)
                 if err.retry_after_s is not None:
                     delay = err.retry_after_s
@@ -232,6 +312,8 @@ class RemoteWriter:
             except NonRecoverableSendError:
                 self._drop(len(batch), "rejected")
                 return
+            if raw_len < 0:
+                raw_len = snappy_uncompressed_length(body)
             self._metrics.inc(SAMPLES, len(batch), self._labels)
             self._metrics.inc(BYTES, raw_len, self._labels)
             self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
@@ -241,10 +323,19 @@ class RemoteWriter:
         session = self._session
         assert session is not None, "start() was not awaited"
         timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
+        headers = self._headers
+        if self._auth is not None:
+            headers = {**headers, "Authorization": self._auth.value()}
+        tls = self.config.tls
         started = time.monotonic()
         try:
             async with session.post(
-                self.config.url, data=body, headers=self._headers, timeout=timeout
+                self.config.url,
+                data=body,
+                headers=headers,
+                timeout=timeout,
+                proxy=self.config.proxy_url or None,
+                server_hostname=(tls.server_name or None) if tls is not None else None,
             ) as resp:
                 status = resp.status
                 self._count_request(str(status))
@@ -258,8 +349,30 @@ class RemoteWriter:
             raise RecoverableSendError(
                 f"no answer within remote_timeout {self.config.remote_timeout_s} s"
             ) from None
+        except aiohttp.ClientConnectorCertificateError as err:
+            self._count_request("error")
+            cert = err.certificate_error
+            reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None)
+            raise TLSSendError(
+                f"TLS certificate not trusted: {reason or type(cert).__name__} "
+                "(check tls_config.ca_file and server_name)",
+            ) from None
+        except aiohttp.ClientSSLError as err:
+            self._count_request("error")
+            reason = getattr(getattr(err, "os_error", None), "reason", None)
+            raise TLSSendError(
+                f"TLS handshake failed: {reason or type(err).__name__} "
+                "(check tls_config: client certificate, CA)",
+            ) from None
         except aiohttp.ClientError as err:
             self._count_request("error")
+            tls_error = _ssl_error(err)
+            if tls_error is not None:
+                # TLS 1.3 refuses a missing client certificate only after the handshake.
+                raise TLSSendError(
+                    f"TLS refused: {tls_error.reason or type(tls_error).__name__} "
+                    "(check tls_config: client certificate, CA)"
+                ) from None
             # Only the class and OS reason: aiohttp's own text may quote the URL with credentials.
             reason = getattr(getattr(err, "os_error", None), "strerror", None)
             raise RecoverableSendError(
@@ -267,7 +380,8 @@ class RemoteWriter:
             ) from None
         finally:
             self._metrics.set(SEND_DURATION, time.monotonic() - started, self._labels)
-        if status >= 500 or (status == 429 and self.config.queue.retry_on_http_429):
+        rate_limited = status in RATE_LIMIT_STATUSES and self.config.queue.retry_on_http_429
+        if rate_limited or (status >= 500 and status not in RATE_LIMIT_STATUSES):
             raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
         log.error(
             "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s",
@@ -281,3 +395,27 @@ class RemoteWriter:
 
     def _count_request(self, status: str) -> None:
         self._metrics.inc(REQUESTS, 1, {**self._labels, "status": status})
+
+
+def _ssl_error(err: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind an aiohttp error, if one is in its chain."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        nested = getattr(seen, "os_error", None)
+        seen = nested if isinstance(nested, BaseException) else (seen.__cause__ or seen.__context__)
+    return None
+
+
+def snappy_uncompressed_length(body: bytes) -> int:
+    """The uncompressed size a snappy block declares in its varint preamble."""
+    value = shift = 0
+    for byte in body[:5]:
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            break
+        shift += 7
+    return value

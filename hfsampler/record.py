@@ -1,0 +1,421 @@
+"""`hfsampler record`: sample the GPUs for exactly one command's life and keep it all in a file.
+
+It reuses the service's pieces (``Sampler`` in its own process, its rings, ``WindowReader``,
+``reduce``); only the ending differs: each window's distinct raw samples and its statistics go to
+a ``RecordingWriter`` instead of Remote-Write. The command runs as a child in the same process
+group (so it keeps the terminal); signals sent to the recorder are passed on to it, and the
+recorder exits with the child's exit code (128 + N when a signal N ended it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import numpy as np
+
+import hfsampler
+from hfsampler import logs
+from hfsampler.config import Config, parse_duration, parse_label
+from hfsampler.errors import ConfigError
+from hfsampler.fields import FAST, Kind
+from hfsampler.recording import GroupInfo, RecordingWriter
+from hfsampler.ring import RingRows
+from hfsampler.sampler import GroupPlan, Sampler
+from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
+from hfsampler.window import WindowReader, WindowStats, reduce
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+PROCESS_POLL_S = 2.0
+END_GRACE_S = 0.02  # the sampler's rows up to the child's exit are committed by then
+# Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
+# already reaches the child, which shares our process group, and a second copy would interrupt
+# its clean-up.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+Procs = dict[int, list[dict[str, Any]]]  # per GPU index, its compute processes
+POWER_FIELDS = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
+
+
+def job_context(env: Mapping[str, str]) -> dict[str, str]:
+    """Job identifiers from the environment, as label names: Slurm, Kubernetes."""
+    out: dict[str, str] = {}
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME"):
+        if env.get(var):
+            out[var.lower()] = env[var]
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        pod = env.get("POD_NAME") or env.get("HOSTNAME")
+        if pod:
+            out["pod"] = pod
+        namespace = env.get("POD_NAMESPACE")
+        ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        if not namespace and ns_file.exists():
+            namespace = ns_file.read_text().strip()
+        if namespace:
+            out["namespace"] = namespace
+    return out
+
+
+def visible_gpus(selection: str | None, env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs to record: ``--gpus``, else ``CUDA_VISIBLE_DEVICES``, else None (all)."""
+    text = selection if selection is not None else env.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or items[0] == "-1" or any(t.startswith("MIG-") for t in items):
+        if selection is not None:
+            raise ConfigError("--gpus", f"{text!r} selects no GPU", "e.g. --gpus 0,2")
+        log.warning("CUDA_VISIBLE_DEVICES=%r names no whole GPU: recording all GPUs", text)
+        return None
+    return items
+
+
+def choose(devices: Sequence[DeviceInfo], wanted: Sequence[str] | None) -> list[int]:
+    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do)."""
+    if wanted is None:
+        return list(range(len(devices)))
+    out: list[int] = []
+    for item in wanted:
+        if item.isdigit():
+            hits = [p for p, d in enumerate(devices) if d.index == int(item)]
+        else:
+            hits = [p for p, d in enumerate(devices) if d.uuid.startswith(item)]
+        if len(hits) != 1:
+            have = ", ".join(str(d.index) for d in devices)
+            raise ConfigError("--gpus", f"no single GPU {item!r}", f"this node has GPUs {have}")
+        if hits[0] not in out:
+            out.append(hits[0])
+    return out
+
+
+def store_window(
+    writer: RecordingWriter,
+    group: int,
+    plan: GroupPlan,
+    rows: RingRows,
+    t0_ns: int,
+    t1_ns: int,
+    keep: Sequence[int],
+) -> WindowStats:
+    """Write one group's window: its distinct raw samples and its statistics (kept GPUs only)."""
+    writer.add_rows(group, rows, keep)
+    stats = reduce(rows, plan.fields, t0_ns, t1_ns)
+    writer.add_window(group, stats, keep)
+    return stats
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it, from /proc (empty where there is no /proc)."""
+    parents: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = {pid}, [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOptions:
+    """What one `hfsampler record` does, validated from the flags."""
+
+    output: Path
+    command: tuple[str, ...]
+    duration_s: float | None
+    config: Config
+    gpus: tuple[str, ...] | None
+    status: bool
+
+
+class Recorder:
+    """Runs the sampler, the child and the window loop, and writes the recording."""
+
+    def __init__(self, opts: RecordOptions, spec: SourceSpec, inventory: Inventory,
+                 keep: Sequence[int], out: TextIO | None) -> None:  # fmt: skip
+        from hfsampler.service import plan_groups
+
+        self.opts = opts
+        self.spec = spec
+        self.inventory = inventory
+        self.keep = list(keep)
+        self.plans = plan_groups(inventory.fields, dict(opts.config.intervals_s))
+        self.out = out
+        self.child: subprocess.Popen[bytes] | None = None
+        self._stop = False
+        self._power: tuple[int, int] | None = None
+        for name in POWER_FIELDS:
+            for g, p in enumerate(self.plans):
+                for j, f in enumerate(p.fields):
+                    if f.name == name and self._power is None:
+                        self._power = (g, j)
+        self.power_max = np.full(len(self.keep), np.nan)
+        self.power_now = np.full(len(self.keep), np.nan)
+
+    def header(self, start_ns: int) -> dict[str, Any]:
+        devices = [self.inventory.devices[p] for p in self.keep]
+        return {
+            "hfsampler_version": hfsampler.__version__,
+            "command": list(self.opts.command),
+            "command_line": shlex.join(self.opts.command),
+            "start_ns": start_ns,
+            "host": socket.gethostname(),
+            "source": self.spec.kind,
+            "window_s": self.opts.config.window_s,
+            "labels": dict(self.opts.config.external_labels),
+            "job": job_context(os.environ),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "driver_version": devices[0].driver_version if devices else "",
+            "pid": os.getpid(),
+        }
+
+    def run(self) -> int:
+        cfg = self.opts.config
+        sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s)
+        writer: RecordingWriter | None = None
+        side = self._side_source()
+        code = 0
+        try:
+            sampler.start()
+            readers = [WindowReader(sampler.rings[p.name]) for p in self.plans]
+            start_ns = time.time_ns()
+            for r in readers:
+                r.take(start_ns)  # rows from before the child started are not the job's
+            devices = [self.inventory.devices[p] for p in self.keep]
+            groups = [GroupInfo(p.name, p.interval_s, p.fields) for p in self.plans]
+            writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, groups)
+            self._install_signals()
+            if self.opts.command:
+                self.child = subprocess.Popen(list(self.opts.command))
+            code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
+            writer.close({"end_ns": end_ns, "exit_code": code,
+                          "samples": writer.samples_written})  # fmt: skip
+            self._status(writer, start_ns, end_ns, final=True)
+            return code
+        finally:
+            if self.child is not None and self.child.poll() is None:
+                self.child.kill()
+                self.child.wait()
+            if writer is not None:
+                writer.close()
+            if side is not None:
+                side.close()
+            sampler.close()
+
+    def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
+              side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip
+        window_ns = int(self.opts.config.window_s * 1e9)
+        end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
+        t0, t1 = start_ns, start_ns - start_ns % window_ns + window_ns
+        next_poll = 0.0
+        seen: dict[int, list[dict[str, Any]]] | None = None
+        sampling = True
+        while True:
+            code = self.child.poll() if self.child is not None else None
+            now = time.time_ns()
+            done = code is not None or self._stop or (end_at is not None and now >= end_at)
+            if done:
+                end_ns = min(now, end_at) if end_at is not None else now
+                time.sleep(END_GRACE_S)
+                if sampling:
+                    self._write(readers, writer, t0, end_ns)
+                if code is None:
+                    return 0, end_ns
+                return (128 - code if code < 0 else code), end_ns
+            if now >= t1 + int(END_GRACE_S * 1e9):
+                if sampling and not sampler.alive():
+                    # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
+                    log.error("the sampler process died; the recording stops here")
+                    self._write(readers, writer, t0, now)
+                    sampling = False
+                if sampling:
+                    self._write(readers, writer, t0, t1)
+                self._status(writer, start_ns, t1)
+                t0, t1 = t1, t1 + window_ns
+            if side is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + PROCESS_POLL_S
+                seen = self._processes(writer, side, seen)
+            time.sleep(0.005)
+
+    def _write(self, readers: list[WindowReader], writer: RecordingWriter, t0: int,
+               t1: int) -> None:  # fmt: skip
+        for g, (plan, reader) in enumerate(zip(self.plans, readers, strict=True)):
+            stats = store_window(writer, g, plan, reader.take(t1), t0, t1, self.keep)
+            if self._power is not None and self._power[0] == g:
+                j = self._power[1]
+                now = stats.mean[self.keep, j]
+                self.power_now = np.where(np.isnan(now), self.power_now, now)
+                self.power_max = np.fmax(self.power_max, stats.max[self.keep, j])
+
+    def _side_source(self) -> Any:
+        """A second handle on the source, here in the parent, for the compute-process list."""
+        if self.spec.kind != "nvml":
+            return None
+        source = open_source(self.spec)
+        try:
+            source.open(self.inventory.fields[:1])
+        except Exception as exc:  # the list of processes is a nice-to-have, never a failure
+            log.warning("cannot list GPU processes: %s", exc)
+            return None
+        return source if hasattr(source, "processes") else None
+
+    def _processes(self, writer: RecordingWriter, side: Any,
+                   seen: Procs | None) -> Procs:  # fmt: skip
+        try:
+            found: dict[int, list[tuple[int, int]]] = side.processes()
+        except Exception as exc:
+            log.debug("listing GPU processes failed: %s", exc)
+            return seen or {}
+        job = descendants(self.child.pid) if self.child is not None else set()
+        kept = {self.inventory.devices[p].index for p in self.keep}
+        now = {
+            gpu: [{"pid": pid, "used_memory_bytes": mem, "in_job": pid in job}
+                  for pid, mem in sorted(procs)]
+            for gpu, procs in found.items() if gpu in kept
+        }  # fmt: skip
+        if now != seen:
+            writer.add_processes(time.time_ns(), now)
+        return now
+
+    def _install_signals(self) -> None:
+        def forward(signum: int, frame: FrameType | None) -> None:
+            if self.child is not None and self.child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.child.send_signal(signum)
+            elif self.child is None and signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self._stop = True
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        interactive = sys.stdin is not None and sys.stdin.isatty()
+        if self.opts.command and interactive:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child has its own Ctrl-C
+        else:
+            signal.signal(signal.SIGINT, forward)
+
+    def _status(
+        self, writer: RecordingWriter, start_ns: int, t_ns: int, final: bool = False
+    ) -> None:
+        if self.out is None:
+            return
+        power = " ".join(
+            f"gpu{self.inventory.devices[p].index} {_w(self.power_now[i])}/{_w(self.power_max[i])}W"
+            for i, p in enumerate(self.keep)
+        )
+        text = (
+            f"record {(t_ns - start_ns) / 1e9:7.1f}s  {writer.samples_written:,} samples  "
+            f"{writer.bytes_written / 1e6:.1f} MB  {power}"
+        )
+        tty = self.out.isatty()
+        if final:
+            self.out.write(("\r\x1b[K" if tty else "") + text + f"  -> {writer.path}\n")
+        elif tty:
+            self.out.write("\r\x1b[K" + text)
+        elif int((t_ns - start_ns) / 1e9) % 10 == 0:  # a log file gets a line every ~10 s
+            self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _w(value: float) -> str:
+    return "-" if np.isnan(value) else f"{value:.0f}"
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def register(sub: Any) -> dict[str, Any]:
+    p = sub.add_parser(
+        "record",
+        help="record every GPU sample while a command runs: hfsampler record -- CMD ARGS",
+        description="Run CMD as a child and record the GPUs it may use for exactly its life.",
+    )
+    p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
+    p.add_argument("--interval", metavar="DUR", help="the fast group's interval (default 1ms)")
+    p.add_argument("--window", metavar="DUR", help="window length for the statistics (1s)")
+    p.add_argument("--gpus", metavar="LIST", help="GPU indices or UUIDs (default: "
+                   "CUDA_VISIBLE_DEVICES, else all)")  # fmt: skip
+    p.add_argument("--label", action="append", default=[], metavar="K=V", help="job label")
+    p.add_argument("--duration", metavar="DUR", help="without a command: record this long")
+    p.add_argument("--source", choices=("auto", "nvml", "sim"), default="auto")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs")
+    p.add_argument("--fields", action="append", default=[], metavar="LIST",
+                   help="field names or groups (default all)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    return {"record": cmd_record}
+
+
+def options(args: argparse.Namespace) -> RecordOptions:
+    command = tuple(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
+    duration = parse_duration(args.duration, "--duration") if args.duration else None
+    if not command and duration is None:
+        raise ConfigError("record", "nothing to record", "give -- CMD ARGS or --duration 10s")
+    intervals = {FAST: 0.001, "slow": 0.1}
+    if args.interval:
+        intervals[FAST] = parse_duration(args.interval, "--interval")
+    wanted = visible_gpus(args.gpus, os.environ)
+    sim_gpus = 2
+    if wanted and args.source == "sim" and all(t.isdigit() for t in wanted):
+        sim_gpus = max(int(t) for t in wanted) + 1
+    config = Config(
+        source=args.source,
+        sim_gpus=sim_gpus,
+        seed=args.seed,
+        intervals_s=intervals,
+        window_s=parse_duration(args.window, "--window") if args.window else 1.0,
+        listen=None,
+        external_labels=dict(map(parse_label, args.label)),
+        fields=tuple(t for item in args.fields for t in item.split(",") if t.strip()) or None,
+    )
+    return RecordOptions(
+        Path(args.output), command, duration, config, tuple(wanted) if wanted else None,
+        status=not args.quiet,
+    )  # fmt: skip
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from hfsampler.cli import resolve_source
+    from hfsampler.service import discover
+
+    opts = options(args)
+    logs.setup(opts.config.log_level, opts.config.log_format)
+    spec = resolve_source(opts.config)
+    inventory = discover(spec, opts.config.selected_fields())
+    keep = choose(inventory.devices, opts.gpus)
+    if spec.kind == "nvml" and len(keep) < len(inventory.devices):
+        # open only the job's GPUs: the others are not ours to read at 1 kHz
+        spec = SourceSpec("nvml", indices=tuple(inventory.devices[p].index for p in keep))
+        inventory = discover(spec, opts.config.selected_fields())
+        keep = list(range(len(inventory.devices)))
+    if not keep or not inventory.fields:
+        log.error("nothing to record: no GPU or no supported field")
+        return 1
+    fast = [f for f in inventory.fields if f.group == FAST and f.kind is Kind.GAUGE]
+    log.info("recording %d GPU(s), %d fields (%d fast) to %s", len(keep), len(inventory.fields),
+             len(fast), opts.output)  # fmt: skip
+    out = sys.stderr if opts.status else None
+    return Recorder(opts, spec, inventory, keep, out).run()

@@ -1,0 +1,430 @@
+"""The recording file (``.hfs``): a writer that appends as it goes, a reader that survives a crash.
+
+Layout: 8 magic bytes, then chunks. Each chunk is a 12-byte frame (4-byte tag, payload length,
+CRC-32 of the payload) and a zlib-compressed payload; the payload is a small JSON part plus packed
+arrays. Tags: ``HEAD`` (the job's context, first), ``RAW_`` (one group's distinct samples over a
+stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU compute processes seen),
+``END_`` (end time and exit code, last). Every chunk is written with one ``write`` and flushed, so
+a ``kill -9`` loses at most the chunk being written; the reader stops at the first torn or
+corrupt frame and says so.
+
+Why this shape: the raw samples are most of the bytes. Driver timestamps are delta-encoded (at a
+steady refresh the deltas are one repeated number); values are XOR-ed with the previous value of
+the stream and byte-shuffled (equal exponent and high mantissa bytes line up into long runs), then
+zlib compresses both. Gauges are stored as float32 (24 bits of mantissa are finer than every NVML
+gauge's resolution, from mW to MiB), counters as float64 (an energy counter in mJ outgrows
+float32). zlib rather than snappy: the recorder compresses ~1 MB a second at most, where zlib's
+better ratio matters more than snappy's speed.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from hfsampler.errors import HfsamplerError
+from hfsampler.fields import BY_NAME, Field, Kind
+from hfsampler.ring import RingRows
+from hfsampler.sources import DeviceInfo
+from hfsampler.window import WindowStats
+
+MAGIC = b"HFSREC\x00\x01"
+FORMAT_VERSION = 1
+_FRAME = struct.Struct("<4sII")
+HEAD, RAW, WIN, PROC, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"END_"
+_STATS = ("min", "max", "mean", "p99", "last")
+ZLIB_LEVEL = 6
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class RecordingError(HfsamplerError, ValueError):
+    """The file is not a recording, or its header is unreadable."""
+
+
+def stored_as_float64(field: Field) -> bool:
+    """Counters keep float64; every other field is stored as float32 (see the module docstring)."""
+    return field.kind is Kind.COUNTER
+
+
+# -- packing -------------------------------------------------------------------------------------
+
+
+def _shuffle(a: npt.NDArray[Any]) -> bytes:
+    """Byte planes one after another: byte 0 of every element, then byte 1, ..."""
+    return a.view(np.uint8).reshape(-1, a.itemsize).T.tobytes()
+
+
+def _unshuffle(data: bytes, dtype: type[np.generic], n: int) -> npt.NDArray[Any]:
+    size = np.dtype(dtype).itemsize
+    planes = np.frombuffer(data, np.uint8, n * size).reshape(size, n)
+    return np.ascontiguousarray(planes.T).view(dtype).reshape(n)
+
+
+def _xor_pack(values: npt.NDArray[Any], utype: type[np.generic]) -> bytes:
+    u = values.view(utype)
+    x = u.copy()
+    x[1:] ^= u[:-1]
+    return _shuffle(x)
+
+
+def _xor_unpack(data: bytes, utype: type[np.generic], ftype: type[np.generic], n: int) -> Any:
+    x = _unshuffle(data, utype, n)
+    return np.bitwise_xor.accumulate(x).view(ftype) if n else x.view(ftype)
+
+
+def _pack(meta: Mapping[str, Any], blobs: Sequence[bytes]) -> bytes:
+    head = orjson.dumps({**meta, "blobs": [len(b) for b in blobs]})
+    return zlib.compress(struct.pack("<I", len(head)) + head + b"".join(blobs), ZLIB_LEVEL)
+
+
+def _unpack(payload: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    raw = zlib.decompress(payload)
+    (n,) = struct.unpack_from("<I", raw)
+    meta: dict[str, Any] = orjson.loads(raw[4 : 4 + n])
+    blobs, off = [], 4 + n
+    for size in meta.pop("blobs"):
+        blobs.append(raw[off : off + size])
+        off += size
+    return meta, blobs
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One sampling group as recorded: its name, interval and fields."""
+
+    name: str
+    interval_s: float
+    fields: tuple[Field, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RawChunk:
+    """One group's distinct samples over a stretch of time, cell by cell (``gpu``, ``field``)."""
+
+    group: int
+    gpu: IntArray  # [cells] position in the recording's devices
+    field: IntArray  # [cells] position in the group's fields
+    offsets: IntArray  # [cells + 1] where each cell's samples start in ts_us / values
+    ts_us: IntArray  # driver timestamps, µs since the epoch
+    values: FloatArray
+
+    def cell(self, gpu: int, field: int) -> tuple[IntArray, FloatArray]:
+        """One GPU's samples of one field in this chunk (empty arrays if none)."""
+        hit = np.nonzero((self.gpu == gpu) & (self.field == field))[0]
+        if not len(hit):
+            return np.empty(0, np.int64), np.empty(0)
+        a, b = int(self.offsets[hit[0]]), int(self.offsets[hit[0] + 1])
+        return self.ts_us[a:b], self.values[a:b]
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """One group's window statistics over the whole recording: ``[window, gpu, field]`` arrays."""
+
+    t0_ns: IntArray
+    t1_ns: IntArray
+    min: FloatArray
+    max: FloatArray
+    mean: FloatArray
+    p99: FloatArray
+    last: FloatArray
+    count: IntArray
+
+    def stats(self, i: int, fields: tuple[Field, ...]) -> WindowStats:
+        """Window ``i`` as the ``WindowStats`` the metric model takes."""
+        return WindowStats(
+            int(self.t0_ns[i]), int(self.t1_ns[i]), fields, self.min[i], self.max[i],
+            self.mean[i], self.p99[i], self.last[i], self.count[i], 0, 0, 0,
+        )  # fmt: skip
+
+
+# -- writer --------------------------------------------------------------------------------------
+
+
+class RecordingWriter:
+    """Appends chunks to a new recording; each is in the page cache when its call returns."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        header: Mapping[str, Any],
+        devices: Sequence[DeviceInfo],
+        groups: Sequence[GroupInfo],
+    ) -> None:
+        self.path = Path(path)
+        self.groups = tuple(groups)
+        self._f: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+        self.bytes_written = 0
+        self.samples_written = 0
+        self._f.write(MAGIC)
+        self.bytes_written += len(MAGIC)
+        meta = {
+            **header,
+            "format_version": FORMAT_VERSION,
+            "devices": [
+                {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
+                 "pci_bus_id": d.pci_bus_id, "driver_version": d.driver_version,
+                 "minor_number": d.minor_number}
+                for d in devices
+            ],
+            "groups": [
+                {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields]}
+                for g in self.groups
+            ],
+        }  # fmt: skip
+        self._chunk(HEAD, _pack(meta, []))
+        self._wide = [
+            np.array([stored_as_float64(f) for f in g.fields], dtype=np.bool_) for g in self.groups
+        ]
+
+    def _chunk(self, tag: bytes, payload: bytes) -> None:
+        self._f.write(_FRAME.pack(tag, len(payload), zlib.crc32(payload)) + payload)
+        self._f.flush()
+        self.bytes_written += _FRAME.size + len(payload)
+
+    def add_rows(self, group: int, rows: RingRows, gpus: Sequence[int] | None = None) -> int:
+        """Store the distinct samples (non-NaN values) of ring rows; returns how many."""
+        values, driver = rows.values, rows.driver_ts_us
+        if gpus is not None:
+            values, driver = values[:, list(gpus)], driver[:, list(gpus)]
+        n, g, f = values.shape
+        if n == 0:
+            return 0
+        # cell-major: [gpu, field, row], so each cell's samples are contiguous and time-ordered
+        v = np.transpose(values, (1, 2, 0))
+        valid = ~np.isnan(v)
+        counts = valid.reshape(g * f, n).sum(axis=1)
+        keep = np.nonzero(counts)[0]
+        if not len(keep):
+            return 0
+        ts = np.transpose(driver, (1, 2, 0))[valid]
+        vals = v[valid]
+        wide_cell = np.repeat(np.tile(self._wide[group], g), counts)
+        deltas = np.diff(ts, prepend=np.int64(0))
+        v32 = vals[~wide_cell].astype(np.float32)
+        v64 = vals[wide_cell].astype(np.float64)
+        meta = {
+            "group": group,
+            "cells": len(keep),
+            "n": len(ts),
+            "n32": len(v32),
+            "t0_ns": int(rows.time_ns[0]),
+            "t1_ns": int(rows.time_ns[-1]),
+        }
+        blobs = [
+            (keep // f).astype(np.uint16).tobytes(),
+            (keep % f).astype(np.uint16).tobytes(),
+            counts[keep].astype(np.uint32).tobytes(),
+            _shuffle(deltas.astype(np.int64)),
+            _xor_pack(v32, np.uint32),
+            _xor_pack(v64, np.uint64),
+        ]
+        self._chunk(RAW, _pack(meta, blobs))
+        self.samples_written += len(ts)
+        return len(ts)
+
+    def add_window(self, group: int, stats: WindowStats, gpus: Sequence[int] | None = None) -> None:
+        """Store one group's window statistics (only the recorded GPUs' rows)."""
+        sel = slice(None) if gpus is None else list(gpus)
+        meta = {"group": group, "t0_ns": stats.t0_ns, "t1_ns": stats.t1_ns, "ticks": stats.ticks}
+        blobs = [np.ascontiguousarray(getattr(stats, s)[sel], np.float64).tobytes() for s in _STATS]
+        blobs.append(np.ascontiguousarray(stats.count[sel], np.int64).tobytes())
+        self._chunk(WIN, _pack(meta, blobs))
+
+    def add_processes(
+        self, t_ns: int, processes: Mapping[int, Sequence[Mapping[str, Any]]]
+    ) -> None:
+        """Store the GPU compute processes seen at ``t_ns`` (per recorded GPU index)."""
+        meta = {"t_ns": t_ns, "gpus": {str(k): list(v) for k, v in processes.items()}}
+        self._chunk(PROC, _pack(meta, []))
+
+    def close(self, end: Mapping[str, Any] | None = None) -> None:
+        """Write the end chunk (when given), fsync and close; safe to call twice."""
+        if self._f.closed:
+            return
+        try:
+            if end is not None:
+                self._chunk(END, _pack(end, []))
+            os.fsync(self._f.fileno())
+        finally:
+            self._f.close()
+
+
+# -- reader --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    tag: bytes
+    offset: int
+    length: int
+
+
+def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+    return tuple(DeviceInfo(**d) for d in header["devices"])
+
+
+def _groups(header: Mapping[str, Any]) -> tuple[GroupInfo, ...]:
+    return tuple(
+        GroupInfo(g["name"], float(g["interval_s"]), tuple(BY_NAME[n] for n in g["fields"]))
+        for g in header["groups"]
+    )
+
+
+class Recording:
+    """A recording opened for reading: the header at once, chunks on demand.
+
+    A frame that is cut short or fails its checksum ends the readable part (``torn`` is set); the
+    chunks before it are all read normally.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._data = self.path.read_bytes()
+        if not self._data.startswith(MAGIC):
+            raise RecordingError(f"{self.path}: not an hfsampler recording (bad magic)")
+        self.frames: list[Frame] = []
+        self.torn = False
+        off = len(MAGIC)
+        while off < len(self._data):
+            if off + _FRAME.size > len(self._data):
+                self.torn = True
+                break
+            tag, length, crc = _FRAME.unpack_from(self._data, off)
+            start = off + _FRAME.size
+            if (
+                start + length > len(self._data)
+                or zlib.crc32(self._data[start : start + length]) != crc
+            ):
+                self.torn = True
+                break
+            self.frames.append(Frame(tag, start, length))
+            off = start + length
+        if not self.frames or self.frames[0].tag != HEAD:
+            raise RecordingError(f"{self.path}: the header chunk is missing or damaged")
+        self._windows: dict[int, Windows] = {}
+        self.header, _ = self._load(self.frames[0])
+        self.devices = _devices(self.header)
+        self.groups = _groups(self.header)
+        end = [f for f in self.frames if f.tag == END]
+        self.end: dict[str, Any] | None = self._load(end[-1])[0] if end else None
+
+    @property
+    def complete(self) -> bool:
+        """True when the recorder closed the file (an end chunk and no torn tail)."""
+        return self.end is not None and not self.torn
+
+    def _load(self, frame: Frame) -> tuple[dict[str, Any], list[bytes]]:
+        return _unpack(self._data[frame.offset : frame.offset + frame.length])
+
+    def group_index(self, name: str) -> int:
+        for i, g in enumerate(self.groups):
+            if name == g.name:
+                return i
+        raise KeyError(name)
+
+    def locate(self, field_name: str) -> tuple[int, int] | None:
+        """(group, field position) of a recorded field, or None."""
+        for i, g in enumerate(self.groups):
+            for j, f in enumerate(g.fields):
+                if f.name == field_name:
+                    return i, j
+        return None
+
+    def raw_chunks(self, group: int | None = None) -> Iterator[RawChunk]:
+        """Every raw chunk (of one group, if given), in file (time) order."""
+        for frame in self.frames:
+            if frame.tag != RAW:
+                continue
+            meta, blobs = self._load(frame)
+            if group is not None and meta["group"] != group:
+                continue
+            yield self._raw(meta, blobs)
+
+    def _raw(self, meta: dict[str, Any], blobs: list[bytes]) -> RawChunk:
+        g = int(meta["group"])
+        gpu = np.frombuffer(blobs[0], np.uint16).astype(np.int64)
+        fld = np.frombuffer(blobs[1], np.uint16).astype(np.int64)
+        counts = np.frombuffer(blobs[2], np.uint32).astype(np.int64)
+        n, n32 = int(meta["n"]), int(meta["n32"])
+        ts = np.cumsum(_unshuffle(blobs[3], np.int64, n))
+        v32 = _xor_unpack(blobs[4], np.uint32, np.float32, n32).astype(np.float64)
+        v64 = _xor_unpack(blobs[5], np.uint64, np.float64, n - n32)
+        wide = np.array([stored_as_float64(f) for f in self.groups[g].fields], dtype=np.bool_)
+        wide_sample = np.repeat(wide[fld], counts)
+        values = np.empty(n)
+        values[~wide_sample] = v32
+        values[wide_sample] = v64
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return RawChunk(g, gpu, fld, offsets, ts, values)
+
+    def raw(self, field_name: str, gpu: int) -> tuple[IntArray, FloatArray]:
+        """Every distinct sample of one field on one GPU (position in ``devices``): µs, values."""
+        where = self.locate(field_name)
+        if where is None:
+            return np.empty(0, np.int64), np.empty(0)
+        parts = [c.cell(gpu, where[1]) for c in self.raw_chunks(where[0])]
+        if not parts:
+            return np.empty(0, np.int64), np.empty(0)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def windows(self, group: int) -> Windows:
+        """Every window of one group, in time order (decoded once, then cached)."""
+        cached = self._windows.get(group)
+        if cached is None:
+            cached = self._windows[group] = self._read_windows(group)
+        return cached
+
+    def _read_windows(self, group: int) -> Windows:
+        gpus, fields = len(self.devices), len(self.groups[group].fields)
+        shape = (gpus, fields)
+        t0, t1, counts = [], [], []
+        stats: dict[str, list[FloatArray]] = {s: [] for s in _STATS}
+        for frame in self.frames:
+            if frame.tag != WIN:
+                continue
+            meta, blobs = self._load(frame)
+            if meta["group"] != group:
+                continue
+            t0.append(int(meta["t0_ns"]))
+            t1.append(int(meta["t1_ns"]))
+            for s, blob in zip(_STATS, blobs, strict=False):
+                stats[s].append(np.frombuffer(blob, np.float64).reshape(shape))
+            counts.append(np.frombuffer(blobs[len(_STATS)], np.int64).reshape(shape))
+
+        def stack(items: list[Any], dtype: type[np.generic]) -> Any:
+            return np.stack(items) if items else np.empty((0, *shape), dtype)
+
+        mn, mx, mean, p99, last = (stack(stats[s], np.float64) for s in _STATS)
+        return Windows(np.array(t0, np.int64), np.array(t1, np.int64), mn, mx, mean, p99, last,
+                       stack(counts, np.int64))  # fmt: skip
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every process snapshot: ``{"t_ns": ..., "gpus": {gpu index: [process, ...]}}``."""
+        return [self._load(f)[0] for f in self.frames if f.tag == PROC]
+
+    def time_range_ns(self) -> tuple[int, int]:
+        """Start from the header; end from the end chunk, else the last window or raw chunk."""
+        start = int(self.header["start_ns"])
+        if self.end is not None:
+            return start, int(self.end["end_ns"])
+        last = start
+        for frame in self.frames:
+            if frame.tag in (RAW, WIN):
+                meta, _ = self._load(frame)
+                last = max(last, int(meta.get("t1_ns", last)))
+        return start, last

@@ -1,0 +1,92 @@
+"""`hfsampler record` around a real child, a crash mid-record, and `report` on what is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hfsampler.recording import Recording
+from hfsampler.sources.sim import SimSource
+
+REPO = Path(__file__).resolve().parents[1]
+POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _hfsampler(*args: str) -> list[str]:
+    return [sys.executable, "-m", "hfsampler", *args]
+
+
+def test_record_passes_exit_code_and_context(tmp_path: Path) -> None:
+    out = tmp_path / "run.hfs"
+    child = "import time; time.sleep(1.5); raise SystemExit(3)"
+    proc = subprocess.run(
+        _hfsampler("record", "--source", "sim", "--gpus", "0,2", "--label", "team=ml", "-o",
+                   str(out), "--", sys.executable, "-c", child),
+        env=_env(SLURM_JOB_ID="4242", SLURM_ARRAY_TASK_ID="7"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "samples" in proc.stderr  # the status line
+    rec = Recording(out)
+    assert rec.complete
+    assert rec.end is not None
+    assert rec.end["exit_code"] == 3
+    assert rec.header["command"][-1] == child
+    assert rec.header["job"] == {"slurm_job_id": "4242", "slurm_array_task_id": "7"}
+    assert rec.header["labels"] == {"team": "ml"}
+    assert [d.index for d in rec.devices] == [0, 2]
+    start, end = rec.time_range_ns()
+    assert 1.4 < (end - start) / 1e9 < 5
+    # the raw samples are the sim's truth at their driver timestamps
+    sim = SimSource(gpus=3)
+    ts, v = rec.raw(POWER, 1)  # recorded GPU 1 is sim GPU 2
+    assert len(ts) > 1000
+    truth = sim.value_at(POWER, ts * 1000, 2)
+    assert np.allclose(v, truth.astype(np.float32), rtol=0, atol=1e-3)
+
+
+def test_crash_leaves_a_readable_file_and_report(tmp_path: Path) -> None:
+    out = tmp_path / "crash.hfs"
+    proc = subprocess.Popen(
+        _hfsampler("record", "--source", "sim", "--quiet", "-o", str(out), "--", sys.executable,
+                   "-c", "import time; time.sleep(60)"),
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if out.exists() and out.stat().st_size > 50_000:  # a few windows are on disk
+                break
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the orphaned child command
+    rec = Recording(out)
+    assert not rec.complete
+    assert len(rec.windows(0).t1_ns) >= 1
+    report = subprocess.run(_hfsampler("report", str(out), "--format", "json"), env=_env(),
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    summary = json.loads(report.stdout)
+    assert summary["complete"] is False
+    assert summary["gpus"][0]["peak_power_w"] > 300
+    html = tmp_path / "crash.html"
+    report = subprocess.run(_hfsampler("report", str(out), "-o", str(html)), env=_env(),
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert html.stat().st_size > 100_000
+    assert "INCOMPLETE" in html.read_text()

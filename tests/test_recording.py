@@ -1,0 +1,88 @@
+"""The recording format: round trip of raw samples and windows, and a torn tail after a crash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hfsampler.fields import BY_NAME
+from hfsampler.recording import GroupInfo, Recording, RecordingError, RecordingWriter
+from hfsampler.ring import RingRows
+from hfsampler.sources import DeviceInfo
+from hfsampler.window import reduce
+
+FIELDS = (
+    BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"],
+    BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"],
+)
+DEVICES = tuple(DeviceInfo(i, f"GPU-{i}", "test", f"0:{i}", "1.0", i) for i in range(2))
+
+
+def _rows(n: int, t0_ns: int, rng: np.random.Generator) -> RingRows:
+    time_ns = t0_ns + np.arange(n, dtype=np.int64) * 1_000_000
+    values = np.empty((n, 2, 2))
+    values[:, :, 0] = np.round(rng.uniform(300, 700, (n, 2)), 3)
+    values[:, :, 1] = 1e12 + np.cumsum(rng.uniform(0, 1000, (n, 2)), axis=0)
+    values[::3, 1, 0] = np.nan  # repeats
+    driver = np.repeat((time_ns // 1000)[:, None, None], 2, axis=1).repeat(2, axis=2)
+    return RingRows(time_ns, np.zeros(n, np.int64), values, driver)
+
+
+def _write(path: Path, windows: int = 3) -> list[RingRows]:
+    rng = np.random.default_rng(1)
+    w = RecordingWriter(path, {"start_ns": 10**18, "command": ["x"]}, DEVICES,
+                        [GroupInfo("fast", 0.001, FIELDS)])  # fmt: skip
+    parts = []
+    for k in range(windows):
+        rows = _rows(1000, 10**18 + k * 10**9, rng)
+        parts.append(rows)
+        w.add_rows(0, rows)
+        w.add_window(0, reduce(rows, FIELDS, 10**18 + k * 10**9, 10**18 + (k + 1) * 10**9))
+    w.close({"end_ns": 10**18 + windows * 10**9, "exit_code": 0})
+    return parts
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "r.hfs"
+    parts = _write(path)
+    rec = Recording(path)
+    assert rec.complete
+    assert not rec.torn
+    assert [d.uuid for d in rec.devices] == ["GPU-0", "GPU-1"]
+    rows = RingRows.concat(parts)
+    for gpu in range(2):
+        ts, v = rec.raw("DCGM_FI_DEV_POWER_USAGE_INSTANT", gpu)
+        ok = ~np.isnan(rows.values[:, gpu, 0])
+        assert np.array_equal(ts, rows.driver_ts_us[ok, gpu, 0])
+        # gauges are float32: exact to float32's precision
+        assert np.array_equal(v, rows.values[ok, gpu, 0].astype(np.float32).astype(np.float64))
+        _, energy = rec.raw("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", gpu)
+        assert np.array_equal(energy, rows.values[:, gpu, 1])  # counters are exact
+    w = rec.windows(0)
+    assert len(w.t1_ns) == 3
+    assert np.array_equal(w.max[1], reduce(parts[1], FIELDS, 0, 1).max)
+
+
+def test_torn_tail_is_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "r.hfs"
+    _write(path)
+    data = path.read_bytes()
+    for cut in (len(data) - 5, len(data) - 200):
+        path.write_bytes(data[:cut])
+        rec = Recording(path)
+        assert rec.torn
+        assert not rec.complete
+        assert len(rec.windows(0).t1_ns) >= 2
+    corrupt = bytearray(data)
+    corrupt[-30] ^= 0xFF
+    path.write_bytes(bytes(corrupt))
+    assert Recording(path).torn
+
+
+def test_not_a_recording(tmp_path: Path) -> None:
+    path = tmp_path / "x.hfs"
+    path.write_bytes(b"hello")
+    with pytest.raises(RecordingError):
+        Recording(path)

@@ -8,7 +8,11 @@ Read-only: it never sets clocks, power limits or modes. Runs in well under 5 min
    value changes for call-based fields (a lower bound on the rate: a value may not change);
 4. the highest sustainable tick rate: ``NvmlSource.read`` of the fast group, back to back;
 5. tick lateness at 1 kHz through ``hfsampler.sampler.Sampler`` (its own process, as in service),
-   and through a plain in-process deadline loop for comparison.
+   and through a plain in-process deadline loop for comparison;
+6. GPM (Hopper and newer): support, sample and metrics latency, and which spacing between the two
+   samples of a pair gives valid metrics (the finest GPM interval on the device);
+7. ``hfsampler probe``: every catalogue field's read latency and true refresh period, and the
+   sampling groups it recommends; its table is also written as ``probe-HOST-TIME.txt``.
 
 Prints a table, writes JSON into the directory given as the first argument.
 """
@@ -339,7 +343,90 @@ def run(scale: float = 1.0) -> dict[str, Any]:
         result["sampler_1khz"] = {"error": repr(e)}
     print("1 kHz through a plain in-process deadline loop...")
     result["deadline_loop_1khz"] = deadline_loop(fast, 1000.0, 5.0 * scale)
+    print("GPM: support, call latency, valid sample spacing...")
+    handles = open_handles()
+    try:
+        result["gpm"] = gpm_check(handles, repeats=max(1, int(3 * scale)))
+    finally:
+        pynvml.nvmlShutdown()
+    print(f"hfsampler probe over {3.0 * scale:g} s (every catalogue field, through NvmlSource)...")
+    from hfsampler.probe import probe
+
+    result["probe"] = probe(SourceSpec("nvml"), duration_s=3.0 * scale).to_json()
     return result
+
+
+GPM_SPACINGS_MS = (1, 5, 10, 20, 50, 100, 200)
+
+
+def gpm_check(handles: Sequence[Any], repeats: int = 3) -> list[dict[str, Any]]:
+    """Per GPU: GPM support, the latency of a sample and of a metrics computation, and, per
+    spacing between the two samples of a pair, how many pairs gave a valid SM_UTIL (the finest
+    interval GPM supports on this device is the shortest spacing where every pair is valid)."""
+    out: list[dict[str, Any]] = []
+    for handle in handles:
+        try:
+            supported = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+        except pynvml.NVMLError as e:
+            out.append({"supported": False, "error": calls.error_text(int(e.value))})
+            continue
+        if not supported:
+            out.append({"supported": False, "error": "not a GPM device"})
+            continue
+        s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        request.sample1, request.sample2 = s1, s2
+        sample_ns: list[int] = []
+        metrics_ns: list[int] = []
+        spacing: dict[str, dict[str, Any]] = {}
+        try:
+            for ms in GPM_SPACINGS_MS:
+                ok, values = 0, []
+                for _ in range(repeats):
+                    t0 = time.perf_counter_ns()
+                    pynvml.nvmlGpmSampleGet(handle, s1)
+                    sample_ns.append(time.perf_counter_ns() - t0)
+                    time.sleep(ms / 1000)
+                    pynvml.nvmlGpmSampleGet(handle, s2)
+                    t0 = time.perf_counter_ns()
+                    try:
+                        pynvml.nvmlGpmMetricsGet(request)
+                    except pynvml.NVMLError:
+                        continue
+                    metrics_ns.append(time.perf_counter_ns() - t0)
+                    if int(request.metrics[0].nvmlReturn) == 0:
+                        ok += 1
+                        values.append(float(request.metrics[0].value))
+                spacing[f"{ms}ms"] = {"pairs": repeats, "valid": ok, "sm_util": values}
+        finally:
+            for s in (s1, s2):
+                pynvml.nvmlGpmSampleFree(s)
+        finest = next(
+            (ms for ms in GPM_SPACINGS_MS if spacing[f"{ms}ms"]["valid"] == repeats), None
+        )
+        out.append(
+            {
+                "supported": True,
+                "sample": stats_us(sample_ns),
+                "metrics_get": stats_us(metrics_ns),
+                "spacing": spacing,
+                "finest_valid_spacing_ms": finest,
+            }
+        )
+    return out
+
+
+def _probe_result(data: dict[str, Any], cls: Any) -> Any:
+    """A ProbeResult back from its JSON form (for the table)."""
+    from hfsampler.probe import FieldProbe
+
+    fields = tuple(FieldProbe(**{**f, "refresh_s": tuple(f["refresh_s"])}) for f in data["fields"])
+    rest = {k: v for k, v in data.items() if k != "fields"}
+    rest["gpus"], rest["batched_read_us"] = tuple(rest["gpus"]), tuple(rest["batched_read_us"])
+    return cls(fields=fields, **rest)
 
 
 def _fmt(v: Any, spec: str = ".1f") -> str:
@@ -382,6 +469,16 @@ def print_table(r: dict[str, Any]) -> None:
         f"\nfast group, {m['gpus']} GPU(s): one tick p50 {_fmt(m.get('p50_us'))} us, "
         f"p99 {_fmt(m.get('p99_us'))} us -> at most {m['ticks_per_s']:.0f} ticks/s"
     )
+    for i, g in enumerate(r.get("gpm", [])):
+        if not g.get("supported"):
+            print(f"GPM on GPU {i}: not supported ({g.get('error')})")
+            continue
+        valid = ", ".join(f"{k} {v['valid']}/{v['pairs']}" for k, v in g["spacing"].items())
+        print(
+            f"GPM on GPU {i}: sample p50 {_fmt(g['sample'].get('p50_us'))} us, metrics p50 "
+            f"{_fmt(g['metrics_get'].get('p50_us'))} us; valid pairs by spacing: {valid}; "
+            f"finest valid spacing {g['finest_valid_spacing_ms']} ms"
+        )
     loops = (("sampler process", "sampler_1khz"), ("deadline loop", "deadline_loop_1khz"))
     for label, key in loops:
         x = r[key]
@@ -409,9 +506,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(result)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gpu_check-{result['host']}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    stamp = f"{result['host']}-{time.strftime('%Y%m%dT%H%M%S')}"
+    path = out / f"gpu_check-{stamp}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     print(f"\nwrote {path}")
+    if "probe" in result:
+        from hfsampler.probe import ProbeResult, format_table
+
+        table = format_table(_probe_result(result["probe"], ProbeResult))
+        print("\n" + table)
+        probe_path = out / f"probe-{stamp}.txt"
+        probe_path.write_text(table + "\n")
+        print(f"wrote {probe_path}")
     return 0
 
 

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Measure NVML on this GPU machine for hfsampler (read-only; under 5 minutes).
+# Measure NVML on this GPU machine for hfsampler (read-only; under 5 minutes): call and batched
+# latency, refresh periods, tick rate, 1 kHz lateness, GPM (support, latency, finest valid sample
+# spacing) and `hfsampler probe` (its table also written as OUT_DIR/probe-HOST-TIME.txt).
 # Usage: benchmarks/gpu_check.sh [OUT_DIR]   (default benchmarks/results/)
 # Uses the current python if hfsampler imports there; otherwise installs the package, with only
 # its own dependencies, into a venv under /tmp and runs from there.

@@ -1,0 +1,367 @@
+"""hfsampler's Grafana dashboards as code, with Grafana's typed builder (grafana-foundation-sdk).
+
+Four dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
+window siblings) and the recording rules in deploy/rules/: real-time status, history with the
+min-max band, firing alerts, fleet distribution. ``python deploy/grafana/build.py`` writes them to
+deploy/grafana/dashboards/*.json; tests/test_deploy_grafana.py fails when the committed JSON and
+this file disagree, and tests/integration/test_dashboards.py runs every panel's query against a real
+Prometheus fed by hfsampler.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models import prometheus as pm
+
+OUT = Path(__file__).resolve().parent / "dashboards"
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+GPU_SEL = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+MEM_TOTAL = "(DCGM_FI_DEV_FB_USED{%s} + DCGM_FI_DEV_FB_FREE{%s} + DCGM_FI_DEV_FB_RESERVED{%s})"
+
+
+def query(
+    expr: str, legend: str = "", ref: str = "A", instant: bool = False
+) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend or "__auto")
+    return q.instant() if instant else q.range()
+
+
+def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
+    return (
+        db.ThresholdsConfig()
+        .mode(dm.ThresholdsMode.ABSOLUTE)
+        .steps([dm.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+def variables(d: db.Dashboard, *, multi: bool = True) -> db.Dashboard:
+    """Data source, then cluster → Hostname → gpu, each narrowing the next."""
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    chain = [
+        ("cluster", "label_values(DCGM_FI_DEV_GPU_UTIL, cluster)"),
+        ("Hostname", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, Hostname)'),
+        (
+            "gpu",
+            'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster", Hostname=~"$Hostname"}, gpu)',
+        ),
+    ]
+    for name, q in chain:
+        v = (
+            db.QueryVariable(name)
+            .label(name)
+            .datasource(DS)
+            .query({"query": q, "refId": name})
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(dm.VariableSort.NUMERICAL_ASC)
+        )
+        # Host and GPU pick one at a time on the history dashboard (a min-max band per GPU)
+        if multi or name == "cluster":
+            v = v.multi(True).include_all(True).all_value(".*")
+        d = d.with_variable(v)
+    return d
+
+
+def base(uid: str, title: str, description: str, time_from: str, refresh: str) -> db.Dashboard:
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["hfsampler", "gpu"])
+        .editable()
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .time(time_from, "now")
+        .refresh(refresh)
+        .timezone("browser")
+    )
+
+
+# -- 1. real-time status ------------------------------------------------------------------------
+
+
+def status_stat(
+    title: str, expr: str, unit: str, steps: list[tuple[float | None, str]], desc: str = ""
+) -> stat.Panel:
+    return (
+        stat.Panel()
+        .title(title)
+        .description(desc)
+        .datasource(DS)
+        .with_target(query(expr, GPU_LEGEND, instant=True))
+        .unit(unit)
+        .thresholds(thresholds(*steps))
+        .color_mode(cm.BigValueColorMode.BACKGROUND)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .height(6)
+        .span(8)
+    )
+
+
+def realtime() -> db.Dashboard:
+    s = GPU_SEL
+    d = base(
+        "hfsampler-realtime",
+        "GPU real-time status (hfsampler)",
+        "The latest 1 s window of every selected GPU: one value per GPU in each panel.",
+        "now-15m",
+        "5s",
+    )
+    d = variables(d)
+    green = (None, "green")
+    panels = [
+        status_stat("Power, window mean", f"DCGM_FI_DEV_POWER_USAGE{{{s}}}", "watt",
+                    [green, (500, "orange"), (650, "red")]),
+        status_stat("Power, millisecond peak", f"DCGM_FI_DEV_POWER_USAGE_INSTANT_max{{{s}}}",
+                    "watt", [green, (600, "orange"), (700, "red")],
+                    "Highest 1 ms reading in the window: spikes a 15 s scrape never sees."),
+        status_stat("Utilization", f"DCGM_FI_DEV_GPU_UTIL{{{s}}}", "percent",
+                    [(None, "blue"), (20, "green")]),
+        status_stat("Memory used, window peak",
+                    f"DCGM_FI_DEV_FB_USED_max{{{s}}} / {MEM_TOTAL % (s, s, s)}", "percentunit",
+                    [green, (0.85, "orange"), (0.95, "red")]),
+        status_stat("Temperature, window max", f"DCGM_FI_DEV_GPU_TEMP_max{{{s}}}", "celsius",
+                    [green, (80, "orange"), (85, "red")]),
+        status_stat("Throttled (power + thermal), last 5 m",
+                    f"(rate(DCGM_FI_DEV_POWER_VIOLATION{{{s}}}[5m])"
+                    f" + rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{s}}}[5m])) / 1e6",
+                    "percentunit", [green, (0.05, "orange"), (0.2, "red")]),
+        status_stat("Last XID", f"DCGM_FI_DEV_XID_ERRORS{{{s}}}", "none", [green, (1, "red")]),
+        status_stat("NVML answers", 'hfsampler_gpu_up{Hostname=~"$Hostname", gpu=~"$gpu"}',
+                    "bool_yes_no", [(None, "red"), (1, "green")]),
+        status_stat("Correctable remapped rows", f"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{s}}}",
+                    "none", [green, (1, "orange"), (64, "red")]),
+    ]  # fmt: skip
+    for p in panels:
+        d = d.with_panel(p)
+    return d
+
+
+# -- 2. history with the min-max band -----------------------------------------------------------
+
+
+def band(title: str, name: str, unit: str, span: str) -> timeseries.Panel:
+    """mean, with the window min and max as a shaded band, downsampled without losing peaks."""
+    s = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+    return (
+        timeseries.Panel()
+        .title(f"{title}, {span}")
+        .datasource(DS)
+        .time_from(span)
+        .with_target(query(f"max_over_time({name}_max{{{s}}}[$__interval])", "max", "A"))
+        .with_target(query(f"avg_over_time({name}{{{s}}}[$__interval])", "mean", "B"))
+        .with_target(query(f"min_over_time({name}_min{{{s}}}[$__interval])", "min", "C"))
+        .unit(unit)
+        .line_width(1)
+        .fill_opacity(0)
+        .override_by_name(
+            "max",
+            [
+                dm.DynamicConfigValue(id_val="custom.fillBelowTo", value="min"),
+                dm.DynamicConfigValue(id_val="custom.fillOpacity", value=20),
+                dm.DynamicConfigValue(id_val="custom.lineWidth", value=0),
+            ],
+        )
+        .override_by_name("min", [dm.DynamicConfigValue(id_val="custom.lineWidth", value=0)])
+        .height(8)
+        .span(6)
+    )
+
+
+def history() -> db.Dashboard:
+    d = base(
+        "hfsampler-history",
+        "GPU history (hfsampler)",
+        "Trends of one GPU over 1 h, 24 h and 7 d: the window mean with the band between the "
+        "lowest and highest millisecond sample of each step.",
+        "now-24h",
+        "1m",
+    )
+    d = variables(d, multi=False)
+    metrics = [
+        ("Power", "DCGM_FI_DEV_POWER_USAGE_INSTANT", "watt"),
+        ("Temperature", "DCGM_FI_DEV_GPU_TEMP", "celsius"),
+        ("Utilization", "DCGM_FI_DEV_GPU_UTIL", "percent"),
+        ("Memory used", "DCGM_FI_DEV_FB_USED", "decmbytes"),
+    ]
+    for span in ("1h", "24h", "7d"):
+        d = d.with_row(db.Row(f"Last {span}"))
+        for title, name, unit in metrics:
+            d = d.with_panel(band(title, name, unit, span))
+    return d
+
+
+# -- 3. alerts ----------------------------------------------------------------------------------
+
+
+def alerts() -> db.Dashboard:
+    d = base(
+        "hfsampler-alerts",
+        "GPU alerts (hfsampler)",
+        "Alerts from deploy/rules/ firing now, by severity (Prometheus's ALERTS series).",
+        "now-6h",
+        "30s",
+    )
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    firing = 'ALERTS{alertstate="firing"}'
+    d = d.with_panel(
+        stat.Panel()
+        .title("Firing, by severity")
+        .datasource(DS)
+        .with_target(query(f"count by (severity) ({firing})", "{{severity}}", instant=True))
+        .color_mode(cm.BigValueColorMode.BACKGROUND)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
+        .thresholds(thresholds((None, "green"), (1, "orange")))
+        .override_by_name("critical", [dm.DynamicConfigValue("color", {"mode": "fixed",
+                                                                       "fixedColor": "red"})])
+        .height(5)
+        .span(24)
+    )  # fmt: skip
+    d = d.with_panel(
+        timeseries.Panel()
+        .title("Firing over time, by severity")
+        .datasource(DS)
+        .with_target(query(f"count by (severity) ({firing})", "{{severity}}"))
+        .stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+        .fill_opacity(30)
+        .height(8)
+        .span(24)
+    )
+    d = d.with_panel(
+        table.Panel()
+        .title("Firing alerts")
+        .datasource(DS)
+        .with_target(query(firing, instant=True).format(pm.PromQueryFormat.TABLE))
+        .height(12)
+        .span(24)
+    )
+    return d
+
+
+# -- 4. fleet distribution ----------------------------------------------------------------------
+
+
+def fleet_heatmap(title: str, expr: str, unit: str) -> heatmap.Panel:
+    """Grafana buckets every GPU's value at each step: how the fleet spreads, not each GPU."""
+    return (
+        heatmap.Panel()
+        .title(title)
+        .datasource(DS)
+        .with_target(query(expr, GPU_LEGEND))
+        .calculate(True)
+        .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME)
+               .scheme("Oranges").steps(64))
+        .unit(unit)
+        .height(9)
+        .span(12)
+    )  # fmt: skip
+
+
+def fleet() -> db.Dashboard:
+    s = GPU_SEL
+    d = base(
+        "hfsampler-fleet",
+        "GPU fleet distribution (hfsampler)",
+        "Utilization and power across every selected GPU, and fleet totals from the recording "
+        "rules in deploy/rules/.",
+        "now-6h",
+        "30s",
+    )
+    d = variables(d)
+    fleet_stats = [
+        ("GPUs reporting", 'cluster:gpus:count{cluster=~"$cluster"}', "none"),
+        ("Fleet power", 'cluster:gpu_power_usage_watts:sum{cluster=~"$cluster"}', "watt"),
+        ("Highest ms peak", 'cluster:gpu_power_peak_watts:max{cluster=~"$cluster"}', "watt"),
+        ("Mean utilization", 'cluster:gpu_utilization_percent:avg{cluster=~"$cluster"}', "percent"),
+    ]
+    for title, expr, unit in fleet_stats:
+        d = d.with_panel(
+            stat.Panel()
+            .title(title)
+            .datasource(DS)
+            .with_target(query(expr, "{{cluster}}", instant=True))
+            .unit(unit)
+            .graph_mode(cm.BigValueGraphMode.AREA)
+            .height(4)
+            .span(6)
+        )
+    d = d.with_panel(
+        fleet_heatmap("Utilization across GPUs", f"DCGM_FI_DEV_GPU_UTIL{{{s}}}", "percent")
+    )
+    d = d.with_panel(
+        fleet_heatmap("Power (window mean) across GPUs", f"DCGM_FI_DEV_POWER_USAGE{{{s}}}", "watt")
+    )
+    quantiles: Callable[[str], list[prometheus.Dataquery]] = lambda name: [  # noqa: E731
+        query(f"quantile by (cluster) ({q}, {name}{{{s}}})", f"{{{{cluster}}}} p{int(q * 100)}", r)
+        for q, r in ((0.5, "A"), (0.9, "B"), (0.99, "C"))
+    ]
+    for title, name, unit in (
+        ("Utilization quantiles across GPUs", "DCGM_FI_DEV_GPU_UTIL", "percent"),
+        ("Millisecond power peak quantiles across GPUs", "DCGM_FI_DEV_POWER_USAGE_INSTANT_max",
+         "watt"),
+    ):  # fmt: skip
+        d = d.with_panel(
+            timeseries.Panel().title(title).datasource(DS).targets(quantiles(name)).unit(unit)
+            .height(8).span(12)
+        )  # fmt: skip
+    d = d.with_panel(
+        timeseries.Panel()
+        .title("Throttled fraction, fleet mean")
+        .datasource(DS)
+        .with_target(query('cluster:gpu_throttled_ratio:avg5m{cluster=~"$cluster"}', "{{cluster}}"))
+        .unit("percentunit")
+        .height(8)
+        .span(12)
+    )
+    d = d.with_panel(
+        timeseries.Panel()
+        .title("Top 10 GPUs by millisecond power peak")
+        .datasource(DS)
+        .with_target(query(f"topk(10, DCGM_FI_DEV_POWER_USAGE_INSTANT_max{{{s}}})", GPU_LEGEND))
+        .unit("watt")
+        .height(8)
+        .span(12)
+    )
+    return d
+
+
+DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
+    "hfsampler-realtime": realtime,
+    "hfsampler-history": history,
+    "hfsampler-alerts": alerts,
+    "hfsampler-fleet": fleet,
+}
+
+
+def render() -> dict[str, str]:
+    """File name → JSON text of every dashboard."""
+    return {
+        f"{name}.json": json.dumps(make().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        for name, make in DASHBOARDS.items()
+    }
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1]) if len(argv) > 1 else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (out / name).write_text(text)
+        print(f"wrote {out / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

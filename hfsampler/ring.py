@@ -11,10 +11,13 @@ overwritten meanwhile (a seqlock without the lock).
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import secrets
 import sys
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -57,6 +60,45 @@ class RingRows:
             np.empty((0, gpus, fields)),
             np.empty((0, gpus, fields), np.int64),
         )
+
+
+_SHM_DIR = Path("/dev/shm")
+_NAME_RE = re.compile(r"(?P<prefix>[a-z]+)_(?P<pid>\d+)_[0-9a-f]+\Z")
+
+
+def _block_name(prefix: str) -> str:
+    """``prefix_<creator pid>_<random>``: the pid lets a later run find blocks whose owner died."""
+    return f"{prefix}_{os.getpid()}_{secrets.token_hex(6)}"
+
+
+def sweep_orphans(prefix: str = "hfs") -> list[str]:
+    """Unlink blocks whose creating process is gone; returns their names.
+
+    The owner frees its blocks on every exit it gets to run code on, and Python's resource
+    tracker covers a SIGKILL of the owner alone; a SIGKILL of the whole process group (the
+    tracker included) would leave them in /dev/shm for good, so each new sampler sweeps.
+    """
+    if not _SHM_DIR.is_dir():
+        return []
+    removed = []
+    for entry in _SHM_DIR.iterdir():
+        m = _NAME_RE.match(entry.name)
+        if m is None or m["prefix"] != prefix or _alive(int(m["pid"])):
+            continue
+        with contextlib.suppress(OSError):
+            entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
@@ -104,7 +146,7 @@ class Ring:
     def create(cls, capacity: int, gpus: int, fields: int, prefix: str = "hfs") -> Ring:
         if capacity < 2 or gpus < 1 or fields < 1:
             raise ValueError("a ring needs capacity >= 2, at least one GPU and one field")
-        name = f"{prefix}_{secrets.token_hex(6)}"
+        name = _block_name(prefix)
         shm = shared_memory.SharedMemory(name, create=True, size=_nbytes(capacity, gpus, fields))
         header: npt.NDArray[np.int64] = np.ndarray((_HEADER_SLOTS,), np.int64, shm.buf, 0)
         header[:] = 0
@@ -188,7 +230,7 @@ class SharedInts:
 
     @classmethod
     def create(cls, size: int, prefix: str = "hfs") -> SharedInts:
-        name = f"{prefix}_{secrets.token_hex(6)}"
+        name = _block_name(prefix)
         shm = shared_memory.SharedMemory(name, create=True, size=8 * size)
         made = cls(shm, owner=True)
         made.array[:] = 0

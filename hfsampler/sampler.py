@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from hfsampler.errors import SourceError
 from hfsampler.fields import Field
-from hfsampler.ring import Ring, SharedInts
+from hfsampler.ring import Ring, SharedInts, sweep_orphans
 from hfsampler.sources import Inventory, Source, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,9 @@ class Sampler:
         self.status: SharedInts | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
+        orphans = sweep_orphans()
+        if orphans:
+            log.info("freed %d shared-memory block(s) left by a killed run", len(orphans))
         try:
             for g in self.groups:
                 capacity = ring_capacity(g.interval_s, window_s)

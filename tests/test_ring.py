@@ -72,3 +72,31 @@ def test_attaching_does_not_take_ownership() -> None:
 def test_ring_refuses_degenerate_sizes() -> None:
     with pytest.raises(ValueError, match="capacity"):
         Ring.create(1, 1, 1)
+
+
+def test_blocks_of_a_dead_creator_are_swept() -> None:
+    import subprocess
+    import sys
+
+    from hfsampler.ring import sweep_orphans
+
+    # a process that creates a ring and dies by SIGKILL together with its resource tracker
+    script = (
+        "import os, signal; from hfsampler.ring import Ring; r = Ring.create(4, 1, 1); "
+        "print(r.name, flush=True); os.killpg(0, signal.SIGKILL)"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+    ) as p:
+        assert p.stdout is not None
+        name = p.stdout.readline().strip()
+        p.wait(10)
+    assert os.path.exists(f"/dev/shm/{name}")
+    mine = Ring.create(4, 1, 1)
+    try:
+        removed = sweep_orphans()
+        assert name in removed
+        assert not os.path.exists(f"/dev/shm/{name}")
+        assert os.path.exists(f"/dev/shm/{mine.name}")  # a live owner's block stays
+    finally:
+        mine.close()

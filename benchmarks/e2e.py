@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch-send-deadline",
         metavar="DUR",
-        help="the push queue's batch_send_deadline (default: hfsampler's, as Prometheus: 5s)",
+        help="the push queue's batch_send_deadline (default: hfsampler's, 0: each window at once)",
     )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/e2e.json"))
     args = parser.parse_args(argv)

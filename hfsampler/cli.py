@@ -35,7 +35,12 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Modules that add subcommands: each has ``register(subparsers) -> dict[str, Handler]``, so a new
 # command lives beside the code it drives and this file does not grow with every command.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "hfsampler.record",
+    "hfsampler.report",
+    "hfsampler.replay",
+    "hfsampler.probe",
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,11 +59,23 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="sample GPUs, serve /metrics, push window series")
-    run.add_argument("--config", metavar="FILE", help="YAML config file (flags override it)")
-    run.add_argument("--source", choices=("auto", "nvml", "sim"), help="default: auto")
+    run.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML config file (repeatable: a later file's keys replace an earlier's, e.g. a "
+        "Secret's remote_write over a ConfigMap's; flags override both)",
+    )
+    run.add_argument("--source", choices=("auto", "nvml", "sim", "dcgm"), help="default: auto")
     run.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (sim source)")
     run.add_argument("--seed", type=int, help="seed of the simulated GPUs")
     run.add_argument("--interval", metavar="DUR", help="the fast group's interval, e.g. 1ms")
+    run.add_argument(
+        "--intervals",
+        choices=("auto",),
+        help="auto: measure refresh periods at start (hfsampler probe) and group fields by them",
+    )
     run.add_argument("--window", metavar="DUR", help="window length, e.g. 1s (default)")
     run.add_argument("--listen", metavar="HOST:PORT", help="/metrics address; '' turns it off")
     run.add_argument("--duration", metavar="DUR", help="stop after this long, e.g. 10s")
@@ -74,6 +91,26 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     )
     run.add_argument(
         "--remote-write", action="append", default=[], metavar="URL", help="push to (repeatable)"
+    )
+    run.add_argument(
+        "--realtime-priority",
+        type=int,
+        metavar="N",
+        help="the sampler's SCHED_FIFO priority when allowed (default 1; 0: normal scheduler)",
+    )
+    run.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        help="kubelet pod-resources socket: add pod, namespace, container labels",
+    )
+    run.add_argument(
+        "--hostname", metavar="NAME", help="the Hostname label (in Kubernetes: the node's name)"
+    )
+    run.add_argument(
+        "--hpc-job-mapping-dir", metavar="DIR", help="one file per GPU naming its jobs: hpc_job"
+    )
+    run.add_argument(
+        "--queue-dir", metavar="DIR", help="spool Remote-Write queues here (survives restarts)"
     )
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     run.add_argument("--log-format", choices=("text", "json"))
@@ -94,7 +131,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """The file's config with every given flag applied on top."""
-    config = load_file(args.config) if args.config else Config()
+    config = Config()
+    for path in args.config:
+        config = load_file(path, config)
     changes: dict[str, Any] = {}
     if args.source is not None:
         changes["source"] = args.source
@@ -102,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         changes["sim_gpus"] = args.gpus
     if args.seed is not None:
         changes["seed"] = args.seed
+    if getattr(args, "intervals", None) == "auto":
+        changes["auto_intervals"] = True
     if args.interval is not None:
         intervals = dict(config.intervals_s)
         intervals[catalogue.FAST] = parse_duration(args.interval, "--interval")
@@ -119,6 +160,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
         }
     if args.fields:
         changes["fields"] = tuple(t for item in args.fields for t in item.split(",") if t.strip())
+    if args.realtime_priority is not None:
+        changes["realtime_priority"] = args.realtime_priority
+    if args.pod_resources_socket is not None:
+        changes["pod_resources_socket"] = args.pod_resources_socket or None
+    if args.hostname is not None:
+        changes["hostname"] = args.hostname or None
+    if args.hpc_job_mapping_dir is not None:
+        changes["hpc_job_mapping_dir"] = args.hpc_job_mapping_dir or None
+    if args.queue_dir is not None:
+        changes["queue_dir"] = args.queue_dir or None
     if args.log_level is not None:
         changes["log_level"] = args.log_level
     if args.log_format is not None:
@@ -144,7 +195,15 @@ def resolve_source(config: Config) -> SourceSpec:
                 config.sim_gpus,
             )
             kind = "sim"
-    return SourceSpec(kind=kind, gpus=config.sim_gpus, seed=config.seed, indices=config.devices)
+    return SourceSpec(
+        kind=kind,
+        gpus=config.sim_gpus,
+        seed=config.seed,
+        indices=config.devices,
+        dcgm_path=config.dcgm_path,
+        dcgm_host=config.dcgm_host,
+        dcgm_interval_s=config.dcgm_interval_s,
+    )
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -167,6 +226,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     logs.setup(config.log_level, config.log_format)
     spec = resolve_source(config)
+    if config.auto_intervals:
+        from hfsampler.probe import apply_recommendation, probe
+
+        log.info("measuring refresh periods for --intervals auto (a few seconds)...")
+        result = probe(spec, config.selected_fields(), window_s=config.window_s)
+        config = apply_recommendation(config, result)
+        log.info(
+            "groups from the probe: %s",
+            ", ".join(f"{n} {s * 1e3:g} ms" for n, s in sorted(config.intervals_s.items())),
+        )
     inventory = discover(spec, config.selected_fields())
     if not inventory.devices:
         log.error("the %s source found no GPU", spec.kind)
@@ -190,8 +259,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if config.external_labels:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
         print(f"  external labels: {labels}")
+    if config.queue_dir:
+        print(f"  queue_dir: {config.queue_dir}")
     for ep in config.remote_write:
         print(f"  remote_write: {ep.display_url}")
+        if ep.auth is not None:
+            print(f"    auth: {ep.auth.describe()}")  # never the secret itself
+        if ep.relabel:
+            print(f"    write_relabel_configs: {len(ep.relabel)} rule(s)")
     return EXIT_OK
 
 
@@ -200,6 +275,8 @@ def cmd_fields(args: argparse.Namespace) -> int:
     print(f"{'NAME':<{width}}  {'KIND':<7}  {'GROUP':<5}  {'UNIT':<5}  NVML")
     for f in catalogue.CATALOGUE:
         how = f.nvml_field or f"call:{f.nvml_call}"
+        if f.gpm_metric:
+            how = f"gpm:{f.gpm_metric} (or DCGM field {f.dcgm_field})"
         if f.nvml_field and f.nvml_call:
             how += f" (fallback call:{f.nvml_call})"
         print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {how}")
@@ -215,7 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except ConfigError as exc:
-        print(f"hfsampler: error: {exc}", file=sys.stderr)
+        # One line, whatever the file held: control characters in a key are shown escaped.
+        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))
+        print(f"hfsampler: error: {text}", file=sys.stderr)
         return EXIT_USAGE
     except (HfsamplerError, OSError) as exc:
         log.error("%s", exc)

@@ -8,6 +8,7 @@ Prometheus's own key names.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,7 +24,7 @@ from hfsampler.series import LABEL_NAME_RE
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|µs|ms|s|m|h|d)")
 _UNIT_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-SOURCES = ("auto", "nvml", "sim")
+SOURCES = ("auto", "nvml", "sim", "dcgm")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
@@ -89,6 +90,15 @@ class Config:
     log_format: str = "text"
     remote_write: tuple[EndpointConfig, ...] = ()
     stale_after_windows: int = 5
+    realtime_priority: int = 1  # the sampler's SCHED_FIFO priority when allowed; 0: never ask
+    auto_intervals: bool = False  # `intervals: auto`: groups from `hfsampler probe` at start
+    dcgm_path: str | None = None  # `dcgm.path`: DCGM's Python bindings (None: DCGM's places)
+    dcgm_host: str = "localhost"  # `dcgm.host`: the DCGM host engine
+    dcgm_interval_s: float = 0.1  # `dcgm.interval`: how often DCGM samples watched fields
+    pod_resources_socket: str | None = None  # the kubelet's, for pod/namespace/container labels
+    hpc_job_mapping_dir: str | None = None  # one file per GPU naming its jobs, for hpc_job
+    hostname: str | None = None  # Hostname label; None: the machine's (in a pod: not the node)
+    queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -123,13 +133,39 @@ class Config:
             )
         for name, value in self.external_labels.items():
             _check_label(name, value, f"external_labels.{name}")
+        if not 0 <= self.realtime_priority <= 99:
+            raise ConfigError(
+                "realtime_priority", f"{self.realtime_priority} is out of range", "use 0 to 99"
+            )
+        if not MIN_INTERVAL_S <= self.dcgm_interval_s <= self.window_s:
+            raise ConfigError(
+                "dcgm.interval", f"{self.dcgm_interval_s}s is out of range", "use 100us to --window"
+            )
         if self.stale_after_windows < 1:
             raise ConfigError("stale_after_windows", "must be at least 1", "e.g. 5")
+        if self.queue_dir is not None:
+            _check_queue_dir(self.queue_dir)
+        for key in ("pod_resources_socket", "hpc_job_mapping_dir"):
+            path = getattr(self, key)
+            if path is not None and not path.startswith("/"):
+                raise ConfigError(key, f"{path!r} is not an absolute path", "start it with /")
         self.selected_fields()  # unknown names fail here, at load time
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
         chosen = catalogue.select(self.fields)
         return catalogue.regroup(chosen, dict(self.field_groups))
+
+
+def _check_queue_dir(path: str) -> None:
+    """The spool directory must be creatable and writable; checked at load, not at first spill."""
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise ConfigError("queue_dir", "must be a directory path", "e.g. /var/lib/hfsampler/queue")
+    p = Path(path)
+    existing = next((q for q in (p, *p.parents) if q.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise ConfigError("queue_dir", f"{path} is not a directory", "give a directory path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError("queue_dir", f"{existing} is not writable", "fix its permissions")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -162,6 +198,12 @@ _FILE_KEYS = (
     "log_format",
     "remote_write",
     "stale_after_windows",
+    "queue_dir",
+    "realtime_priority",
+    "dcgm",
+    "pod_resources_socket",
+    "hpc_job_mapping_dir",
+    "hostname",
 )
 
 
@@ -208,6 +250,8 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
         elif key == "devices":
             items = _expect(value, list, key, "[0, 1]")
             kw["devices"] = tuple(_expect(i, int, f"{key}[]", "0") for i in items)
+        elif key == "intervals" and value == "auto":
+            kw["auto_intervals"] = True
         elif key == "intervals":
             intervals = _expect(value, dict, key, "{fast: 1ms, slow: 100ms}")
             merged = dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
@@ -240,11 +284,33 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
             kw["remote_write"] = parse_remote_write(value, "remote_write")
         elif key == "stale_after_windows":
             kw["stale_after_windows"] = _expect(value, int, key, "5")
+        elif key == "queue_dir":
+            kw[key] = _expect(value, str, key, "/var/lib/hfsampler/queue") or None
+        elif key == "dcgm":
+            block = _expect(value, dict, key, "{path: /usr/local/dcgm/bindings/python3}")
+            for sub, subvalue in block.items():
+                if sub == "path":
+                    kw["dcgm_path"] = _expect(subvalue, str, "dcgm.path", "/opt/dcgm/python3")
+                elif sub == "host":
+                    kw["dcgm_host"] = _expect(subvalue, str, "dcgm.host", "localhost")
+                elif sub == "interval":
+                    kw["dcgm_interval_s"] = parse_duration(subvalue, "dcgm.interval")
+                else:
+                    raise _unknown(str(sub), ["path", "host", "interval"], "dcgm.")
+        elif key == "realtime_priority":
+            kw["realtime_priority"] = _expect(value, int, key, "1")
+        elif key == "pod_resources_socket":
+            sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
+            kw[key] = _expect(value, str, key, sock) or None
+        elif key == "hostname":
+            kw[key] = _expect(value, str, key, "gpu-node-17") or None
+        elif key == "hpc_job_mapping_dir":
+            kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
     return replace(base or Config(), **kw)
 
 
-def load_file(path: str | Path) -> Config:
-    """Read and validate a config file."""
+def load_file(path: str | Path, base: Config | None = None) -> Config:
+    """Read and validate a config file; its keys replace those of ``base`` (an earlier file)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -261,7 +327,7 @@ def load_file(path: str | Path) -> Config:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(str(p), f"{problem}{where}", "fix the YAML syntax") from None
-    return from_mapping(data)
+    return from_mapping(data, base)
 
 
 def with_remote_write_urls(config: Config, urls: Sequence[str]) -> Config:

@@ -25,7 +25,8 @@ class Kind(enum.Enum):
 
 FAST = "fast"
 SLOW = "slow"
-DEFAULT_GROUP_INTERVALS_S: dict[str, float] = {FAST: 0.001, SLOW: 0.1}
+GPM = "gpm"  # activity ratios from NVML's GPM sample pairs: NVML refreshes them every ~100 ms
+DEFAULT_GROUP_INTERVALS_S: dict[str, float] = {FAST: 0.001, SLOW: 0.1, GPM: 0.1}
 
 GAUGE_SUFFIXES = ("_min", "_max", "_p99")
 
@@ -44,6 +45,8 @@ class Field:
     scale: float = 1.0  # exported value = NVML value * scale
     # NVML gives a cumulative counter; export its rate per second between distinct samples
     nvml_rate: bool = False
+    gpm_metric: str | None = None  # pynvml constant name (NVML_GPM_METRIC_*), from GPM samples
+    dcgm_field: int | None = None  # DCGM field id, read by the dcgm source
 
     @property
     def prometheus_type(self) -> str:
@@ -58,6 +61,8 @@ class Field:
 
 
 _MIB = 1.0 / (1 << 20)
+_PCT = 0.01  # GPM reports activity in percent, DCGM's DCGM_FI_PROF_* ratios are 0.0-1.0
+_MIB_S = float(1 << 20)  # GPM reports bandwidth in MiB/s, DCGM in bytes/s
 
 CATALOGUE: tuple[Field, ...] = (
     # Clocks
@@ -146,15 +151,58 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "%", Kind.GAUGE, SLOW, nvml_call="fan"),
     Field("DCGM_FI_DEV_PSTATE", "Performance state (0 fastest, 15 slowest).", "1", Kind.GAUGE,
           SLOW, nvml_call="pstate"),
+    # Activity (DCGM profiling names and units; NVML's GPM on Hopper and newer, or DCGM)
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+          "Ratio of time the graphics engine is active.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_GRAPHICS_UTIL", scale=_PCT, dcgm_field=1001),
+    Field("DCGM_FI_PROF_SM_ACTIVE",
+          "The ratio of cycles an SM has at least 1 warp assigned.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_SM_UTIL", scale=_PCT, dcgm_field=1002),
+    Field("DCGM_FI_PROF_SM_OCCUPANCY",
+          "The ratio of number of warps resident on an SM.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_SM_OCCUPANCY", scale=_PCT, dcgm_field=1003),
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+          "Ratio of cycles the tensor (HMMA) pipe is active.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_ANY_TENSOR_UTIL", scale=_PCT, dcgm_field=1004),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE",
+          "Ratio of cycles the device memory interface is active sending or receiving data.",
+          "ratio", Kind.GAUGE, GPM, gpm_metric="NVML_GPM_METRIC_DRAM_BW_UTIL", scale=_PCT,
+          dcgm_field=1005),
+    Field("DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+          "Ratio of cycles the fp64 pipes are active.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_FP64_UTIL", scale=_PCT, dcgm_field=1006),
+    Field("DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+          "Ratio of cycles the fp32 pipes are active.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_FP32_UTIL", scale=_PCT, dcgm_field=1007),
+    Field("DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+          "Ratio of cycles the fp16 pipes are active.", "ratio", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_FP16_UTIL", scale=_PCT, dcgm_field=1008),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES",
+          "The rate of data transmitted over the PCIe bus, headers included, in bytes per second.",
+          "B/s", Kind.GAUGE, GPM, gpm_metric="NVML_GPM_METRIC_PCIE_TX_PER_SEC", scale=_MIB_S,
+          dcgm_field=1009),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES",
+          "The rate of data received over the PCIe bus, headers included, in bytes per second.",
+          "B/s", Kind.GAUGE, GPM, gpm_metric="NVML_GPM_METRIC_PCIE_RX_PER_SEC", scale=_MIB_S,
+          dcgm_field=1010),
+    Field("DCGM_FI_PROF_NVLINK_TX_BYTES",
+          "The rate of data transmitted over NVLink, not including protocol headers, in bytes "
+          "per second.", "B/s", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC", scale=_MIB_S, dcgm_field=1011),
+    Field("DCGM_FI_PROF_NVLINK_RX_BYTES",
+          "The rate of data received over NVLink, not including protocol headers, in bytes "
+          "per second.", "B/s", Kind.GAUGE, GPM,
+          gpm_metric="NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", scale=_MIB_S, dcgm_field=1012),
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
 
 
 def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
-    """The catalogue entries named by ``selectors``: field names, groups (fast, slow) or ``all``.
+    """The catalogue entries named by ``selectors``: field names, groups (fast, slow, gpm), ``all``.
 
-    Names may omit the ``DCGM_FI_DEV_`` prefix and are case-insensitive. Catalogue order is kept.
+    Names may omit the ``DCGM_FI_DEV_`` (or ``DCGM_FI_PROF_``) prefix and are case-insensitive.
+    Catalogue order is kept.
     """
     if selectors is None:
         return CATALOGUE
@@ -171,13 +219,15 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
         else:
             name = token.upper()
             if name not in BY_NAME:
-                name = "DCGM_FI_DEV_" + name
+                name = "DCGM_FI_DEV_" + token.upper()
+            if name not in BY_NAME:
+                name = "DCGM_FI_PROF_" + token.upper()
             if name not in BY_NAME:
                 raise ConfigError(
                     "fields",
                     f"unknown field {token!r}",
                     "use a catalogue name such as DCGM_FI_DEV_POWER_USAGE, a group "
-                    "(fast, slow) or all; `hfsampler fields` lists them",
+                    "(fast, slow, gpm) or all; `hfsampler fields` lists them",
                 )
             wanted.add(name)
     if not wanted:

@@ -24,6 +24,11 @@ from hfsampler.window import WindowStats
 
 ObjArray = npt.NDArray[np.object_]
 
+REFRESH_METRIC = "hfsampler_field_refresh_seconds"
+REFRESH_HELP = (
+    "Seconds between distinct samples of the field in the window (window length / distinct "
+    "samples): the real resolution of its series."
+)
 _STATS: dict[str, str] = {"": "mean", "_min": "min", "_max": "max", "_p99": "p99"}
 _STAT_HELP = {
     "": "mean over the window",
@@ -55,6 +60,7 @@ class _GroupSeries:
     carried: npt.NDArray[np.bool_]  # [field]: counters, states, bitmasks carry forward
     last: npt.NDArray[np.float64]  # [gpu, field]: last exported value of carried fields
     empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
+    refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
 
 
 class MetricModel:
@@ -87,6 +93,29 @@ class MetricModel:
     def families(self) -> Mapping[str, Family]:
         return self.registry.families
 
+    def set_extra_labels(self, extra: Sequence[Mapping[str, str]]) -> None:
+        """Attribution labels per GPU (``hfsampler.attribution``), given before each snapshot.
+
+        A GPU whose labels changed (a pod ended, another started) gets new series from here on;
+        the old ones drop out of the next snapshot and get stale markers like any ended series.
+        """
+        for i, labels in enumerate(extra):
+            base = gpu_labels(self.devices[i], self.hostname)
+            # external labels win, as with Prometheus's own external_labels
+            wanted = {**base, **labels, **self.external}
+            previous = self._base_labels[i]
+            if wanted == previous:
+                continue
+            self._base_labels[i] = wanted
+            for group in self._groups.values():
+                for arr in [a for _, a in group.by_stat] + [group.refresh]:
+                    for j in range(arr.shape[1]):
+                        old = arr[i, j]
+                        if old is not None:
+                            # keep a series' own labels (e.g. `field`), swap the GPU's
+                            own = {k: v for k, v in old.labels if k not in previous}
+                            arr[i, j] = self.registry.series(old.name, {**wanted, **own})
+
     def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
         g = len(self.devices)
         by_stat: list[tuple[str, ObjArray]] = []
@@ -105,6 +134,12 @@ class MetricModel:
                     arr[i, j] = self.registry.series(name, self._base_labels[i])
             stat_attr = stat if suffix else "mean"
             by_stat.append((stat_attr, arr))
+        refresh: ObjArray = np.empty((g, len(fields)), dtype=object)
+        self.registry.family(REFRESH_METRIC, REFRESH_HELP, "gauge", "seconds")
+        for j, f in enumerate(fields):
+            for i in range(g):
+                labels = {**self._base_labels[i], "field": f.name}
+                refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
         carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
         # counters, states and bitmasks export `last` under the plain name, not the mean
         by_stat[0] = ("last_or_mean", by_stat[0][1])
@@ -114,6 +149,7 @@ class MetricModel:
             carried,
             np.full((g, len(fields)), np.nan),
             np.zeros((g, len(fields)), dtype=np.int64),
+            refresh,
         )
 
     def snapshot(
@@ -150,8 +186,17 @@ class MetricModel:
                 idx = np.nonzero(emit)
                 series.extend(arr[idx])
                 values.extend(data[idx].tolist())
+            # the series' real resolution: the window over its distinct samples, so a dashboard
+            # can tell a 1 ms field from one the driver refreshes every 100 ms
+            idx = np.nonzero(has & gpu_up[:, None])
+            window_s = (stats.t1_ns - stats.t0_ns) / 1e9
+            for s, n in zip(group.refresh[idx], stats.count[idx].tolist(), strict=True):
+                alive[s.id] = s
+                series.append(s)
+                values.append(window_s / n)
         self._self_series(series, values, alive)
         ended = [s for sid, s in self._live.items() if sid not in alive]
+        self.registry.forget(ended)
         series.extend(ended)
         values.extend([STALE_NAN] * len(ended))
         self._live = alive

@@ -69,19 +69,32 @@ class Family:
 
 
 class SeriesRegistry:
-    """Interns series so each (name, labels) exists once with a stable id."""
+    """Interns series so each (name, labels) exists once with a stable id.
+
+    Ids are never reused, so a cache keyed by id (the encoder's label bytes) cannot confuse a
+    forgotten series with a new one.
+    """
 
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, tuple[tuple[str, str], ...]], Series] = {}
+        self._next_id = 0
         self.families: dict[str, Family] = {}
 
     def series(self, name: str, labels: Mapping[str, str]) -> Series:
         key = (name, tuple(sorted(labels.items())))
         found = self._by_key.get(key)
         if found is None:
-            found = Series(len(self._by_key), name, validate_labels(name, labels))
+            found = Series(self._next_id, name, validate_labels(name, labels))
+            self._next_id += 1
             self._by_key[key] = found
         return found
+
+    def forget(self, series: Iterable[Series]) -> None:
+        """Drop ended series (a pod that left, a lost GPU) so churn cannot grow memory."""
+        for s in series:
+            key = (s.name, s.labels)
+            if self._by_key.get(key) is s:
+                del self._by_key[key]
 
     def family(self, name: str, help_text: str, type_: str, unit: str = "") -> None:
         self.families.setdefault(name, Family(name, help_text, type_, unit))

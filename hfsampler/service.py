@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy.typing as npt
 from aiohttp import web
 
 from hfsampler import exposition
+from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
 from hfsampler.fields import Field
 from hfsampler.metrics import MetricModel
@@ -115,6 +117,7 @@ class Service:
             {p.name: p.fields for p in self.plans},
             self.metrics,
             config.external_labels,
+            hostname=config.hostname,
             stale_after_windows=config.stale_after_windows,
         )
         self.latest: Snapshot | None = None
@@ -123,9 +126,13 @@ class Service:
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
         self._clock_ns = clock_ns
         self._stop = asyncio.Event()
-        self._writers = [RemoteWriter(ep, self.metrics) for ep in config.remote_write]
+        queue_dir = Path(config.queue_dir) if config.queue_dir else None
+        self._writers = [RemoteWriter(ep, self.metrics, queue_dir) for ep in config.remote_write]
         self._sampler: Sampler | None = None
         self._groups: list[_Group] = []
+        self._labeller: Labeller | None = build_labeller(
+            inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -136,7 +143,13 @@ class Service:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
-        sampler = Sampler(self.spec, self.inventory, self.plans, self.config.window_s)
+        sampler = Sampler(
+            self.spec,
+            self.inventory,
+            self.plans,
+            self.config.window_s,
+            realtime_priority=self.config.realtime_priority,
+        )
         self._sampler = sampler
         runner: web.AppRunner | None = None
         try:
@@ -145,7 +158,7 @@ class Service:
                 _Group(p, i, WindowReader(sampler.rings[p.name])) for i, p in enumerate(self.plans)
             ]
             log.info(
-                "sampling %d GPU(s) from %s: %s; window %gs; %d KiB of rings; spin %.0f us",
+                "sampling %d GPU(s) from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
                 len(self.inventory.devices),
                 self.spec.kind,
                 ", ".join(f"{p.name} {len(p.fields)} fields every {p.interval_s * 1e3:g} ms"
@@ -153,6 +166,9 @@ class Service:
                 self.config.window_s,
                 sampler.shared_bytes // 1024,
                 sampler.spin_s * 1e6,
+                f"SCHED_FIFO {sampler.realtime_priority}"
+                if sampler.realtime_priority
+                else "normal scheduling",
             )  # fmt: skip
             log.debug("shared memory: %s", " ".join(r.name for r in sampler.rings.values()))
             runner = await self._serve()
@@ -180,6 +196,9 @@ class Service:
                 log.error("the sampler process died; stopping")
                 return 1
             stats = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            if self._labeller is not None:  # a kubelet call or file reads: off the loop
+                extra = await loop.run_in_executor(None, self._labeller.labels)
+                self.model.set_extra_labels(extra)
             self._export(stats, t1)
             t0, t1 = t1, t1 + window_ns
             now = self._clock_ns()
@@ -260,6 +279,8 @@ class Service:
         return web.Response(status=200 if ok else 503, text="ok\n" if ok else "sampler down\n")
 
     async def _shutdown(self, runner: web.AppRunner | None) -> None:
+        if self._labeller is not None:
+            self._labeller.close()
         if self._writers:
             final = self.model.final_snapshot(self._clock_ns())
             for w in self._writers:

@@ -16,6 +16,7 @@ value is evaluated at that timestamp, so "fields with known refresh periods" com
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -67,6 +68,11 @@ class FakeGpu:
     lost: bool = False  # every call answers NVML_ERROR_GPU_IS_LOST
     xids: list[int] = field(default_factory=list)  # pending XID events
     registered_events: int = 0
+    # GPM (Hopper and newer): metric id -> value in NVML's unit (percent, MiB/s), a function of
+    # the sample time; the counters behind a sample refresh every gpm_period_us
+    gpm: dict[int, FakeReading] = field(default_factory=dict)
+    gpm_supported: bool = True
+    gpm_period_us: int = 100_000
 
 
 def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
@@ -126,7 +132,40 @@ def standard_gpu(i: int) -> FakeGpu:
         minor=i,
         fields={getattr(pynvml, k): v for k, v in fi.items()},
         readings=readings,
+        gpm=standard_gpm(i),
     )
+
+
+# GPM metrics of a busy training GPU, in NVML's units: (base, step per refresh)
+GPM_BASE: dict[str, tuple[float, float]] = {
+    "NVML_GPM_METRIC_GRAPHICS_UTIL": (90.0, 1.0),
+    "NVML_GPM_METRIC_SM_UTIL": (80.0, 1.0),
+    "NVML_GPM_METRIC_SM_OCCUPANCY": (40.0, 1.0),
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": (50.0, 2.0),
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": (30.0, 1.0),
+    "NVML_GPM_METRIC_FP64_UTIL": (0.0, 0.5),
+    "NVML_GPM_METRIC_FP32_UTIL": (10.0, 1.0),
+    "NVML_GPM_METRIC_FP16_UTIL": (5.0, 1.0),
+    "NVML_GPM_METRIC_PCIE_TX_PER_SEC": (1000.0, 10.0),  # MiB/s
+    "NVML_GPM_METRIC_PCIE_RX_PER_SEC": (2000.0, 10.0),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC": (50_000.0, 100.0),
+    "NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC": (60_000.0, 100.0),
+}
+
+
+def gpm_value(name: str, gpu: int, ts_us: int, period_us: int = 100_000) -> float:
+    """The standard fake's GPM metric ``name`` for a sample at ``ts_us`` (changes per refresh)."""
+    base, step = GPM_BASE[name]
+    return base + gpu + step * ((ts_us // period_us) % 5)
+
+
+def standard_gpm(i: int, period_us: int = 100_000) -> dict[int, FakeReading]:
+    return {
+        getattr(pynvml, name): FakeReading(
+            functools.partial(gpm_value, name, i, period_us=period_us), period_us
+        )
+        for name in GPM_BASE
+    }
 
 
 @dataclass
@@ -140,6 +179,8 @@ class FakeNvml:
     clock_us: Callable[[], int] = field(default=lambda: time.monotonic_ns() // 1000)
     calls: Counter[str] = field(default_factory=Counter)  # C function name -> times called
     initialised: int = 0
+    gpm_samples: dict[int, tuple[int, int]] = field(default_factory=dict)  # addr -> (gpu, ts)
+    gpm_next: int = 0x700000
 
     def handle(self, i: int) -> Any:
         return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + i), pynvml.c_nvmlDevice_t)
@@ -402,6 +443,74 @@ class FakeLib:
                 d.eventData = gpu.xids.pop(0)
                 return pynvml.NVML_SUCCESS
         return pynvml.NVML_ERROR_TIMEOUT  # the real one never blocks past timeout_ms either
+
+    # -- GPM -------------------------------------------------------------------------------
+
+    def _c_nvmlGpmQueryDeviceSupport(self, handle: Any, support: Any) -> int:
+        code, gpu = self._device("nvmlGpmQueryDeviceSupport", handle)
+        if gpu is None:
+            return code
+        out = _obj(support)
+        if out.version != pynvml.NVML_GPM_SUPPORT_VERSION:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        out.isSupportedDevice = 1 if gpu.gpm_supported else 0
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlGpmSampleAlloc(self, out: Any) -> int:
+        addr = self._fake.gpm_next
+        self._fake.gpm_next += 0x100
+        self._fake.gpm_samples[addr] = (-1, 0)
+        ctypes.c_void_p.from_buffer(_obj(out)).value = addr
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlGpmSampleFree(self, sample: Any) -> int:
+        addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        return (
+            pynvml.NVML_SUCCESS
+            if self._fake.gpm_samples.pop(addr, None) is not None
+            else pynvml.NVML_ERROR_INVALID_ARGUMENT
+        )
+
+    def _c_nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        code, gpu = self._device("nvmlGpmSampleGet", handle)
+        if gpu is None:
+            return code
+        addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        if addr not in self._fake.gpm_samples:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if not gpu.gpm_supported:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        now = self._fake.clock_us()
+        i, _ = self._fake.gpu_of(handle)
+        self._fake.gpm_samples[addr] = (i, now - now % gpu.gpm_period_us)
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlGpmMetricsGet(self, metrics_get: Any) -> int:
+        mg = _obj(metrics_get)
+        if mg.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        if self._fake.initialised <= 0:
+            return pynvml.NVML_ERROR_UNINITIALIZED
+        a1 = ctypes.cast(mg.sample1, ctypes.c_void_p).value or 0
+        a2 = ctypes.cast(mg.sample2, ctypes.c_void_p).value or 0
+        s1, s2 = self._fake.gpm_samples.get(a1), self._fake.gpm_samples.get(a2)
+        if s1 is None or s2 is None or s1[0] != s2[0] or s1[0] < 0:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        # The fake's assumption for two samples of the same counter refresh: no elapsed time to
+        # divide by, so the call fails as a whole.
+        if s2[1] <= s1[1]:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        gpu = self._fake.gpus[s1[0]]
+        for k in range(int(mg.numMetrics)):
+            m = mg.metrics[k]
+            r = gpu.gpm.get(int(m.metricId))
+            if r is None:
+                m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                m.value = 0.0
+                continue
+            m.value = r.value(s2[1]) if callable(r.value) else r.value
+            m.nvmlReturn = r.ret
+        return pynvml.NVML_SUCCESS
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:

@@ -42,7 +42,7 @@ def test_names_unique_and_every_field_readable() -> None:
     names = [f.name for f in CATALOGUE]
     assert len(names) == len(set(names))
     for f in CATALOGUE:
-        assert f.nvml_field or f.nvml_call, f.name
+        assert f.nvml_field or f.nvml_call or f.gpm_metric, f.name
         if f.nvml_field:
             assert isinstance(getattr(pynvml, f.nvml_field), int), f.nvml_field
         assert f.group in fields.DEFAULT_GROUP_INTERVALS_S

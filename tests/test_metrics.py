@@ -95,7 +95,7 @@ def test_lost_gpu_gets_stale_markers_once_and_shutdown_ends_everything() -> None
     stale = [(s.name, dict(s.labels)["gpu"]) for s, v in lost.items() if is_stale(v)]
     assert ("DCGM_FI_DEV_POWER_USAGE", "1") in stale
     assert all(gpu == "1" for _, gpu in stale)
-    assert len(stale) == 6  # 4 power series + energy + xid
+    assert len(stale) == 9  # 4 power series + energy + xid + a refresh gauge per field
     again = model.snapshot(w, np.array([True, False]), 3)
     assert not any(is_stale(v) for _, v in again.items())
     final = model.final_snapshot(4)
@@ -121,3 +121,40 @@ def test_exposition_text() -> None:
     )
     assert "hfsampler_windows_total{" in text
     assert exposition.render(None) == ""
+
+
+def test_refresh_gauge_is_the_window_over_distinct_samples() -> None:
+    from hfsampler.metrics import REFRESH_METRIC
+
+    model = _model()
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    snap = model.snapshot(w, np.array([True, True]), 1)
+    refresh = {
+        (dict(s.labels)["field"], dict(s.labels)["gpu"]): v
+        for s, v in snap.items()
+        if s.name == REFRESH_METRIC
+    }
+    stats = w["g"]
+    window_s = (stats.t1_ns - stats.t0_ns) / 1e9
+    assert refresh[("DCGM_FI_DEV_POWER_USAGE", "0")] == window_s / stats.count[0, 0]
+    assert len(refresh) == 6
+    assert model.families[REFRESH_METRIC].type == "gauge"
+
+
+def test_pod_churn_does_not_grow_the_registry() -> None:
+    model = _model()
+    up = np.array([True, True])
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    sizes = []
+    seen_ids: set[int] = set()
+    for k in range(20):
+        model.set_extra_labels([{"pod": f"train-{k}"}, {}])
+        snap = model.snapshot(w, up, k + 1)
+        sizes.append(len(model.registry))
+        pod_ids = {s.id for s, v in snap.items() if dict(s.labels).get("pod") and not is_stale(v)}
+        assert pod_ids
+        assert not pod_ids & seen_ids  # a new pod's series never reuse an old id
+        seen_ids |= pod_ids
+    assert sizes[-1] == sizes[2]  # bounded: each old pod's series are forgotten once staled
+    pods = {dict(s.labels).get("pod") for s, v in snap.items() if not is_stale(v)}
+    assert pods == {"train-19", None}

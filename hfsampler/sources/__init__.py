@@ -1,4 +1,4 @@
-"""GPU sources: one interface (``Source``), two implementations (``nvml``, ``sim``).
+"""GPU sources: one interface (``Source``), three implementations (``nvml``, ``sim``, ``dcgm``).
 
 A source is opened inside the process that reads it (NVML handles do not cross processes), so the
 sampler receives a picklable ``SourceSpec`` and builds the source with ``open_source``.
@@ -49,10 +49,13 @@ class Inventory:
 class SourceSpec:
     """How to build a source in another process: picklable, no handles."""
 
-    kind: str  # "nvml" or "sim"
+    kind: str  # "nvml", "sim" or "dcgm"
     gpus: int = 2  # sim: how many GPUs
     seed: int = 0  # sim: the seed of every synthetic signal
     indices: tuple[int, ...] | None = None  # nvml: which GPUs (None: all)
+    dcgm_path: str | None = None  # dcgm: where DCGM's Python bindings are (None: DCGM's places)
+    dcgm_host: str = "localhost"  # dcgm: the host engine
+    dcgm_interval_s: float = 0.1  # dcgm: how often DCGM samples the watched fields
 
 
 class Source(Protocol):
@@ -94,4 +97,8 @@ def open_source(spec: SourceSpec) -> Source:
         from hfsampler.sources.nvml import NvmlSource
 
         return NvmlSource(indices=spec.indices)
+    if spec.kind == "dcgm":
+        from hfsampler.sources.dcgm import DcgmSource
+
+        return DcgmSource(spec.dcgm_path, spec.dcgm_host, spec.dcgm_interval_s)
     raise ValueError(f"unknown source kind {spec.kind!r}")

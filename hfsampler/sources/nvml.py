@@ -1,6 +1,7 @@
 """The real-GPU source: reads the catalogue's fields from NVML, batched, for every GPU.
 
-The one module (with its table of calls, ``nvml_calls``) that imports ``pynvml``. ``open``
+The one module (with its table of calls, ``nvml_calls``, and GPM, ``nvml_gpm``) that imports
+``pynvml``. ``open``
 probes each field on each device once and picks how to read it (batched field id, or a per-device
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
@@ -23,13 +24,14 @@ from hfsampler.errors import ConfigError, DriverNotFoundError, SourceError
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 from hfsampler.sources import nvml_calls as calls
+from hfsampler.sources import nvml_gpm as gpm
 
 log = logging.getLogger(__name__)
 
 UNKNOWN_LIMIT = 10  # consecutive NVML_ERROR_UNKNOWN answers before a GPU is taken as lost
 _MAX_PLANS = 64  # a caller that builds a new tuple per tick must not grow the identity cache
 
-_NONE, _FIELD, _CALL = 0, 1, 2
+_NONE, _FIELD, _CALL, _GPM = 0, 1, 2, 3
 _SUCCESS: int = pynvml.NVML_SUCCESS
 _NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # how a (gpu, field) cell is read
 
@@ -93,6 +95,7 @@ class _Plan:
     # per GPU: (reader key, [(column, extract, scale)]) for the cells read by call
     calls: list[list[tuple[str, list[tuple[int, calls.Extract, float]]]]]
     has_xid: bool
+    gpm: gpm.GpmPlan | None = None  # the cells read from GPM sample pairs
 
 
 class NvmlSource:
@@ -117,6 +120,7 @@ class NvmlSource:
         self._event_gpu: dict[int | None, int] = {}
         self._last_xid: list[float] = []
         self._xid_code = _NOT_SUPPORTED
+        self._gpm: gpm.GpmReader | None = None
         self._open = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -190,6 +194,9 @@ class NvmlSource:
         self._open = False
         self._plans.clear()
         self._plan_by_id.clear()
+        if self._gpm is not None:
+            self._gpm.close()
+            self._gpm = None
         if self._events is not None:
             with contextlib.suppress(pynvml.NVMLError):
                 pynvml.nvmlEventSetFree(self._events)
@@ -245,7 +252,10 @@ class NvmlSource:
                         fallback.setdefault(c, []).append(g)
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+        self._probe_gpm(fields)
         for c, f in enumerate(fields):
+            if f.gpm_metric:
+                continue  # _probe_gpm logged the group's support in one line
             if c in fallback:
                 log.info(
                     "%s: field id %s unsupported on GPU %s; read with call %s",
@@ -257,6 +267,20 @@ class NvmlSource:
                 log.warning(
                     "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
                 )
+
+    def _probe_gpm(self, fields: tuple[Field, ...]) -> None:
+        cols = [c for c, f in enumerate(fields) if f.gpm_metric]
+        if cols:
+            self._gpm, gpus = gpm.probe(
+                fields, cols, self._handles, self._up, self._gpus, self._gpm_error
+            )
+            for c in cols:
+                if gpm.metric_id(fields[c].gpm_metric or "") is not None:
+                    self._mode[gpus, c] = _GPM
+
+    def _gpm_error(self, g: int, code: int, cells: int) -> bool:
+        self._errors[g] += cells
+        return self._failed(g, code)
 
     def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int | None]) -> list[int]:
         if not ids:
@@ -341,7 +365,7 @@ class NvmlSource:
         if isinstance(fields, tuple) and len(self._plan_by_id) < _MAX_PLANS:
             # Keyed by identity so the hot path skips hashing the fields; plan.fields keeps the
             # tuple alive, so the id cannot be reused while the entry exists.
-            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid)
+            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid, plan.gpm)
             self._plan_by_id[id(fields)] = plan
         return plan
 
@@ -363,7 +387,11 @@ class NvmlSource:
                     by_reader.setdefault(spec.reader, []).append((k, spec.extract, f.scale))
             per_gpu.append(list(by_reader.items()))
         has_xid = any(r == "xid" for work in per_gpu for r, _ in work)
-        return _Plan(fields, batch, per_gpu, has_xid)
+        gpm_cols = [k for k in range(len(fields)) if (mode[:, k] == _GPM).any()]
+        gpm_plan = None
+        if gpm_cols and self._gpm is not None:
+            gpm_plan = self._gpm.plan(fields, gpm_cols, mode[:, gpm_cols] == _GPM)
+        return _Plan(fields, batch, per_gpu, has_xid, gpm_plan)
 
     def _build_batch(
         self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any
@@ -410,6 +438,8 @@ class NvmlSource:
         if plan.has_xid:
             self._poll_xid()
         now_us = now_ns // 1000
+        if plan.gpm is not None and self._gpm is not None:
+            self._gpm.read(plan.gpm, self._up, values, driver_ts_us, now_us)
         up = self._up
         for g, work in enumerate(plan.calls):
             if not work or not up[g]:

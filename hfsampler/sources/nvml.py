@@ -11,7 +11,6 @@ per-device calls. A lost GPU is marked down and skipped; the others keep samplin
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 from hfsampler.sources import nvml_calls as calls
 from hfsampler.sources import nvml_gpm as gpm
+from hfsampler.sources.nvml_xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +116,7 @@ class NvmlSource:
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
-        self._events: Any = None
-        self._event_gpu: dict[int | None, int] = {}
-        self._last_xid: list[float] = []
-        self._xid_code = _NOT_SUPPORTED
+        self._xid: XidWatcher | None = None
         self._gpm: gpm.GpmReader | None = None
         self._open = False
 
@@ -161,7 +158,6 @@ class NvmlSource:
         self._up = np.ones(gpus, dtype=np.bool_)
         self._unknown = [0] * gpus
         self._errors = np.zeros(gpus, dtype=np.int64)
-        self._last_xid = [0.0] * gpus
         try:
             # The C entry point itself, called with arrays built once: pynvml's wrapper builds a
             # new ctypes array and sets every field id on every call.
@@ -197,10 +193,9 @@ class NvmlSource:
         if self._gpm is not None:
             self._gpm.close()
             self._gpm = None
-        if self._events is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(self._events)
-            self._events = None
+        if self._xid is not None:
+            self._xid.close()
+            self._xid = None
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError as e:
@@ -231,7 +226,7 @@ class NvmlSource:
             if f.nvml_field and ids[c] is None:
                 why.setdefault(c, {}).setdefault(f"pynvml lacks {f.nvml_field}", [])
         if any(f.nvml_call == "xid" for f in fields):
-            self._register_xid()
+            self._xid = XidWatcher(self._handles)
         for g, handle in enumerate(self._handles):
             if not self._up[g]:
                 continue
@@ -303,7 +298,7 @@ class NvmlSource:
         if spec is None:
             return _NOT_SUPPORTED
         if spec.reader == "xid":
-            return _SUCCESS if g in self._event_gpu.values() else self._xid_code
+            return self._xid.support(g) if self._xid is not None else _NOT_SUPPORTED
         reader = self._readers[g].get(spec.reader)
         code: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
         candidates = (reader,) if reader is not None else calls.READERS[spec.reader]
@@ -321,35 +316,6 @@ class NvmlSource:
                 return _NOT_SUPPORTED  # e.g. reserved memory from the v1 struct
             return _SUCCESS
         return code
-
-    def _register_xid(self) -> None:
-        try:
-            self._events = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as e:
-            self._xid_code = int(e.value)
-            return
-        for g, handle in enumerate(self._handles):
-            try:
-                pynvml.nvmlDeviceRegisterEvents(
-                    handle, pynvml.nvmlEventTypeXidCriticalError, self._events
-                )
-            except pynvml.NVMLError as e:
-                self._xid_code = int(e.value)
-                continue
-            self._event_gpu[_address(handle)] = g
-
-    def _poll_xid(self) -> None:
-        # Non-blocking drain: events of every GPU share the set; keep each GPU's last XID.
-        if self._events is None:
-            return
-        while True:
-            try:
-                data = pynvml.nvmlEventSetWait(self._events, 0)
-            except pynvml.NVMLError:
-                return  # TIMEOUT: nothing pending (other codes: try again next read)
-            g = self._event_gpu.get(_address(data.device))
-            if g is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                self._last_xid[g] = float(data.eventData)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -435,12 +401,13 @@ class NvmlSource:
         driver_ts_us.fill(0)
         if plan.batch is not None:
             self._read_batch(plan.batch, values, driver_ts_us)
-        if plan.has_xid:
-            self._poll_xid()
+        if plan.has_xid and self._xid is not None:
+            self._xid.poll()
         now_us = now_ns // 1000
         if plan.gpm is not None and self._gpm is not None:
             self._gpm.read(plan.gpm, self._up, values, driver_ts_us, now_us)
         up = self._up
+        xid_last = self._xid.last if self._xid is not None else []
         for g, work in enumerate(plan.calls):
             if not work or not up[g]:
                 continue
@@ -448,7 +415,7 @@ class NvmlSource:
             readers = self._readers[g]
             for key, outs in work:
                 try:
-                    raw = self._last_xid[g] if key == "xid" else readers[key](handle)
+                    raw = xid_last[g] if key == "xid" else readers[key](handle)
                 except pynvml.NVMLError as e:
                     self._errors[g] += len(outs)
                     if self._failed(g, int(e.value)):
@@ -545,8 +512,3 @@ class NvmlSource:
             "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",
             info.index if info else g, info.uuid if info else "?", calls.error_text(code),
         )  # fmt: skip
-
-
-def _address(handle: Any) -> int | None:
-    value: int | None = ctypes.cast(handle, ctypes.c_void_p).value
-    return value

@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -534,6 +535,19 @@ def print_report(report: dict[str, Any]) -> None:
             f"{c['thread_p99_us']:.0f} / {c['process_p99_us']:.0f} µs = {c['p99_ratio']:.1f}x; "
             f"missed {c['thread_missed_pct']:.2f}% vs {c['process_missed_pct']:.3f}%"
         )
+    f = report["platform_floor"]
+    print(
+        f"platform floor, a bare 1 kHz sleep loop in its own process doing no work: p50 "
+        f"{f['p50_us']:.0f} p99 {f['p99_us']:.0f} max {f['max_us']:.0f} µs, missed "
+        f"{f['missed_pct']:.2f}% (no sampler can do better on this machine)"
+    )
+    for r in results:
+        if r["sampler"] == "process":
+            print(
+                f"  {r['gpus']} GPU {r['parent']} process / floor: p99 "
+                f"{r['fast']['p99_us'] / max(f['p99_us'], 1e-9):.2f}x, missed "
+                f"{r['missed_pct']:.3f}% vs {f['missed_pct']:.3f}%"
+            )
     print()
     for gpus, cost in report["source_read_us"].items():
         parts = ", ".join(
@@ -593,6 +607,39 @@ def _may_set_fifo() -> bool:
     return True
 
 
+def _bare_loop(seconds: float) -> dict[str, float]:
+    """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all."""
+    _reduce_timer_slack()
+    interval = 1_000_000
+    n = int(seconds * 1000)
+    late = np.empty(n, dtype=np.int64)
+    missed = 0
+    deadline = time.perf_counter_ns() // interval * interval + interval
+    for i in range(n):
+        remaining = deadline - time.perf_counter_ns()
+        if remaining > 0:
+            time.sleep(remaining / 1e9)
+        lateness = time.perf_counter_ns() - deadline
+        skipped = lateness // interval
+        missed += skipped
+        late[i] = lateness - skipped * interval
+        deadline += (skipped + 1) * interval
+    us = late / 1e3
+    return {
+        "p50_us": float(np.percentile(us, 50)),
+        "p99_us": float(np.percentile(us, 99)),
+        "max_us": float(us.max()),
+        "missed_pct": 100.0 * missed / (n + missed),
+    }
+
+
+def platform_floor(seconds: float) -> dict[str, float]:
+    """The bare loop in its own process (as the sampler runs), with nothing else running."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_bare_loop, (seconds,))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per scenario (default 10)")
@@ -608,6 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu_counts = [int(x) for x in args.gpus.split(",") if x.strip()]
 
     loadavg_before = os.getloadavg()
+    print(f"platform floor (a bare 1 kHz sleep loop, no work): {args.seconds:g} s ...", flush=True)
+    floor = platform_floor(args.seconds)
     factory = _runner_factory()
     results: list[dict[str, Any]] = []
     read_cost: dict[str, Any] = {}
@@ -671,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": results,
         "thread_over_process": ratios,
         "source_read_us": read_cost,
+        "platform_floor": floor,
     }
     report["targets"] = targets(results)
     print_report(report)

@@ -166,6 +166,18 @@ _COUNTER_NAMES = frozenset(
     }
 )
 _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
+_BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
+_FREQUENT_MS = 5
+
+
+@dataclass(slots=True)
+class _Block:
+    """Precomputed reads: ``values[row, gpu, field]`` for the millisecond ``start_ms + row``."""
+
+    start_ms: int
+    values: FloatArray
+    driver_ts_us: IntArray  # [row, field]
+    last_ms: int
 
 
 class SimSource:
@@ -181,8 +193,7 @@ class SimSource:
         self._last_ns: int | None = None
         self._counters: dict[str, FloatArray] = {}
         self._plans: dict[tuple[str, ...], _Plan] = {}
-        self._bucket_cache: dict[tuple[str, int], tuple[IntArray, IntArray, FloatArray]] = {}
-        self._memo: dict[tuple[str, int], tuple[BoolArray, FloatArray, IntArray]] = {}
+        self._blocks: dict[int, _Block] = {}
         self._plans_by_id: dict[int, tuple[Sequence[Field], _Plan]] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
@@ -215,11 +226,18 @@ class SimSource:
             plan = self._plan(tuple(f.name for f in fields))
             if isinstance(fields, tuple):
                 self._plans_by_id[id(fields)] = (fields, plan)
-        self._memo.clear()
-        sampled_at = now_ns - now_ns % plan.refresh_ns  # [F]: each field's refresh instant
-        driver_ts_us[:] = sampled_at // 1000
-        t = np.broadcast_to(sampled_at, values.shape)
-        values[:] = self._signal(plan, self._gpu_ids, t, cached=True)
+        # Every refresh period is a whole number of milliseconds, so a read is that millisecond's
+        # row; a frequent reader gets a block of rows computed in one vectorised call.
+        ms = now_ns // 1_000_000
+        block = self._blocks.get(id(plan))
+        if block is None or not block.start_ms <= ms < block.start_ms + len(block.values):
+            frequent = block is not None and 0 <= ms - block.last_ms <= _FREQUENT_MS
+            block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
+            self._blocks[id(plan)] = block
+        block.last_ms = ms
+        row = ms - block.start_ms
+        values[:] = block.values[row]
+        driver_ts_us[:] = block.driver_ts_us[row]
         if plan.counters:
             self._advance_counters(now_ns)
             for j, name in plan.counters:
@@ -247,7 +265,7 @@ class SimSource:
         g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
         t, g = np.broadcast_arrays(t, g)
         plan = self._plan((name,))
-        out = self._signal(plan, g.ravel(), t.reshape(-1, 1), cached=False)
+        out = self._signal(plan, g.ravel(), t.reshape(-1, 1))
         return out[:, 0].reshape(t.shape)
 
     def refresh_ns(self, name: str) -> int:
@@ -288,18 +306,25 @@ class SimSource:
             self._plans[names] = plan
         return plan
 
-    def _signal(self, plan: _Plan, g: IntArray, t: IntArray, *, cached: bool) -> FloatArray:
+    def _block(self, plan: _Plan, ms: int, rows: int) -> _Block:
+        """``rows`` milliseconds of every GPU's values from ``ms`` on, computed in one call."""
+        grid = (ms + np.arange(rows, dtype=np.int64)) * 1_000_000
+        sampled = grid[:, None] - grid[:, None] % plan.refresh_ns  # [T, F] refresh instants
+        g = np.tile(self._gpu_ids, rows)  # rows are (time, gpu) pairs, time-major
+        t = np.repeat(sampled, self.gpus, axis=0)
+        values = self._signal(plan, g, t).reshape(rows, self.gpus, -1)
+        return _Block(ms, values, sampled // 1000, ms)
+
+    def _signal(self, plan: _Plan, g: IntArray, t: IntArray) -> FloatArray:
         """Values ``[len(g), F]`` of the plan's fields at times ``t`` (same shape)."""
         ms = t // 1_000_000
         noise = (_unit(self.seed, g[:, None], plan.keys, ms) * 2.0 - 1.0) * plan.noise
         out: FloatArray = plan.base + noise
         for j, name in plan.shaped:
-            out[:, j] = self._shape(name, g, t[:, j], out[:, j], cached)
+            out[:, j] = self._shape(name, g, t[:, j], out[:, j])
         return out
 
-    def _shape(
-        self, name: str, g: IntArray, t: IntArray, flat: FloatArray, cached: bool
-    ) -> FloatArray:
+    def _shape(self, name: str, g: IntArray, t: IntArray, flat: FloatArray) -> FloatArray:
         if name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
             leaked = (t % _LEAK_PERIOD_NS) / 1e9 * _LEAK_MIB_PER_S
             used = _PROFILES["DCGM_FI_DEV_FB_USED"].base + leaked + g * 1000.0
@@ -308,7 +333,7 @@ class SimSource:
             return FB_TOTAL_MIB - used - _PROFILES["DCGM_FI_DEV_FB_RESERVED"].base
         if name == "DCGM_FI_DEV_GPU_UTIL":
             return np.clip(flat, 0.0, 100.0)
-        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", g, t, cached)[0]
+        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", g, t)[0]
         if name == "DCGM_FI_DEV_SM_CLOCK":
             return np.where(throttled, 1500.0, flat)
         if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS":
@@ -318,7 +343,7 @@ class SimSource:
         if name == "DCGM_FI_DEV_POWER_USAGE":
             return value
         # DCGM_FI_DEV_POWER_USAGE_INSTANT: spikes on top, halfway up on the 1 ms ramps either side
-        plateau, peak, rel = self._within(_SPIKE_BUCKET_NS, "spike", g, t, cached)
+        plateau, peak, rel = self._within(_SPIKE_BUCKET_NS, "spike", g, t)
         ramp = ((rel >= -_SPIKE_RAMP_NS) & (rel < 0)) | (
             (rel >= _SPIKE_PLATEAU_NS) & (rel < _SPIKE_PLATEAU_NS + _SPIKE_RAMP_NS)
         )
@@ -327,28 +352,11 @@ class SimSource:
         return np.where(plateau, peak, value)
 
     def _within(
-        self, bucket_ns: int, kind: str, g: IntArray, t: IntArray, cached: bool
+        self, bucket_ns: int, kind: str, g: IntArray, t: IntArray
     ) -> tuple[npt.NDArray[np.bool_], FloatArray, IntArray]:
         """Whether each t is inside its bucket's event, the event's peak, and t - event start."""
         bucket = t // bucket_ns
         params = self._spike_params if kind == "spike" else self._throttle_params
-        if cached:
-            # read(): every GPU shares one instant per field, so one lookup per (kind, instant)
-            # serves every shaped column of this read, from parameters cached per bucket
-            instant = int(t[0])
-            memo = self._memo.get((kind, instant))
-            if memo is not None:
-                return memo
-            key = (kind, instant // bucket_ns)
-            hit = self._bucket_cache.get(key)
-            if hit is None:
-                if len(self._bucket_cache) > 64:
-                    self._bucket_cache.clear()
-                hit = self._bucket_cache[key] = params(self._gpu_ids, np.full(self.gpus, key[1]))
-            start, end, peak = hit
-            found = ((t >= start) & (t < end), peak, (t - start).astype(np.int64))
-            self._memo[(kind, instant)] = found
-            return found
         start, end, peak = params(g, bucket)
         rel: IntArray = (t - start).astype(np.int64)
         return (t >= start) & (t < end), peak.astype(np.float64), rel
@@ -383,7 +391,7 @@ class SimSource:
         t = np.full(self.gpus, now_ns, dtype=np.int64)
         power_w = self.value_at("DCGM_FI_DEV_POWER_USAGE", t)
         self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += power_w * dt_ns / 1e6  # mJ
-        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t, True)[0]
+        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
         self._counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(throttled, dt_ns / 1e3, 0.0)
         for name, rate in _COUNTER_RATES.items():
             self._counters[name] += rate * dt_ns / 1e9

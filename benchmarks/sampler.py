@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 from hfsampler import fields as catalogue
 from hfsampler.ring import Ring
-from hfsampler.sampler import GroupPlan, Sampler, ring_capacity
+from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
 from hfsampler.service import plan_groups
 from hfsampler.sources import Inventory, SourceSpec, open_source
 from hfsampler.window import reduce
@@ -194,14 +194,6 @@ async def encode_worker(load: Load, gpus: int, names: Sequence[str], seed: int) 
 # -- the peer: the same deadline loop as a thread in the parent ----------------------------------
 
 
-def _reduce_timer_slack() -> None:
-    """1 µs timer slack for the calling thread, as the sampler process asks for itself."""
-    name = ctypes.util.find_library("c")
-    if name:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(name, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK
-
-
 class ThreadSampler:
     """The design the process split replaced: the deadline loop on a thread of the parent."""
 
@@ -235,7 +227,7 @@ class ThreadSampler:
             r.close()
 
     def _run(self) -> None:
-        _reduce_timer_slack()
+        reduce_timer_slack()
         src = open_source(self.spec)
         src.open([f for g in self.groups for f in g.fields])
         rings = [self.rings[g.name] for g in self.groups]
@@ -609,7 +601,7 @@ def _may_set_fifo() -> bool:
 
 def _bare_loop(seconds: float) -> dict[str, float]:
     """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all."""
-    _reduce_timer_slack()
+    reduce_timer_slack()
     interval = 1_000_000
     n = int(seconds * 1000)
     late = np.empty(n, dtype=np.int64)

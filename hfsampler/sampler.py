@@ -218,7 +218,7 @@ def _prctl(option: int, value: int) -> None:
         ctypes.CDLL(libc_name, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def _reduce_timer_slack() -> None:
+def reduce_timer_slack() -> None:
     """Ask Linux for 1 µs timer slack (default 50 µs) so sleeps end closer to the deadline."""
     _prctl(_PR_SET_TIMERSLACK, 1000)
 
@@ -313,7 +313,7 @@ def _loop(
     s: npt.NDArray[np.int64],
     parent_pid: int,
 ) -> None:
-    _reduce_timer_slack()
+    reduce_timer_slack()
     s[_RT_PRIORITY] = _ask_realtime(plan.realtime_priority)
     threshold_ns = int(plan.late_threshold_s * 1e9)
     intervals = [int(g.interval_s * 1e9) for g in plan.groups]

@@ -1,12 +1,18 @@
-"""Test-wide settings: every async test runs on asyncio's own loop and on uvloop."""
+"""Shared test settings: async tests run on asyncio and on uvloop; shared fixtures."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import uvloop
+
+ROOT = Path(__file__).resolve().parents[1]
 
 LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -18,3 +24,15 @@ def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
     return LOOP_FACTORIES
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> ModuleType:
+    """benchmarks/gpu_check.py as a module, so tests run its measurements against the fake NVML."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    return module

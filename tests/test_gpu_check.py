@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -12,19 +10,6 @@ import pytest
 from fake_nvml import FakeNvml, install, make_fake, remove_library
 
 from hfsampler.sources import SourceSpec
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def gpu_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from hfsampler.fields import CATALOGUE, DEFAULT_GROUP_INTERVALS_S, Kind  # noqa: E402
 from hfsampler.record import store_window  # noqa: E402
-from hfsampler.recording import GroupInfo, RecordingWriter  # noqa: E402
+from hfsampler.recording import RecordingWriter  # noqa: E402
 from hfsampler.ring import RingRows  # noqa: E402
 from hfsampler.service import plan_groups  # noqa: E402
 from hfsampler.sources.sim import SimSource  # noqa: E402
@@ -47,8 +47,7 @@ def synthesize(
     start = (time.time_ns() - seconds * 10**9) // 10**9 * 10**9
     header = {"start_ns": start, "command": ["synthetic"], "command_line": "synthetic",
               "host": "bench", "source": "sim", "labels": {}, "job": {}}  # fmt: skip
-    groups = [GroupInfo(p.name, p.interval_s, p.fields) for p in plans]
-    writer = RecordingWriter(path, header, inventory.devices, groups)
+    writer = RecordingWriter(path, header, inventory.devices, plans)
     keep = list(range(gpus))
     last = [np.full((gpus, len(p.fields)), -1, np.int64) for p in plans]
     g_ids = np.arange(gpus)[None, :]

@@ -32,7 +32,7 @@ from hfsampler import logs
 from hfsampler.config import Config, parse_duration, parse_label
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, Kind
-from hfsampler.recording import GroupInfo, RecordingWriter
+from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
@@ -206,8 +206,7 @@ class Recorder:
             for r in readers:
                 r.take(start_ns)  # rows from before the child started are not the job's
             devices = [self.inventory.devices[p] for p in self.keep]
-            groups = [GroupInfo(p.name, p.interval_s, p.fields) for p in self.plans]
-            writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, groups)
+            writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
             self._install_signals()
             if self.opts.command:
                 self.child = subprocess.Popen(list(self.opts.command))

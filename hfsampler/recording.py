@@ -34,6 +34,7 @@ import orjson
 from hfsampler.errors import HfsamplerError
 from hfsampler.fields import BY_NAME, Field, Kind
 from hfsampler.ring import RingRows
+from hfsampler.sampler import GroupPlan
 from hfsampler.sources import DeviceInfo
 from hfsampler.window import WindowStats
 
@@ -103,15 +104,6 @@ def _unpack(payload: bytes) -> tuple[dict[str, Any], list[bytes]]:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupInfo:
-    """One sampling group as recorded: its name, interval and fields."""
-
-    name: str
-    interval_s: float
-    fields: tuple[Field, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class RawChunk:
     """One group's distinct samples over a stretch of time, cell by cell (``gpu``, ``field``)."""
 
@@ -163,7 +155,7 @@ class RecordingWriter:
         path: str | Path,
         header: Mapping[str, Any],
         devices: Sequence[DeviceInfo],
-        groups: Sequence[GroupInfo],
+        groups: Sequence[GroupPlan],
     ) -> None:
         self.path = Path(path)
         self.groups = tuple(groups)
@@ -278,9 +270,9 @@ def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
     return tuple(DeviceInfo(**d) for d in header["devices"])
 
 
-def _groups(header: Mapping[str, Any]) -> tuple[GroupInfo, ...]:
+def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
     return tuple(
-        GroupInfo(g["name"], float(g["interval_s"]), tuple(BY_NAME[n] for n in g["fields"]))
+        GroupPlan(g["name"], float(g["interval_s"]), tuple(BY_NAME[n] for n in g["fields"]))
         for g in header["groups"]
     )
 

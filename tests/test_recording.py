@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from hfsampler.fields import BY_NAME
-from hfsampler.recording import GroupInfo, Recording, RecordingError, RecordingWriter
+from hfsampler.recording import Recording, RecordingError, RecordingWriter
 from hfsampler.ring import RingRows
+from hfsampler.sampler import GroupPlan
 from hfsampler.sources import DeviceInfo
 from hfsampler.window import reduce
 
@@ -33,7 +34,7 @@ def _rows(n: int, t0_ns: int, rng: np.random.Generator) -> RingRows:
 def _write(path: Path, windows: int = 3) -> list[RingRows]:
     rng = np.random.default_rng(1)
     w = RecordingWriter(path, {"start_ns": 10**18, "command": ["x"]}, DEVICES,
-                        [GroupInfo("fast", 0.001, FIELDS)])  # fmt: skip
+                        [GroupPlan("fast", 0.001, FIELDS)])  # fmt: skip
     parts = []
     for k in range(windows):
         rows = _rows(1000, 10**18 + k * 10**9, rng)

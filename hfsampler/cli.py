@@ -17,13 +17,8 @@ from typing import Any, NoReturn
 
 from hfsampler import __version__, logs
 from hfsampler import fields as catalogue
-from hfsampler.config import (
-    Config,
-    load_file,
-    parse_duration,
-    parse_label,
-    with_remote_write_urls,
-)
+from hfsampler.config import Config, load_file, parse_label, with_remote_write_urls
+from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError, HfsamplerError
 from hfsampler.sources import SourceSpec
 

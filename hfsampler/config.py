@@ -18,36 +18,15 @@ from typing import Any
 import yaml
 
 from hfsampler import fields as catalogue
+from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
 from hfsampler.series import LABEL_NAME_RE
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|µs|ms|s|m|h|d)")
-_UNIT_S = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 SOURCES = ("auto", "nvml", "sim", "dcgm")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
-
-
-def parse_duration(value: object, key: str) -> float:
-    """``250us``, ``1ms``, ``1.5s``, ``5m``, ``1h30m`` → seconds."""
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ConfigError(key, f"expected a duration, got {value!r}", "write it like 1ms, 1s or 5m")
-    text = str(value).strip()
-    if isinstance(value, int | float) or re.fullmatch(r"\d+(\.\d+)?", text):
-        raise ConfigError(key, f"{text!r} has no unit", f"write {text}s or {text}ms")
-    pos, total = 0, 0.0
-    for m in _DURATION_PART.finditer(text):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise ConfigError(
-            key, f"cannot read {text!r} as a duration", "use units us, ms, s, m, h: 250us, 1s, 5m"
-        )
-    return total
 
 
 def parse_label(text: str, key: str = "--label") -> tuple[str, str]:

@@ -330,7 +330,8 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     from hfsampler.cli import resolve_source
-    from hfsampler.config import Config, parse_duration
+    from hfsampler.config import Config
+    from hfsampler.durations import parse_duration
 
     fields = tuple(t for item in args.fields for t in item.split(",") if t.strip()) or None
     config = Config(source=args.source, sim_gpus=args.gpus, fields=fields)

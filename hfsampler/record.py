@@ -29,7 +29,8 @@ import numpy as np
 
 import hfsampler
 from hfsampler import logs
-from hfsampler.config import Config, parse_duration, parse_label
+from hfsampler.config import Config, parse_label
+from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, Kind
 from hfsampler.recording import RecordingWriter

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hfsampler.config import Config, from_mapping, load_file, parse_duration, parse_label
+from hfsampler.config import Config, from_mapping, load_file, parse_label
+from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from hfsampler.durations import parse_prometheus_duration as parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
     endpoint_from_url,
-    parse_duration,
     parse_remote_write,
     redact_url,
 )

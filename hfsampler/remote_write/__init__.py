@@ -4,7 +4,6 @@ from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
     endpoint_from_url,
-    parse_duration,
     parse_remote_write,
     redact_url,
 )
@@ -27,7 +26,6 @@ __all__ = [
     "define_metrics",
     "encode_metadata",
     "endpoint_from_url",
-    "parse_duration",
     "parse_remote_write",
     "redact_url",
 ]

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+# a pasted remote_write block keeps Prometheus's duration grammar
+from hfsampler.durations import parse_prometheus_duration as parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.relabel import RelabelRule, parse_rules
 from hfsampler.remote_write.security import AuthConfig, TLSConfig, parse_auth, parse_tls
@@ -103,11 +105,6 @@ _SIZE_UNITS = {
     "GiB": 1 << 30,
 }
 
-_DURATION_RE = re.compile(
-    r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?\Z"
-)
-_DURATION_UNITS_S = (365 * 86400.0, 7 * 86400.0, 86400.0, 3600.0, 60.0, 1.0, 0.001)
-
 
 def redact_url(url: str) -> str:
     """The URL as it may be shown: no userinfo, query values replaced, fragment dropped."""
@@ -124,23 +121,6 @@ def redact_url(url: str) -> str:
         netloc = "<redacted>@" + netloc
     query = urlencode([(k, "<redacted>") for k, _ in parse_qsl(parts.query, True)], safe="<>")
     return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-def parse_duration(value: object, key: str) -> float:
-    """A Prometheus duration string (``30s``, ``100ms``, ``1h30m``) as float seconds."""
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ConfigError(key, "must be a Prometheus duration string", "write it like '30s'")
-    text = value.strip()
-    match = _DURATION_RE.match(text)
-    if text == "0":
-        return 0.0
-    if not text or match is None or not any(match.groups()):
-        raise ConfigError(
-            key, f"{value!r} is not a duration", "use units ms, s, m, h, d, w, y, e.g. '1m30s'"
-        )
-    return sum(
-        int(g) * unit for g, unit in zip(match.groups(), _DURATION_UNITS_S, strict=True) if g
-    )
 
 
 def parse_size(value: object, key: str) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 
 import snappy
 
+from hfsampler.fields import CATALOGUE
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.series import Series, SeriesRegistry
 
@@ -30,40 +31,8 @@ BATCH = 2000  # Prometheus's default max_samples_per_send
 MIN_TIME_S = 0.7
 REPEATS = 3
 STATS = ("", "_min", "_max", "_p99")
-FIELDS = [
-    "DCGM_FI_DEV_SM_CLOCK",
-    "DCGM_FI_DEV_MEM_CLOCK",
-    "DCGM_FI_DEV_MEMORY_TEMP",
-    "DCGM_FI_DEV_GPU_TEMP",
-    "DCGM_FI_DEV_POWER_USAGE",
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-    "DCGM_FI_DEV_GPU_UTIL",
-    "DCGM_FI_DEV_MEM_COPY_UTIL",
-    "DCGM_FI_DEV_ENC_UTIL",
-    "DCGM_FI_DEV_DEC_UTIL",
-    "DCGM_FI_DEV_XID_ERRORS",
-    "DCGM_FI_DEV_FB_FREE",
-    "DCGM_FI_DEV_FB_USED",
-    "DCGM_FI_DEV_FB_RESERVED",
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
-    "DCGM_FI_DEV_POWER_VIOLATION",
-    "DCGM_FI_DEV_THERMAL_VIOLATION",
-    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
-    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
-    "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
-    "DCGM_FI_DEV_RELIABILITY_VIOLATION",
-    "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-    "DCGM_FI_PROF_SM_ACTIVE",
-    "DCGM_FI_PROF_SM_OCCUPANCY",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    "DCGM_FI_PROF_DRAM_ACTIVE",
-    "DCGM_FI_PROF_PCIE_TX_BYTES",
-    "DCGM_FI_PROF_PCIE_RX_BYTES",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-]
+# the catalogue's device fields: 32, so 8 GPUs x 32 fields x 4 statistics = 1024 series a window
+FIELDS = [f.name for f in CATALOGUE if f.name.startswith("DCGM_FI_DEV_")]
 
 
 def dcgm_series(reg: SeriesRegistry) -> list[Series]:

@@ -18,6 +18,8 @@ from typing import Protocol
 
 from hfsampler.remote_write.encoder import QueuedSample
 
+Clock = Callable[[], float]
+
 
 @dataclass(slots=True)
 class Batch:
@@ -70,6 +72,42 @@ class ShardQueue(Protocol):
     def __len__(self) -> int: ...
 
 
+class BatchWaiter:
+    """How a shard waits in ``get_batch``, shared by both queues.
+
+    With samples queued it wakes on a full batch or at the deadline; with none, any sample is
+    worth waking for, and the deadline restarts from that first sample.
+    """
+
+    def __init__(self) -> None:
+        self._ready = asyncio.Event()
+        self._wanted = 1
+
+    def queued(self, count: int) -> None:
+        """The queue now holds ``count`` samples: wake the shard if that is what it waits for."""
+        if count >= self._wanted:
+            self._ready.set()
+
+    def wake(self) -> None:
+        """Wake the shard whatever it waits for (flush, close)."""
+        self._ready.set()
+
+    async def wait(
+        self, count: int, max_samples: int, end: float, deadline_s: float, clock: Clock
+    ) -> float:
+        """Sleep until more is queued or ``end``; returns the deadline to use from now on."""
+        self._wanted = max_samples if count else 1
+        self._ready.clear()
+        remaining = end - clock()
+        if remaining <= 0:
+            # Deadline passed with nothing queued: wait for the first sample, then start over.
+            await self._ready.wait()
+            return clock() + deadline_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), remaining)
+        return end
+
+
 class MemoryQueue:
     """A bounded deque of samples; when full, the oldest samples make way for new ones."""
 
@@ -81,8 +119,7 @@ class MemoryQueue:
         self._capacity = capacity
         self._items: deque[QueuedSample] = deque()
         self._clock = clock
-        self._wanted = 1
-        self._ready = asyncio.Event()
+        self._waiter = BatchWaiter()
         self._flushing = False
 
     def __len__(self) -> int:
@@ -97,13 +134,12 @@ class MemoryQueue:
                 items.popleft()
         else:
             dropped = 0
-        if len(items) >= self._wanted:
-            self._ready.set()
+        self._waiter.queued(len(items))
         return dropped
 
     def start_flush(self) -> None:
         self._flushing = True
-        self._ready.set()
+        self._waiter.wake()
 
     def ack(self, batch: Batch) -> None:
         """Nothing to do: a handed-out batch is no longer held here."""
@@ -122,18 +158,7 @@ class MemoryQueue:
                 return Batch(samples=samples, count=len(samples))
             if self._flushing:
                 return Batch()
-            # Wake on a full batch; with nothing queued, any sample is worth waking for so the
-            # deadline clock below runs against real data.
-            self._wanted = max_samples if n else 1
-            self._ready.clear()
-            remaining = end - self._clock()
-            if remaining <= 0:
-                # Deadline passed with nothing queued: wait for the first sample, then start over.
-                await self._ready.wait()
-                end = self._clock() + deadline_s
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), remaining)
+            end = await self._waiter.wait(n, max_samples, end, deadline_s, self._clock)
 
     def _take(self, max_samples: int) -> list[QueuedSample]:
         items = self._items

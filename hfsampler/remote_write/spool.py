@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
-from hfsampler.remote_write.queue import Batch
+from hfsampler.remote_write.queue import Batch, BatchWaiter
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +262,7 @@ class SpoolQueue:
         self._failed_last: int | None = None
         self._ack_dirty = False
         self._wake = asyncio.Event()
-        self._ready = asyncio.Event()
-        self._wanted = 1
+        self._waiter = BatchWaiter()
         self._flushing = False
         self._closing = False
         self._writer: asyncio.Task[None] | None = None
@@ -305,8 +304,7 @@ class SpoolQueue:
         self._mem_samples += rec.count
         self._unread += rec.count
         self._kick_writer()
-        if self._unread >= self._wanted:
-            self._ready.set()
+        self._waiter.queued(self._unread)
         return 0
 
     def ack(self, batch: Batch) -> None:
@@ -317,12 +315,12 @@ class SpoolQueue:
 
     def start_flush(self) -> None:
         self._flushing = True
-        self._ready.set()
+        self._waiter.wake()
 
     async def close(self) -> int:
         """Write what is only in memory, record the acknowledged position, stop the thread."""
         self._closing = True
-        self._ready.set()
+        self._waiter.wake()
         self._kick_writer()
         if self._writer is not None:
             await asyncio.shield(self._writer)
@@ -445,15 +443,7 @@ class SpoolQueue:
                 continue
             if self._flushing or self._closing:
                 return Batch()
-            self._wanted = max_samples if n else 1
-            self._ready.clear()
-            remaining = end - self._clock()
-            if remaining <= 0:
-                await self._ready.wait()
-                end = self._clock() + deadline_s
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), remaining)
+            end = await self._waiter.wait(n, max_samples, end, deadline_s, self._clock)
 
     def _mem_first(self) -> int:
         return self._mem[0].seq if self._mem else self._next_seq

@@ -23,9 +23,7 @@ log = logging.getLogger(__name__)
 
 Labels = Mapping[str, str]
 
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
-POD_LABELS = ("pod", "namespace", "container")
 HPC_JOB_LABEL = "hpc_job"
 # The NVIDIA device plugin advertises whole GPUs as nvidia.com/gpu and MIG slices as
 # nvidia.com/mig-<profile>; other vendors' devices on the node are not ours.

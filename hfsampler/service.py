@@ -121,7 +121,6 @@ class Service:
             stale_after_windows=config.stale_after_windows,
         )
         self.latest: Snapshot | None = None
-        self.latest_windows: dict[str, WindowStats] = {}
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
         self._clock_ns = clock_ns
@@ -224,7 +223,6 @@ class Service:
         self._update_self_metrics(stats, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
         self.latest = snapshot
-        self.latest_windows = stats
         self.windows += 1
         for w in self._writers:
             w.push(snapshot)

@@ -183,7 +183,7 @@ def _peer() -> tuple[Any, Any] | None:
         return None
     quiet = logging.getLogger("bench.peer")
     quiet.disabled = True
-    # Labels are already sorted (__name__ first, as Series.all_labels gives them).
+    # Labels are already sorted in byte order, __name__ included (Series.all_labels).
     writer = RemoteWriter("http://127.0.0.1:9/unused", logger=quiet)
     return writer, WriteRequest
 

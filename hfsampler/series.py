@@ -7,6 +7,7 @@ bytes by ``Series.id``). A ``Snapshot`` is one timestamp and a value per series.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 import struct
@@ -29,7 +30,11 @@ def is_stale(value: float) -> bool:
 
 
 def validate_labels(name: str, labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """Check a label set as Remote-Write receivers do and return it sorted by label name."""
+    """Check a label set as Remote-Write receivers do and return it sorted by label name.
+
+    Label names are ASCII (``LABEL_NAME_RE``), so Python's code-point order is the byte order
+    the spec asks for and Thanos and Mimir enforce.
+    """
     if not METRIC_NAME_RE.match(name):
         raise InvalidLabelError(f"invalid metric name {name!r}")
     out = []
@@ -54,8 +59,13 @@ class Series:
     labels: tuple[tuple[str, str], ...]
 
     def all_labels(self) -> tuple[tuple[str, str], ...]:
-        """Labels as Remote-Write sends them: ``__name__`` first, then sorted by name."""
-        return (("__name__", self.name), *self.labels)
+        """Labels as Remote-Write sends them: ``__name__`` included, all in byte order of name.
+
+        ``__name__`` is no exception to the order: ``Hostname`` < ``UUID`` < ``__name__`` <
+        ``device``. Receivers that check (Thanos Receive, Mimir) refuse any other order.
+        """
+        at = bisect.bisect_left(self.labels, "__name__", key=lambda label: label[0])
+        return (*self.labels[:at], ("__name__", self.name), *self.labels[at:])
 
 
 @dataclass(frozen=True, slots=True)

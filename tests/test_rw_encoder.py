@@ -103,6 +103,9 @@ def test_fast_path_parses_to_what_protobuf_builds(
     assert parsed.SerializeToString(deterministic=True) == expected.SerializeToString(
         deterministic=True
     )
+    for ts in parsed.timeseries:  # the spec's order, which Thanos and Mimir enforce
+        names = [lb.name.encode() for lb in ts.labels]
+        assert names == sorted(names) and len(set(names)) == len(names) and b"__name__" in names
     # Encoding again from a warm cache gives the same bytes.
     assert enc.encode_samples(samples, encode_metadata(families)) == raw
 
@@ -179,3 +182,35 @@ def test_stale_marker_ends_the_series_label_cache() -> None:
     raw = enc.encode_samples([QueuedSample(a, STALE_NAN, 2000), QueuedSample(b, 3.0, 2000)])
     assert enc.cached_series == 1  # a ended; b lives on
     assert b"pod" in raw  # the stale marker itself still went out with a's labels
+
+
+def test_label_names_in_byte_order_with_name_among_them() -> None:
+    """dcgm-exporter's labels put ``__name__`` between upper- and lower-case names."""
+    reg = SeriesRegistry()
+    s = reg.series(
+        "DCGM_FI_DEV_POWER_USAGE",
+        {
+            "gpu": "0",
+            "UUID": "GPU-1",
+            "device": "nvidia0",
+            "modelName": "H200",
+            "Hostname": "node",
+            "DCGM_FI_DRIVER_VERSION": "560.35",
+            "instance": "node:9400",
+            "_private": "x",
+        },
+    )
+    (ts,) = remote_pb2.WriteRequest.FromString(
+        Encoder().encode([Snapshot(1, [s], [1.0])])
+    ).timeseries
+    assert [lb.name for lb in ts.labels] == [
+        "DCGM_FI_DRIVER_VERSION",
+        "Hostname",
+        "UUID",
+        "__name__",
+        "_private",
+        "device",
+        "gpu",
+        "instance",
+        "modelName",
+    ]

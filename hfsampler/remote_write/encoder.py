@@ -79,7 +79,7 @@ def _field(tag: bytes, payload: bytes) -> bytes:
 
 
 def encode_labels(series: Series) -> bytes:
-    """The repeated ``TimeSeries.labels`` entries for a series, ``__name__`` first."""
+    """The repeated ``TimeSeries.labels`` entries for a series, in the registry's byte order."""
     parts = []
     for name, value in series.all_labels():
         label = _field(_TAG_LABEL_NAME, name.encode()) + _field(_TAG_LABEL_VALUE, value.encode())

@@ -11,7 +11,7 @@ import snappy
 from hfsampler.remote_write.encoder import Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.remote_write.queue import Batch
-from hfsampler.remote_write.spool import MAGIC, SpoolQueue, recover
+from hfsampler.remote_write.spool import LEGACY_MAGIC, MAGIC, SpoolQueue, _Record, frame, recover
 from hfsampler.series import Series, SeriesRegistry
 
 REG = SeriesRegistry()
@@ -224,3 +224,58 @@ def test_segment_starts_with_magic(tmp_path: Path) -> None:
     (seg,) = tmp_path.glob("*.seg")
     assert seg.read_bytes().startswith(MAGIC)
     assert not (tmp_path / "acked").exists()  # nothing was acknowledged
+
+
+def legacy_segment(root: Path, windows: int) -> None:
+    """A segment as hfsampler wrote it before byte order: HFSPOOL1, ``__name__`` first."""
+    root.mkdir(parents=True, exist_ok=True)
+    records = []
+    for seq in range(windows):
+        req = remote_pb2.WriteRequest()
+        for s in SERIES[:3]:
+            ts = req.timeseries.add()
+            for name, value in (("__name__", s.name), ("Hostname", "old"), *s.labels):
+                ts.labels.add(name=name, value=value)
+            ts.samples.add(value=float(seq), timestamp=1000 * (seq + 1))
+        records.append(frame(_Record(seq, 3, snappy.compress(req.SerializeToString()))))
+    write_segment(root, LEGACY_MAGIC + b"".join(records))
+
+
+def write_segment(root: Path, data: bytes) -> None:
+    (root / f"{0:020d}.seg").write_bytes(data)
+
+
+def legacy_segments(root: Path) -> list[Path]:
+    return [p for p in root.glob("*.seg") if p.read_bytes().startswith(LEGACY_MAGIC)]
+
+
+async def test_legacy_segment_is_sent_in_byte_order(tmp_path: Path) -> None:
+    legacy_segment(tmp_path, 4)
+    q = spool(tmp_path)
+    assert len(q) == 12
+    q.put(window(9000))  # new records never go into the legacy segment
+    q.start_flush()
+    names = []
+    while (batch := await q.get_batch(1000, 0.01)).count:
+        raw = b"".join(snappy.uncompress(p) for p in batch.parts)
+        for ts in remote_pb2.WriteRequest.FromString(raw).timeseries:
+            names.append([lb.name for lb in ts.labels])
+        q.ack(batch)
+    assert len(names) == 12 + len(SERIES)
+    assert all(n == sorted(n, key=str.encode) for n in names), names
+    assert names[0] == ["Hostname", "__name__", "gpu"]
+    await q.close()
+    assert not legacy_segments(tmp_path)
+
+
+async def test_legacy_record_that_cannot_be_repaired_is_counted(tmp_path: Path) -> None:
+    bad = frame(_Record(0, 5, snappy.compress(b"\x0a\xff\xff")))  # valid CRC, broken protobuf
+    good = frame(_Record(1, 0, snappy.compress(b"")))
+    write_segment(tmp_path, LEGACY_MAGIC + bad + good)
+    drops = Drops()
+    q = spool(tmp_path, drops=drops)
+    q.put(window(5000))
+    got = await take_all(q)
+    assert drops.by_reason == {"corrupt": 5}
+    assert [ts for _, ts, _ in got] == [5000] * len(SERIES)
+    await q.close()

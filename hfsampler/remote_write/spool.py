@@ -15,7 +15,11 @@ On-disk format, one directory per shard::
         u32 payload length | u32 CRC32 of (seq, count, payload) | u64 seq | u32 count | payload
     acked                        u64: every record with a lower seq was delivered (or dropped)
 
-All integers little-endian; seqs are consecutive within a segment. At start every segment is
+All integers little-endian; seqs are consecutive within a segment. Segments that start with
+``LEGACY_MAGIC`` were written before labels were sent in byte order (``__name__`` first): they
+are read as before and each record's labels are put in order on the way out (``wire.sort_labels``)
+so nothing reaches a strict receiver unsorted; a record that cannot be repaired is dropped and
+counted as ``corrupt``. At start every segment is
 checked record by record: a torn or corrupt record and everything after it in that segment
 is cut off (the file truncated, a warning logged), never an error; acknowledged and empty
 segments are deleted. Writes are fsynced before a record counts as written, so a ``kill -9``
@@ -39,12 +43,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import snappy
+
+from hfsampler.remote_write import wire
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"HFSPOOL1"
+MAGIC = b"HFSPOOL2"
+LEGACY_MAGIC = b"HFSPOOL1"  # labels as encoded before byte order: __name__ first
 _HEADER = struct.Struct("<IIQI")  # length, crc, seq, count
 _CRC_PART = struct.Struct("<QI")  # what the CRC covers besides the payload
 _ACK = struct.Struct("<Q")
@@ -66,6 +74,7 @@ class _Segment:
     path: Path
     size: int
     counts: array[int] = field(default_factory=lambda: array("I"))
+    legacy: bool = False  # written with LEGACY_MAGIC: labels need sorting on the way out
 
     @property
     def end_seq(self) -> int:
@@ -140,9 +149,18 @@ class _Files:
             os.replace(tmp, self.dir / "acked")
 
     def read(
-        self, path: Path, first_seq: int, seq: int, max_samples: int, stop_seq: int
+        self,
+        path: Path,
+        first_seq: int,
+        seq: int,
+        max_samples: int,
+        stop_seq: int,
+        legacy: bool = False,
     ) -> list[_Record]:
-        """Records from ``seq`` on (below ``stop_seq``) until ``max_samples`` are gathered."""
+        """Records from ``seq`` on (below ``stop_seq``) until ``max_samples`` are gathered.
+
+        A legacy record comes back with its labels sorted, or with an empty payload when it
+        cannot be repaired (the caller counts it as corrupt)."""
         offset, at = len(MAGIC), first_seq
         cursor = self._cursor
         if cursor is not None and cursor[0] == path and cursor[1] <= seq:
@@ -166,6 +184,8 @@ class _Files:
                     offset += _HEADER.size + length
                     at = rseq + 1
                     if rseq >= seq:
+                        if legacy:
+                            payload = _repair_legacy(path, rseq, payload)
                         out.append(_Record(rseq, count, payload))
                         total += count
         except FileNotFoundError:  # dropped at the disk bound meanwhile
@@ -179,6 +199,17 @@ class _Files:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _repair_legacy(path: Path, seq: int, payload: bytes) -> bytes:
+    """A legacy record with its labels in byte order; b"" when it cannot be decoded."""
+    try:
+        raw = snappy.uncompress(payload)
+        fixed = wire.sort_labels(raw)
+    except (wire.WireError, snappy.UncompressError) as exc:
+        log.error("spool: %s: record %d cannot be repaired (%s); dropping it", path, seq, exc)
+        return b""
+    return payload if fixed is raw else compress(fixed)
 
 
 def recover(directory: Path) -> tuple[list[_Segment], int]:
@@ -196,7 +227,8 @@ def recover(directory: Path) -> tuple[list[_Segment], int]:
     for path in sorted(names, key=lambda p: int(p.stem)):
         first = int(path.stem)
         data = path.read_bytes()
-        if not data.startswith(MAGIC):
+        legacy = data.startswith(LEGACY_MAGIC)
+        if not legacy and not data.startswith(MAGIC):
             log.warning("spool: %s has no valid header; deleting it", path)
             path.unlink()
             continue
@@ -214,10 +246,12 @@ def recover(directory: Path) -> tuple[list[_Segment], int]:
                 os.fsync(f.fileno())
         if segments and records and records[0].seq < segments[-1].end_seq:
             records = []  # overlaps an earlier segment: never valid, never sent twice
-        seg = _Segment(first, path, end, array("I", (r.count for r in records)))
+        seg = _Segment(first, path, end, array("I", (r.count for r in records)), legacy)
         if not records or seg.end_seq <= acked:
             path.unlink()
             continue
+        if legacy:
+            log.info("spool: %s is from an older version; its labels are sorted as sent", path)
         segments.append(seg)
     return segments, acked
 
@@ -376,7 +410,12 @@ class SpoolQueue:
         start = active.size if active is not None else 0
         last = None
         for rec in self._pending:
-            if active is None or active.size >= self._segment_bytes or rec.seq != active.end_seq:
+            if (
+                active is None
+                or active.legacy
+                or active.size >= self._segment_bytes
+                or rec.seq != active.end_seq
+            ):
                 if chunks and active is not None:
                     writes.append((active.path, b"".join(chunks), start))
                 active = _Segment(rec.seq, self._dir / f"{rec.seq:020d}.seg", len(MAGIC))
@@ -440,6 +479,8 @@ class SpoolQueue:
                 batch = await self._take(max_samples)
                 if batch.count:
                     return batch
+                if batch.token >= 0:
+                    self.ack(batch)  # only dropped records: never read them again
                 continue
             if self._flushing or self._closing:
                 return Batch()
@@ -460,6 +501,12 @@ class SpoolQueue:
                 if not records:
                     break
             for rec in records:
+                if not rec.payload:  # a legacy record that could not be repaired
+                    self._on_drop(rec.count, "corrupt")
+                    self._unread -= rec.count
+                    self._read_seq = rec.seq + 1
+                    batch.token = rec.seq  # acknowledged with the batch, or at once if alone
+                    continue
                 batch.parts.append(rec.payload)
                 batch.count += rec.count
                 batch.token = rec.seq
@@ -477,7 +524,14 @@ class SpoolQueue:
         start = self._read_seq
         loop = asyncio.get_running_loop()
         records = await loop.run_in_executor(
-            self._io, self._files.read, seg.path, seg.first_seq, start, max_samples, stop
+            self._io,
+            self._files.read,
+            seg.path,
+            seg.first_seq,
+            start,
+            max_samples,
+            stop,
+            seg.legacy,
         )
         # The disk bound may have dropped some of these while the thread read them.
         fresh = [r for r in records if r.seq >= self._read_seq]

@@ -56,5 +56,9 @@ class NonRecoverableSendError(RemoteWriteError, ValueError):
         self.status = status
 
 
+class RequestTooLargeError(NonRecoverableSendError):
+    """413: the receiver refused the body's size; the sender splits it rather than drop it."""
+
+
 class InvalidLabelError(HfsamplerError, ValueError):
     """A label set that Remote-Write receivers would refuse."""

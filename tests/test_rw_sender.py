@@ -47,13 +47,20 @@ class Received:
     headers: dict[str, str]
     request: remote_pb2.WriteRequest
     status: int
+    size: int  # decoded bytes
 
 
 class Receiver:
     """A Remote-Write receiver on loopback; replies follow ``script``, then 204."""
 
-    def __init__(self, script: list[Reply] | None = None, port: int | None = None) -> None:
+    def __init__(
+        self,
+        script: list[Reply] | None = None,
+        port: int | None = None,
+        max_body_bytes: int | None = None,
+    ) -> None:
         self.script = deque(script or [])
+        self.max_body_bytes = max_body_bytes  # decoded bodies above this get 413
         self.received: list[Received] = []
         self.release = asyncio.Event()
         app = web.Application()
@@ -75,12 +82,15 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         body = snappy.uncompress(await request.read())
         reply = self.script.popleft() if self.script else Reply()
+        if self.max_body_bytes is not None and len(body) > self.max_body_bytes:
+            reply = Reply(413, "request body too large")
         self.received.append(
             Received(
                 time.monotonic(),
                 dict(request.headers),
                 remote_pb2.WriteRequest.FromString(body),
                 reply.status,
+                len(body),
             )
         )
         if reply.hang:
@@ -108,7 +118,7 @@ async def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> No
 
 
 def make_series(n: int, reg: SeriesRegistry | None = None) -> list[Series]:
-    reg = reg or SeriesRegistry()
+    reg = reg if reg is not None else SeriesRegistry()  # an empty registry is falsy
     return [
         reg.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i), "UUID": f"GPU-{i}"}) for i in range(n)
     ]

@@ -47,6 +47,7 @@ _QUEUE_KEYS = (
     "max_backoff",
     "retry_on_http_429",
     "max_disk_bytes",
+    "max_request_bytes",
 )
 _QUEUE_UNSUPPORTED = ("sample_age_limit",)
 _ENDPOINT_KEYS = (
@@ -93,6 +94,11 @@ FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
     }
 )
 DEFAULT_MAX_DISK_BYTES = 1 << 30
+# Uncompressed bytes per request: vmagent's block size, a quarter of Prometheus 3's 32 MiB
+# decoded-body limit, and under the gRPC message limits behind Thanos Receive and Mimir.
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+MIN_MAX_REQUEST_BYTES = 4 << 10
+MAX_MAX_REQUEST_BYTES = 256 << 20
 _SIZE_RE = re.compile(r"(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\Z")
 _SIZE_UNITS = {
     None: 1,
@@ -149,6 +155,8 @@ class QueueConfig:
     max_backoff_s: float = 5.0
     retry_on_http_429: bool = True
     max_disk_bytes: int = DEFAULT_MAX_DISK_BYTES  # with a queue_dir: the spool's bound
+    # hfsampler's own: a request's uncompressed size; a larger batch goes as several requests
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     def __post_init__(self) -> None:
         for key in ("capacity", "max_shards", "min_shards", "max_samples_per_send"):
@@ -179,6 +187,17 @@ class QueueConfig:
             or self.max_disk_bytes < 1 << 16
         ):
             raise ConfigError("max_disk_bytes", "must be at least 64KiB", "e.g. '1GiB'")
+        size = self.max_request_bytes
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not MIN_MAX_REQUEST_BYTES <= size <= MAX_MAX_REQUEST_BYTES
+        ):
+            raise ConfigError(
+                "max_request_bytes",
+                f"must be between 4KiB and 256MiB, got {size!r}",
+                "e.g. '8MiB' (Prometheus 3 refuses bodies over 32MiB decoded)",
+            )
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -394,7 +413,7 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
     for k, v in raw.items():
         if k in ("batch_send_deadline", "min_backoff", "max_backoff"):
             kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
-        elif k == "max_disk_bytes":
+        elif k in ("max_disk_bytes", "max_request_bytes"):
             kwargs[k] = parse_size(v, f"{path}.{k}")
         else:
             kwargs[str(k)] = v

@@ -20,14 +20,22 @@ import re
 import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 import snappy
 
 import hfsampler
-from hfsampler.errors import NonRecoverableSendError, RecoverableSendError
+from hfsampler.errors import (
+    NonRecoverableSendError,
+    RecoverableSendError,
+    RequestTooLargeError,
+)
+from hfsampler.remote_write import wire
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
@@ -38,6 +46,7 @@ from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Series, SeriesRegistry, Snapshot
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SAMPLES = "hfsampler_remote_write_samples_total"
 BYTES = "hfsampler_remote_write_bytes_total"
@@ -269,28 +278,73 @@ class RemoteWriter:
             queue.ack(batch)
             self._inflight[index] = None
 
-    def _encode(self, batch: Batch, metadata: bytes) -> tuple[int, bytes]:
+    def _prepare(self, batch: Batch, metadata: bytes) -> list[_Request]:
+        """The batch as requests of at most ``max_request_bytes`` uncompressed, compressed."""
+        limit = self.config.queue.max_request_bytes
         if not batch.samples and len(batch.parts) == 1 and not metadata:
             # One spooled record is already a compressed WriteRequest: send it as it is.
-            return -1, batch.parts[0]
+            body = batch.parts[0]
+            raw_len = snappy_uncompressed_length(body)
+            if raw_len <= limit:
+                return [_Request(body, raw_len, batch.count)]
         raw = b"".join(snappy.uncompress(p) for p in batch.parts)
         if batch.samples:
             raw += self._encoder.encode_samples(batch.samples)
         raw += metadata
-        return len(raw), compress(raw)
+        chunks = wire.split(raw, limit)
+        if len(chunks) == 1:
+            return [_Request(compress(raw), len(raw), batch.count)]
+        return [_Request.of(c) for c in chunks]
+
+    async def _off_loop(self, work: Callable[[], _T], large: bool) -> _T:
+        if not large:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(None, work)
 
     async def _send_batch(self, batch: Batch) -> None:
         metadata, self._metadata_pending = self._metadata_pending, b""
-        if len(batch) > self.executor_threshold or len(batch.parts) > 1:
-            loop = asyncio.get_running_loop()
-            raw_len, body = await loop.run_in_executor(None, self._encode, batch, metadata)
-        else:
-            raw_len, body = self._encode(batch, metadata)
+        large = len(batch) > self.executor_threshold or len(batch.parts) > 1
+        requests = await self._off_loop(partial(self._prepare, batch, metadata), large)
+        for request in requests:
+            await self._send_request(request)
+
+    async def _send_request(self, request: _Request) -> None:
+        """Send until delivered; a 413 splits the request in two, down to one series."""
+        try:
+            await self._deliver(request)
+        except RequestTooLargeError as err:
+            raw = await self._off_loop(
+                partial(snappy.uncompress, request.body), request.raw_len > 1 << 20
+            )
+            halves = wire.halve(raw)
+            if halves is None:
+                log.error(
+                    "remote write %s (%s) refused one series of %d samples (%d bytes) as too "
+                    "large, dropping it: %s",
+                    self.config.remote_name,
+                    self.config.display_url,
+                    request.samples,
+                    request.raw_len,
+                    err,
+                )
+                self._drop(request.samples, "too_large")
+                return
+            log.info(
+                "remote write %s: HTTP 413 for %d bytes; sending it as two requests",
+                self.config.remote_name,
+                request.raw_len,
+            )
+            for half in halves:
+                part = await self._off_loop(partial(_Request.of, half), len(half) > 1 << 20)
+                await self._send_request(part)
+
+    async def _deliver(self, request: _Request) -> None:
+        """Post one request, retrying what the spec calls recoverable."""
         qc = self.config.queue
         backoff = qc.min_backoff_s
         while True:
             try:
-                await self._post(body, len(batch))
+                await self._post(request.body, request.samples)
             except RecoverableSendError as err:
                 if isinstance(err, TLSSendError):
                     # A certificate problem will not fix itself in milliseconds: wait the most.
@@ -309,14 +363,14 @@ class RemoteWriter:
                 await asyncio.sleep(delay)
                 backoff = min(backoff * 2, qc.max_backoff_s)
                 continue
+            except RequestTooLargeError:
+                raise
             except NonRecoverableSendError:
-                self._drop(len(batch), "rejected")
+                self._drop(request.samples, "rejected")
                 return
-            if raw_len < 0:
-                raw_len = snappy_uncompressed_length(body)
-            self._metrics.inc(SAMPLES, len(batch), self._labels)
-            self._metrics.inc(BYTES, raw_len, self._labels)
-            self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
+            self._metrics.inc(SAMPLES, request.samples, self._labels)
+            self._metrics.inc(BYTES, request.raw_len, self._labels)
+            self._metrics.inc(COMPRESSED_BYTES, len(request.body), self._labels)
             return
 
     async def _post(self, body: bytes, n_samples: int) -> None:
@@ -383,6 +437,8 @@ class RemoteWriter:
         rate_limited = status in RATE_LIMIT_STATUSES and self.config.queue.retry_on_http_429
         if rate_limited or (status >= 500 and status not in RATE_LIMIT_STATUSES):
             raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
+        if status == 413:
+            raise RequestTooLargeError(f"HTTP 413: {text}", status)
         log.error(
             "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s",
             self.config.remote_name,
@@ -395,6 +451,20 @@ class RemoteWriter:
 
     def _count_request(self, status: str) -> None:
         self._metrics.inc(REQUESTS, 1, {**self._labels, "status": status})
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One HTTP request's body (snappy-compressed), its uncompressed size and sample count."""
+
+    body: bytes
+    raw_len: int
+    samples: int
+
+    @classmethod
+    def of(cls, raw: bytes) -> _Request:
+        """A request for ``raw`` WriteRequest bytes, its samples counted from the bytes."""
+        return cls(compress(raw), len(raw), wire.count_samples(raw))
 
 
 def _ssl_error(err: BaseException) -> ssl.SSLError | None:

@@ -102,6 +102,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         "--hostname", metavar="NAME", help="the Hostname label (in Kubernetes: the node's name)"
     )
     run.add_argument(
+        "--instance",
+        metavar="VALUE",
+        help="the instance label (default HOST:PORT, as a scrape would add; '' for none)",
+    )
+    run.add_argument(
         "--hpc-job-mapping-dir", metavar="DIR", help="one file per GPU naming its jobs: hpc_job"
     )
     run.add_argument(
@@ -161,6 +166,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         changes["pod_resources_socket"] = args.pod_resources_socket or None
     if args.hostname is not None:
         changes["hostname"] = args.hostname or None
+    if args.instance is not None:
+        changes["instance"] = args.instance
     if args.hpc_job_mapping_dir is not None:
         changes["hpc_job_mapping_dir"] = args.hpc_job_mapping_dir or None
     if args.queue_dir is not None:

@@ -20,6 +20,7 @@ import yaml
 from hfsampler import fields as catalogue
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
+from hfsampler.metrics import DEFAULT_INSTANCE_PORT
 from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
 from hfsampler.series import LABEL_NAME_RE
 
@@ -77,6 +78,8 @@ class Config:
     pod_resources_socket: str | None = None  # the kubelet's, for pod/namespace/container labels
     hpc_job_mapping_dir: str | None = None  # one file per GPU naming its jobs, for hpc_job
     hostname: str | None = None  # Hostname label; None: the machine's (in a pod: not the node)
+    host_label: str = "Hostname"  # the host label's name: dcgm-exporter's, or newer `hostname`
+    instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
 
     def __post_init__(self) -> None:
@@ -128,7 +131,20 @@ class Config:
             path = getattr(self, key)
             if path is not None and not path.startswith("/"):
                 raise ConfigError(key, f"{path!r} is not an absolute path", "start it with /")
+        if not LABEL_NAME_RE.match(self.host_label) or self.host_label.startswith("__"):
+            raise ConfigError(
+                "host_label", f"{self.host_label!r} is not a label name", "Hostname or hostname"
+            )
+        if self.host_label == "instance":
+            raise ConfigError("host_label", "cannot be instance", "set instance: instead")
+        if self.instance is not None and "\n" in self.instance:
+            raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
         self.selected_fields()  # unknown names fail here, at load time
+
+    @property
+    def instance_port(self) -> int:
+        """The port in the default ``instance``: the /metrics port, else dcgm-exporter's."""
+        return parse_listen(self.listen)[1] if self.listen else DEFAULT_INSTANCE_PORT
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
         chosen = catalogue.select(self.fields)
@@ -183,6 +199,8 @@ _FILE_KEYS = (
     "pod_resources_socket",
     "hpc_job_mapping_dir",
     "hostname",
+    "host_label",
+    "instance",
 )
 
 
@@ -283,6 +301,11 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
             kw[key] = _expect(value, str, key, sock) or None
         elif key == "hostname":
             kw[key] = _expect(value, str, key, "gpu-node-17") or None
+        elif key == "host_label":
+            kw[key] = _expect(value, str, key, "hostname")
+        elif key == "instance":
+            # `instance: ""` or `instance: false` leave the label off
+            kw[key] = "" if value in ("", False) else _expect(value, str, key, "node17:9400")
         elif key == "hpc_job_mapping_dir":
             kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
     return replace(base or Config(), **kw)

@@ -38,14 +38,39 @@ _STAT_HELP = {
 }
 
 
-def gpu_labels(device: DeviceInfo, hostname: str) -> dict[str, str]:
-    """dcgm-exporter's per-GPU labels."""
+# dcgm-exporter's port: the `instance` a scrape of it would have given the series.
+DEFAULT_INSTANCE_PORT = 9400
+
+
+def host_labels(
+    hostname: str | None = None,
+    host_label: str = "Hostname",
+    instance: str | None = None,
+    instance_port: int = DEFAULT_INSTANCE_PORT,
+) -> dict[str, str]:
+    """The labels naming this host on every series: the host label and ``instance``.
+
+    A scrape adds ``instance``, a push does not, and dcgm-exporter's dashboards and many alert
+    rules select on it: by default it is ``<host>:<port>`` as a scrape would have made it.
+    ``instance=""`` leaves it off.
+    """
+    host = hostname or socket.gethostname() or "localhost"
+    labels = {host_label: host}
+    if instance is None:
+        instance = f"{host}:{instance_port}"
+    if instance:
+        labels["instance"] = instance
+    return labels
+
+
+def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
+    """dcgm-exporter's per-GPU labels, with the host's (``host_labels``)."""
     return {
         "gpu": str(device.index),
         "UUID": device.uuid,
         "device": device.device,
         "modelName": device.model_name,
-        "Hostname": hostname,
+        **host,
         "pci_bus_id": device.pci_bus_id,
         "DCGM_FI_DRIVER_VERSION": device.driver_version,
     }
@@ -74,18 +99,20 @@ class MetricModel:
         external_labels: Mapping[str, str] | None = None,
         hostname: str | None = None,
         stale_after_windows: int = 5,
+        *,
+        host_label: str = "Hostname",
+        instance: str | None = None,
+        instance_port: int = DEFAULT_INSTANCE_PORT,
     ) -> None:
         self.devices = tuple(devices)
-        self.hostname = hostname or socket.gethostname() or "localhost"
+        self.host = host_labels(hostname, host_label, instance, instance_port)
         self.external = dict(external_labels or {})
         self.self_metrics = self_metrics
         self.registry = SeriesRegistry()
         self.stale_after_windows = stale_after_windows
         self._groups: dict[str, _GroupSeries] = {}
         self._live: dict[int, Series] = {}
-        self._base_labels = [
-            {**gpu_labels(d, self.hostname), **self.external} for d in self.devices
-        ]
+        self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
 
@@ -100,7 +127,7 @@ class MetricModel:
         the old ones drop out of the next snapshot and get stale markers like any ended series.
         """
         for i, labels in enumerate(extra):
-            base = gpu_labels(self.devices[i], self.hostname)
+            base = gpu_labels(self.devices[i], self.host)
             # external labels win, as with Prometheus's own external_labels
             wanted = {**base, **labels, **self.external}
             previous = self._base_labels[i]
@@ -211,7 +238,7 @@ class MetricModel:
     def _self_series(
         self, series: list[Series], values: list[float], alive: dict[int, Series]
     ) -> None:
-        base = {"Hostname": self.hostname, **self.external}
+        base = {**self.host, **self.external}
         for d in self.self_metrics.definitions():
             self.registry.family(d.name, d.help, d.type)
         for d, key, value in self.self_metrics.samples():

@@ -22,7 +22,7 @@ import numpy as np
 
 from hfsampler.config import parse_label
 from hfsampler.fields import Kind
-from hfsampler.metrics import MetricModel, gpu_labels
+from hfsampler.metrics import MetricModel, gpu_labels, host_labels
 from hfsampler.recording import Recording
 from hfsampler.remote_write import RemoteWriter, endpoint_from_url
 from hfsampler.remote_write.sender import DROPPED, SAMPLES
@@ -67,7 +67,7 @@ def window_snapshots(rec: Recording, labels: dict[str, str]) -> list[Snapshot]:
 def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
     """Per millisecond with data, a snapshot of every raw sample taken in it (the last wins)."""
     registry = SeriesRegistry()
-    host = rec.header.get("host") or "localhost"
+    host = host_labels(rec.header.get("host") or "localhost")
     base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
     for chunk in rec.raw_chunks():
         fields = rec.groups[chunk.group].fields

@@ -119,6 +119,9 @@ class Service:
             config.external_labels,
             hostname=config.hostname,
             stale_after_windows=config.stale_after_windows,
+            host_label=config.host_label,
+            instance=config.instance,
+            instance_port=config.instance_port,
         )
         self.latest: Snapshot | None = None
         self.windows = 0

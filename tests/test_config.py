@@ -116,3 +116,18 @@ def test_empty_file_is_the_default(tmp_path: Path) -> None:
 def test_from_mapping_keeps_base() -> None:
     base = Config(sim_gpus=3)
     assert from_mapping({"window": "2s"}, base).sim_gpus == 3
+
+
+def test_instance_and_host_label_keys() -> None:
+    assert from_mapping({}).instance is None
+    assert from_mapping({}).instance_port == 9400
+    assert from_mapping({"listen": ":9500"}).instance_port == 9500
+    assert from_mapping({"listen": None}).instance_port == 9400
+    assert from_mapping({"instance": False}).instance == ""
+    assert from_mapping({"instance": "n1:1"}).instance == "n1:1"
+    assert from_mapping({"host_label": "hostname"}).host_label == "hostname"
+    for bad in ({"host_label": "host-name"}, {"host_label": "__host"}, {"host_label": "instance"}):
+        with pytest.raises(ConfigError, match="host_label"):
+            from_mapping(bad)
+    with pytest.raises(ConfigError, match="instance"):
+        from_mapping({"instance": 5})

@@ -158,3 +158,34 @@ def test_pod_churn_does_not_grow_the_registry() -> None:
     assert sizes[-1] == sizes[2]  # bounded: each old pod's series are forgotten once staled
     pods = {dict(s.labels).get("pod") for s, v in snap.items() if not is_stale(v)}
     assert pods == {"train-19", None}
+
+
+def _labels_of(model: MetricModel, name: str) -> list[dict[str, str]]:
+    up = np.array([True, True])
+    snap = model.snapshot(
+        {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}, up, 2_500_000_000
+    )
+    return [dict(s.labels) for s in snap.series if s.name == name]
+
+
+def test_instance_label_as_a_scrape_would_add_it() -> None:
+    """dcgm-exporter's dashboards select on instance: every series, self-metrics too, has it."""
+    for name in ("DCGM_FI_DEV_POWER_USAGE_max", "hfsampler_windows_total"):
+        assert {lb["instance"] for lb in _labels_of(_model(), name)} == {"node1:9400"}
+    assert {
+        lb["instance"] for lb in _labels_of(_model(instance_port=9500), "hfsampler_windows_total")
+    } == {"node1:9500"}
+    custom = _labels_of(_model(instance="gpu17.fra1"), "DCGM_FI_DEV_POWER_USAGE")
+    assert {lb["instance"] for lb in custom} == {"gpu17.fra1"}
+    assert all(
+        "instance" not in lb for lb in _labels_of(_model(instance=""), "DCGM_FI_DEV_POWER_USAGE")
+    )
+
+
+def test_host_label_name_is_chosen() -> None:
+    (first, _) = _labels_of(_model(host_label="hostname"), "DCGM_FI_DEV_POWER_USAGE")
+    assert first["hostname"] == "node1"
+    assert "Hostname" not in first
+    (selfm,) = _labels_of(_model(host_label="hostname"), "hfsampler_windows_total")
+    assert selfm["hostname"] == "node1"
+    assert "Hostname" not in selfm

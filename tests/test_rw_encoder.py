@@ -105,7 +105,9 @@ def test_fast_path_parses_to_what_protobuf_builds(
     )
     for ts in parsed.timeseries:  # the spec's order, which Thanos and Mimir enforce
         names = [lb.name.encode() for lb in ts.labels]
-        assert names == sorted(names) and len(set(names)) == len(names) and b"__name__" in names
+        assert names == sorted(names)
+        assert len(set(names)) == len(names)
+        assert b"__name__" in names
     # Encoding again from a warm cache gives the same bytes.
     assert enc.encode_samples(samples, encode_metadata(families)) == raw
 

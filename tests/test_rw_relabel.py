@@ -73,7 +73,12 @@ def test_renaming_the_metric_and_losing_it() -> None:
 @pytest.mark.parametrize(
     ("rule", "message"),
     [
-        ("{action: hashmod, modulus: 2}", "not a known key"),
+        ("{action: hashmod, modulus: 2}", "must be a label name for action hashmod"),
+        ("{action: hashmod, target_label: s}", "is required for hashmod"),
+        ("{action: hashmod, target_label: s, modulus: 0}", "is required for hashmod"),
+        ("{action: hashmod, target_label: s, modulus: '4'}", "must be a whole number"),
+        ("{action: keep, source_labels: [a], modulus: 4}", "applies to hashmod only"),
+        ("{action: keep, source_labels: [a], modulo: 4}", "not a known key"),
         ("{action: explode}", "unknown action"),
         ("{source_labels: [a], regex: '(?=x)', action: keep}", "RE2"),
         ("{source_labels: [a], regex: '(a)\\1', action: keep}", "RE2"),
@@ -90,3 +95,22 @@ def test_bad_rules_name_the_key(rule: str, message: str) -> None:
     with pytest.raises(ConfigError, match=r"remote_write\[0\]\.write_relabel_configs\[0\]") as e:
         parse_remote_write(yaml.safe_load(text))
     assert message in str(e.value)
+
+
+def test_hashmod_shards_series_by_source_labels() -> None:
+    rule = "[{source_labels: [Hostname, gpu], target_label: shard, modulus: 4, action: hashmod}]"
+    out = run(rule)
+    assert out is not None
+    assert out["shard"] in {"0", "1", "2", "3"}
+    assert run(rule) == out  # deterministic
+    # Every label set keeps its shard; sets spread over all of them.
+    shards = set()
+    for host in range(64):
+        got = run(rule, {**LABELS, "Hostname": f"node{host}"})
+        assert got is not None
+        shards.add(got["shard"])
+    assert shards == {"0", "1", "2", "3"}
+    # Keep one shard: the fleet pattern, each receiver taking series whose shard is its own.
+    keep = rule[:-1] + ", {source_labels: [shard], regex: '2', action: keep}]"
+    kept = [run(keep, {**LABELS, "Hostname": f"node{h}"}) for h in range(64)]
+    assert 0 < sum(k is not None for k in kept) < 64

@@ -1,7 +1,7 @@
 """Relabel: Prometheus's ``write_relabel_configs``, applied once per series per endpoint.
 
-Supported actions are ``replace`` (the default), ``keep``, ``drop``, ``labeldrop``,
-``labelkeep`` and ``labelmap``, with Prometheus's defaults (``separator: ';'``,
+Supported actions are ``replace`` (the default), ``keep``, ``drop``, ``hashmod``,
+``labeldrop``, ``labelkeep`` and ``labelmap``, with Prometheus's defaults (``separator: ';'``,
 ``regex: '(.*)'``, ``replacement: '$1'``) and its anchoring: a regex must match the whole value,
 as if written ``^(?:regex)$``. Regexes are limited to what RE2 (Go's engine) accepts, so a config
 that works here works in Prometheus too: lookarounds and backreferences are refused. Replacement
@@ -10,6 +10,7 @@ templates use Go's syntax: ``$1``, ``${1}``, ``$name``, ``${name}``, ``$$``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from hfsampler.errors import ConfigError
 from hfsampler.series import LABEL_NAME_RE, METRIC_NAME_RE
 
-ACTIONS = ("replace", "keep", "drop", "labeldrop", "labelkeep", "labelmap")
-_KEYS = ("source_labels", "separator", "target_label", "regex", "replacement", "action")
+ACTIONS = ("replace", "keep", "drop", "hashmod", "labeldrop", "labelkeep", "labelmap")
+_KEYS = ("source_labels", "separator", "target_label", "regex", "replacement", "action", "modulus")
+# Prometheus takes modulus as a uint64.
+MAX_MODULUS = (1 << 64) - 1
 # Constructs Python's re has and RE2 does not: lookarounds, backreferences, possessive/atomic.
 _NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?>|\(\?P=|[*+?}]\+")
 # Go's template: $$, ${name}, or $name where name is the longest run of word characters.
@@ -35,6 +38,7 @@ class RelabelRule:
     target_label: str = ""
     regex: re.Pattern[str] = re.compile(r"(?:(.*))\Z")
     replacement: str = "$1"
+    modulus: int = 0  # hashmod only
 
 
 def compile_regex(text: object, key: str) -> re.Pattern[str]:
@@ -82,10 +86,7 @@ def _parse_rule(raw: object, key: str) -> RelabelRule:
         raise ConfigError(key, "must be a mapping", "e.g. {action: keep, regex: '.*_max'}")
     for k in raw:
         if k not in _KEYS:
-            fix = "hashmod and modulus are not supported" if k == "modulus" else ""
-            raise ConfigError(
-                f"{key}.{k}", "is not a known key", fix or "known: " + ", ".join(_KEYS)
-            )
+            raise ConfigError(f"{key}.{k}", "is not a known key", "known: " + ", ".join(_KEYS))
     action = raw.get("action", "replace")
     if not isinstance(action, str) or action.lower() not in ACTIONS:
         raise ConfigError(
@@ -117,7 +118,25 @@ def _parse_rule(raw: object, key: str) -> RelabelRule:
         raise ConfigError(
             key, f"action {action} takes only regex", "remove source_labels/target_label"
         )
-    return RelabelRule(action, tuple(sources), separator, target, regex, replacement)
+    modulus = raw.get("modulus", 0)
+    if action == "hashmod":
+        if not target or not LABEL_NAME_RE.match(target):
+            raise ConfigError(
+                f"{key}.target_label", "must be a label name for action hashmod", "e.g. shard"
+            )
+        if isinstance(modulus, bool) or not isinstance(modulus, int):
+            raise ConfigError(f"{key}.modulus", "must be a whole number", "e.g. modulus: 4")
+        if not 0 < modulus <= MAX_MODULUS:
+            raise ConfigError(f"{key}.modulus", "is required for hashmod and must be above 0")
+    elif "modulus" in raw:
+        raise ConfigError(f"{key}.modulus", f"applies to hashmod only, not {action}", "remove it")
+    return RelabelRule(action, tuple(sources), separator, target, regex, replacement, modulus)
+
+
+def hashmod(value: str, modulus: int) -> int:
+    """Prometheus's hashmod: the last 8 bytes of the value's MD5, big-endian, mod ``modulus``."""
+    digest = hashlib.md5(value.encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[8:], "big") % modulus
 
 
 def apply(rules: Sequence[RelabelRule], labels: dict[str, str]) -> dict[str, str] | None:
@@ -139,6 +158,9 @@ def apply(rules: Sequence[RelabelRule], labels: dict[str, str]) -> dict[str, str
                     labels[target] = result
                 else:
                     labels.pop(target, None)
+        elif rule.action == "hashmod":
+            value = rule.separator.join(labels.get(s, "") for s in rule.source_labels)
+            labels[rule.target_label] = str(hashmod(value, rule.modulus))
         elif rule.action == "labeldrop":
             labels = {k: v for k, v in labels.items() if not rule.regex.match(k)}
         elif rule.action == "labelkeep":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import geomap, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -270,6 +270,60 @@ def fleet_heatmap(title: str, expr: str, unit: str) -> heatmap.Panel:
     )  # fmt: skip
 
 
+def fleet_map() -> geomap.Panel:
+    """GPUs per site, placed by the ``latitude`` / ``longitude`` external labels of each node."""
+    expr = 'count by (datacenter, latitude, longitude) (DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"})'
+    markers = (
+        cb.MapLayerOptions()
+        .type("markers")
+        .name("GPUs per site")
+        .location(
+            cb.FrameGeometrySource()
+            .mode(cm.FrameGeometrySourceMode.COORDS)
+            .latitude("latitude")
+            .longitude("longitude")
+        )
+        .config(
+            {
+                "showLegend": True,
+                "style": {
+                    "size": {"field": "Value", "fixed": 5, "min": 6, "max": 30},
+                    "color": {"fixed": "dark-orange"},
+                    "text": {"mode": "field", "field": "datacenter", "fixed": ""},
+                    "textConfig": {"fontSize": 12, "offsetY": -18, "textAlign": "center"},
+                },
+            }
+        )
+        .tooltip(True)
+    )
+    # Label values are strings; the map needs numbers for its coordinates.
+    to_numbers = dm.DataTransformerConfig(
+        id_val="convertFieldType",
+        options={
+            "conversions": [
+                {"targetField": "latitude", "destinationType": "number"},
+                {"targetField": "longitude", "destinationType": "number"},
+            ]
+        },
+    )
+    return (
+        geomap.Panel()
+        .title("GPUs per site")
+        .description(
+            "Set external_labels {datacenter, latitude, longitude} on each node (see "
+            "deploy/kubernetes/overlays/thanos/*/config.yml); marker size is the number of GPUs "
+            "reporting."
+        )
+        .datasource(DS)
+        .with_target(query(expr, "{{datacenter}}", instant=True).format(pm.PromQueryFormat.TABLE))
+        .with_transformation(to_numbers)
+        .view(geomap.MapViewConfig().id("zero").zoom(1))
+        .layers([markers])
+        .height(10)
+        .span(24)
+    )
+
+
 def fleet() -> db.Dashboard:
     s = GPU_SEL
     d = base(
@@ -298,6 +352,7 @@ def fleet() -> db.Dashboard:
             .height(4)
             .span(6)
         )
+    d = d.with_panel(fleet_map())
     d = d.with_panel(
         fleet_heatmap("Utilization across GPUs", f"DCGM_FI_DEV_GPU_UTIL{{{s}}}", "percent")
     )

@@ -31,11 +31,53 @@ from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# Where .ci/fetch-prometheus3 unpacks Debian sid's prometheus package (3.x).
+_CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+PROMETHEUS3_CACHE = _CACHE_HOME / "hfsampler-ci" / "prometheus3"
+
 # Debian's binaries by default; a path or name in these variables runs another build.
-PROMETHEUS_BIN = os.environ.get("HFSAMPLER_PROMETHEUS_BIN", "prometheus")
+PROMETHEUS_BIN = os.environ.get("HFSAMPLER_PROMETHEUS_BIN", "prometheus")  # bookworm's, 2.42
+PROMETHEUS3_BIN = os.environ.get(
+    "HFSAMPLER_PROMETHEUS3_BIN", str(PROMETHEUS3_CACHE / "root" / "usr" / "bin" / "prometheus")
+)
 VICTORIA_METRICS_BIN = os.environ.get("HFSAMPLER_VICTORIA_METRICS_BIN", "victoria-metrics")
 
-# What a receiver logs when it rejects or drops pushed samples (checked case-insensitively).
+# Every receiver the push tests run against, by the name the fixtures give it (and test ids show).
+RECEIVER_NAMES = ("prometheus-2", "prometheus-3", "victoria-metrics")
+
+
+@dataclass(frozen=True)
+class PrometheusBuild:
+    """One Prometheus major version the Prometheus tests run against."""
+
+    name: str  # in test ids, receiver names and data directory names
+    binary: str
+    major: int
+    how_to_get: str
+
+
+PROMETHEUS_BUILDS = {
+    build.name: build
+    for build in (
+        PrometheusBuild(
+            "prometheus-2",
+            PROMETHEUS_BIN,
+            2,
+            "install Debian's prometheus package "
+            "(apt-get install --no-install-recommends prometheus) or set HFSAMPLER_PROMETHEUS_BIN",
+        ),
+        PrometheusBuild(
+            "prometheus-3",
+            PROMETHEUS3_BIN,
+            3,
+            "run .ci/fetch-prometheus3 (unpacks Debian sid's prometheus into a cache) "
+            "or set HFSAMPLER_PROMETHEUS3_BIN",
+        ),
+    )
+}
+
+# What a receiver logs when it rejects or drops pushed samples (checked case-insensitively):
+# Prometheus 2.x logs ``level=warn``, 3.x (log/slog) ``level=WARN``; VictoriaMetrics ``\twarn\t``.
 LOG_PROBLEM_RE = re.compile(
     r"out.of.order|out.of.bounds|duplicate|too old|err=|level=(error|warn)|\t(error|warn)\t|error",
     re.IGNORECASE,
@@ -384,7 +426,12 @@ class Receiver:
 
 @dataclass
 class Prometheus(Receiver):
-    """Prometheus 2.x with the Remote-Write receiver on and no scrape jobs (unless given)."""
+    """Prometheus 2.x or 3.x with the Remote-Write receiver on and no scrape jobs (unless given).
+
+    The flags below mean the same in both. Differences a test may meet: 3.x logs with log/slog
+    (``time=... level=WARN msg=...``), limits a decoded Remote-Write body to 32 MiB, allows UTF-8
+    metric and label names, and its range selectors leave out a sample exactly on the left edge.
+    """
 
     scrape_configs: list[dict[str, Any]] = field(default_factory=list)
     ready_path: str = "/-/ready"
@@ -407,6 +454,11 @@ class Prometheus(Receiver):
             "--storage.tsdb.retention.time=1d",
             "--log.level=info",
         ]
+
+    def version(self) -> str:
+        """The running server's version, from ``/api/v1/status/buildinfo`` (e.g. ``3.5.3+ds1``)."""
+        version: str = self.api("/api/v1/status/buildinfo")["data"]["version"]
+        return version
 
 
 @dataclass
@@ -475,16 +527,22 @@ def _start(receiver: Receiver, attempts: int = 3) -> None:
 
 
 def start_prometheus(
-    root: Path, scrape_configs: list[dict[str, Any]] | None = None, port: int | None = None
+    root: Path,
+    scrape_configs: list[dict[str, Any]] | None = None,
+    port: int | None = None,
+    *,
+    name: str = "prometheus",
+    binary: str = PROMETHEUS_BIN,
 ) -> Prometheus:
     """Start a Prometheus under ``root`` (its config, data and log live there)."""
     root.mkdir(parents=True, exist_ok=True)
     prom = Prometheus(
-        name="prometheus",
+        name=name,
         port=port or free_port(),
         data_dir=root,
         log_path=root / "prometheus.log",
         scrape_configs=scrape_configs or [],
+        binary=binary,
     )
     _start(prom)
     return prom

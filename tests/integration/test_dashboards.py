@@ -1,16 +1,16 @@
 """Every Grafana dashboard panel's query runs against a real Prometheus fed by hfsampler.
 
-One Prometheus (the harness in ``receivers.py``) loads deploy/rules/ with a 1 s evaluation
-interval, one short ``hfsampler run --source sim`` pushes into it, and then each dashboard's
-variables are filled from the label values Prometheus holds, as Grafana would, and every target
-runs through the HTTP API (instant or range, as the panel asks). A query error or an empty result
-fails the test: a dashboard whose panels say "No data" on a working setup is broken.
+One Prometheus per version (2.x, then 3.x: the harness in ``receivers.py``) loads deploy/rules/
+with a 1 s evaluation interval, one short ``hfsampler run --source sim`` pushes into it, and then
+each dashboard's variables are filled from the label values Prometheus holds, as Grafana would,
+and every target runs through the HTTP API (instant or range, as the panel asks). A query error
+or an empty result fails the test: a dashboard whose panels say "No data" on a working setup is
+broken.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,19 +62,17 @@ def _fast_rules(dest: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fed_prometheus(receivers_root: Path) -> Iterator[RulesPrometheus]:
-    if rx.binary_path(rx.PROMETHEUS_BIN) is None:
-        message = "prometheus not found: apt-get install prometheus"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and {message}", pytrace=False)
-        pytest.skip(message)
-    root = receivers_root / "prometheus-dashboards"
+def fed_prometheus(
+    receivers_root: Path, prometheus_build: rx.PrometheusBuild
+) -> Iterator[RulesPrometheus]:
+    root = receivers_root / f"{prometheus_build.name}-dashboards"
     root.mkdir(parents=True, exist_ok=True)
     prom = RulesPrometheus(
-        name="prometheus",
+        name=f"{prometheus_build.name}-dashboards",
         port=rx.free_port(),
         data_dir=root,
         log_path=root / "prometheus.log",
+        binary=prometheus_build.binary,
         rule_files=_fast_rules(root),
     )
     prom.start()

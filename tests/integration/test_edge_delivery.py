@@ -10,8 +10,9 @@ One scenario, timed so that every claim is checked in a single ~90 s run:
     t≈68     Prometheus starts again on the same port/data     -- outage ends, spool drains
     t≈78     hfsampler stops (SIGINT)
 
-Then every 1 s window of ``DCGM_FI_DEV_POWER_USAGE_max{gpu="0"}`` is counted in Prometheus.
-The numbers are printed (``-s`` shows them) and written to ``benchmarks/out/edge_outage.json``.
+Then every 1 s window of ``DCGM_FI_DEV_POWER_USAGE_max{gpu="0"}`` is counted in Prometheus. The
+scenario runs once per Prometheus version (2.x, 3.x). The numbers are printed (``-s`` shows them)
+and written to ``benchmarks/out/edge_outage-prometheus-<major>.json``.
 """
 
 from __future__ import annotations
@@ -109,9 +110,13 @@ def _problems(log_text: str) -> list[str]:
 
 @pytest.mark.timeout(300)  # ~80 s by design (a 60 s outage); slow CI runners need headroom
 def test_outage_kill9_dead_endpoint(
-    tmp_path: Path, receivers_root: Path, victoria_metrics: rx.VictoriaMetrics
+    tmp_path: Path,
+    receivers_root: Path,
+    victoria_metrics: rx.VictoriaMetrics,
+    prometheus_build: rx.PrometheusBuild,
 ) -> None:
-    prom = rx.start_prometheus(receivers_root / "edge-prometheus")
+    name = f"edge-{prometheus_build.name}"
+    prom = rx.start_prometheus(receivers_root / name, name=name, binary=prometheus_build.binary)
     qdir = tmp_path / "queue"
     listen = f"127.0.0.1:{rx.free_port()}"
     config = _config(tmp_path / "edge.yml", prom, victoria_metrics, qdir, listen)
@@ -188,9 +193,10 @@ def test_outage_kill9_dead_endpoint(
         "vm_max_lag_s_during_outage": round(max(vm_lag_s), 2),
         "peak_rss_kib_while_spooling": max([*rss, hwm_kib]),
     }
-    print("\nedge outage:", json.dumps(numbers))
+    print(f"\nedge outage ({prometheus_build.name}):", json.dumps(numbers))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "edge_outage.json").write_text(json.dumps(numbers, indent=2) + "\n")
+    out = OUT / f"edge_outage-{prometheus_build.name}.json"
+    out.write_text(json.dumps(numbers, indent=2) + "\n")
     assert lost_outage == 0, f"holes in run 2: {sorted(set(expected_run2) - set(run2))}"
     assert lost_kill <= 1, f"lost across kill -9: {sorted(set(expected_run1) - set(run1))}"
     # The spooled windows of run 1's part of the outage arrived too.

@@ -1,8 +1,8 @@
-"""End to end: ``hfsampler run --source sim`` pushes to a real Prometheus and VictoriaMetrics.
+"""End to end: ``hfsampler run --source sim`` pushes to real Prometheus (2, 3) and VictoriaMetrics.
 
 The harness checks first (a hand-built Remote-Write request goes in and comes back out of each
 receiver, and a rejected sample shows up in the log scan), so a failure below them is the
-package's. Then one 8 s sim run pushes to both receivers at once, and each receiver's HTTP API is
+package's. Then one 8 s sim run pushes to every receiver at once, and each receiver's HTTP API is
 checked against the sim source's ground truth: series and labels, spike peaks, window means,
 counters, and a clean receiver log.
 """
@@ -40,7 +40,7 @@ ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 # The harness itself
 
 
-@pytest.mark.parametrize("name", ["prometheus", "victoria-metrics"])
+@pytest.mark.parametrize("name", rx.RECEIVER_NAMES)
 def test_receiver_round_trip(receivers: dict[str, rx.Receiver], name: str) -> None:
     """A hand-encoded, snappy-compressed WriteRequest is stored and queryable, samples exact."""
     receiver = receivers[name]
@@ -106,7 +106,7 @@ def test_hfsampler_cli_runs() -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# One sim run, pushed to both receivers
+# One sim run, pushed to every receiver
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
     log_at = {name: len(r.log_text()) for name, r in receivers.items()}
     listen = f"127.0.0.1:{rx.free_port()}"
     args = rx.sim_run_args(
-        [receivers["prometheus"].write_url, receivers["victoria-metrics"].write_url],
+        [r.write_url for r in receivers.values()],
         listen=listen,
         gpus=GPUS,
         window=f"{WINDOW_MS // 1000}s",
@@ -235,7 +235,7 @@ def _tick_counts(receiver: rx.Receiver, push: SimPush) -> TickCounts:
 STALL_TICKS = 3
 
 
-RECEIVERS = ["prometheus", "victoria-metrics"]
+RECEIVERS = rx.RECEIVER_NAMES
 
 
 @pytest.mark.parametrize("name", RECEIVERS)

@@ -1,9 +1,10 @@
 """`hfsampler replay` into real Prometheus and VictoriaMetrics: the replayed series are the file's.
 
 One sim recording around a short child command, replayed (window series, then ``--raw``) into
-both receivers; each receiver's stored ``_max`` series must equal the recording's window maxima at
-the window ends, and the raw series its distinct samples (VictoriaMetrics keeps 12 significant
-digits of a float, so values compare to 1e-11 relative there; Prometheus's are bit-exact).
+each receiver (Prometheus 2 and 3, VictoriaMetrics); each receiver's stored ``_max`` series must
+equal the recording's window maxima at the window ends, and the raw series its distinct samples
+(VictoriaMetrics keeps 12 significant digits of a float, so values compare to 1e-11 relative
+there; Prometheus's are bit-exact).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return path, run_id
 
 
-@pytest.mark.parametrize("name", ["prometheus", "victoria-metrics"])
+@pytest.mark.parametrize("name", rx.RECEIVER_NAMES)
 def test_replayed_max_equals_recording(
     receivers: dict[str, rx.Receiver], recording: tuple[Path, str], name: str
 ) -> None:

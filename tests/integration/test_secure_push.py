@@ -63,13 +63,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def secure_prometheus(
-    receivers_root: Path, pki: Pki, prometheus: rx.Prometheus
+    receivers_root: Path, pki: Pki, prometheus_build: rx.PrometheusBuild
 ) -> Iterator[SecurePrometheus]:
-    # ``prometheus`` (the plain session instance) is here for its binary check: a missing binary
-    # skips on a workstation and fails under CI.
     import bcrypt
 
-    root = receivers_root / "secure-prometheus"
+    root = receivers_root / f"secure-{prometheus_build.name}"
     root.mkdir(parents=True, exist_ok=True)
     web = root / "web.yml"
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
@@ -93,10 +91,11 @@ def secure_prometheus(
         urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx), _Auth())
     )
     prom = SecurePrometheus(
-        name="prometheus",
+        name=f"secure-{prometheus_build.name}",
         port=rx.free_port(),
         data_dir=root,
         log_path=root / "prometheus.log",
+        binary=prometheus_build.binary,
         web_config=web,
     )
     try:

@@ -77,7 +77,9 @@ def fed_prometheus(
     )
     prom.start()
     try:
-        args = rx.sim_run_args([prom.write_url], gpus=3, duration="8s", labels={"cluster": "ci"})
+        # a site's coordinates as external labels place it on the fleet dashboard's map
+        site = {"cluster": "ci", "datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
+        args = rx.sim_run_args([prom.write_url], gpus=3, duration="8s", labels=site)
         run = rx.run_cli(args, timeout_s=60).check()
         prom.live_until_s = run.ended_ns / 1e9 - 3
         # the recording rules and the always-firing Watchdog need an evaluation after the data
@@ -149,3 +151,21 @@ def test_every_panel_query_returns_data(fed_prometheus: RulesPrometheus, path: P
                 problems.append(f"{panel['title']!r}: {expr}: empty result")
     assert checked, f"{path.name} has no queries"
     assert not problems, "\n".join(problems)
+
+
+def test_fleet_map_places_each_site(fed_prometheus: RulesPrometheus) -> None:
+    """The geomap panel's rows carry the coordinates it plots, one row per site, GPUs counted."""
+    dash = json.loads((DASHBOARDS / "hfsampler-fleet.json").read_text())
+    (panel,) = [p for p in _panels(dash) if p["type"] == "geomap"]
+    (layer,) = panel["options"]["layers"]
+    location = layer["location"]
+    assert (location["mode"], location["latitude"], location["longitude"]) == (
+        "coords",
+        "latitude",
+        "longitude",
+    )
+    (target,) = panel["targets"]
+    expr = _fill(target["expr"], _variable_values(fed_prometheus, dash))
+    (row,) = fed_prometheus.query(expr, time_s=fed_prometheus.live_until_s)
+    assert row["metric"] == {"datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
+    assert float(row["value"][1]) == 3

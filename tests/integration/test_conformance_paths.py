@@ -1,0 +1,147 @@
+"""Every path by which series leave hfsampler, against the strict conformance receiver.
+
+``tests/conformance.py`` refuses what the Remote-Write spec, Thanos Receive or Mimir refuse
+(label order, duplicates, limits, sample order across requests, timestamps, headers); Prometheus
+and VictoriaMetrics would repair most of it silently. Each path must reach it with zero
+violations: ``run`` with external labels, ``--label``, job attribution that changes mid-run and
+every relabel action that can create or move a label; ``replay``; ``replay --raw``; and a spool
+written during an outage, drained by the next start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import receivers as rx
+import yaml
+from conformance import ConformanceReceiver
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"
+
+
+def names_of(receiver: ConformanceReceiver) -> set[str]:
+    return {dict(labels)["__name__"] for labels in receiver.samples}
+
+
+def write_config(path: Path, url: str, flavor: str, jobs: Path) -> Path:
+    config = {
+        "external_labels": {"cluster": "fra1-a", "datacenter": "fra1"},
+        "hpc_job_mapping_dir": str(jobs),
+        "remote_write": [
+            {
+                "url": url,
+                "flavor": flavor,
+                "tenant": "team-a",
+                "write_relabel_configs": [
+                    # labelmap and replace create names anywhere in the order
+                    {"regex": "(cluster|datacenter)", "action": "labelmap", "replacement": "k_$1"},
+                    {"source_labels": ["gpu"], "target_label": "AAA_first", "replacement": "g$1"},
+                    {"source_labels": ["UUID"], "target_label": "zz_last"},
+                    {
+                        "source_labels": ["UUID"],
+                        "target_label": "shard",
+                        "modulus": 4,
+                        "action": "hashmod",
+                    },
+                    {"regex": "pci_bus_id", "action": "labeldrop"},
+                ],
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("flavor", ["thanos", "mimir"])
+def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str) -> None:
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "0").write_text("slurm-4242\n")
+    header = rx_tenant_header(flavor)
+    with ConformanceReceiver(flavour=flavor, tenant_header=header) as receiver:  # type: ignore[arg-type]
+        config = write_config(tmp_path / "hfsampler.yml", receiver.url, flavor, jobs)
+        args = rx.sim_run_args([], duration="6s", labels={"team": "ml"})
+        proc = rx.spawn_cli([*args, "--config", str(config)], tmp_path / "run.log")
+        try:
+            receiver.wait(
+                lambda r: proc.poll() is not None or any("hpc_job" in dict(k) for k in r.samples),
+                20,
+            )
+            (jobs / "0").write_text("slurm-4243\n")  # a new job on GPU 0: series swap
+            assert proc.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()
+        finally:
+            rx.stop_cli(proc)
+    receiver.assert_conformant()
+    report = receiver.report()
+    assert report["statuses"].keys() <= {200, 204}, report
+    power = receiver.series_named(POWER_MAX)
+    assert power, report
+    for labels in power:
+        got = dict(labels)
+        assert got["k_cluster"] == "fra1-a"
+        assert got["team"] == "ml"
+        assert got["shard"] in {"0", "1", "2", "3"}
+        assert got["AAA_first"] == f"g{got['gpu']}"
+        assert got["instance"].endswith(":9400")
+        assert "pci_bus_id" not in got
+    jobs_seen = {dict(k).get("hpc_job") for k in power if dict(k)["gpu"] == "0"}
+    assert jobs_seen == {"slurm-4242", "slurm-4243"}
+    assert report["stale_markers"] > 0  # the ended job's series, then everything at shutdown
+    assert "hfsampler_windows_total" in names_of(receiver)
+
+
+def rx_tenant_header(flavor: str) -> str:
+    return {"thanos": "THANOS-TENANT", "mimir": "X-Scope-OrgID"}[flavor]
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("conformance-replay") / "run.hfs"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--label",
+         "run=conformance", "-o", str(path), "--", sys.executable, "-c",
+         "import time; time.sleep(2.5)"],
+        env=rx.hfsampler_env(), capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["windows", "raw"])
+def test_replay(recording: Path, raw: bool) -> None:
+    with ConformanceReceiver() as receiver:
+        args = ["replay", str(recording), "--remote-write", receiver.url, "--label", "dc=fra1"]
+        rx.run_cli([*args, "--raw"] if raw else args, timeout_s=120).check()
+    receiver.assert_conformant()
+    names = names_of(receiver)
+    if raw:
+        assert "DCGM_FI_DEV_POWER_USAGE_INSTANT_raw" in names
+        assert all(n.endswith("_raw") for n in names), names
+    else:
+        assert POWER_MAX in names
+    assert all(dict(k)["run"] == "conformance" for k in receiver.samples)
+
+
+def test_spool_drained_after_an_outage(tmp_path: Path) -> None:
+    port = rx.free_port()
+    url = f"http://127.0.0.1:{port}/api/v1/write"
+    queue = tmp_path / "queue"
+    args = rx.sim_run_args([url], duration="4s", extra=["--queue-dir", str(queue)])
+    rx.run_cli(args, timeout_s=60).check()  # the receiver is down: everything spools
+    assert any(queue.rglob("*.seg"))
+    with ConformanceReceiver(port=port) as receiver:
+        started = time.time()
+        rx.run_cli(args, timeout_s=60).check()
+    receiver.assert_conformant()
+    stamps = sorted(t for samples in receiver.series_named(POWER_MAX).values() for t, _ in samples)
+    # the first run's windows (spooled) came too, before the second run's
+    assert stamps[0] < started * 1000 - 2000
+    assert stamps[-1] > started * 1000
+    assert receiver.report()["stale_markers"] > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import receivers as rx
 import yaml
-from conformance import ConformanceReceiver
+from conformance import ConformanceReceiver, Limits
 
 pytestmark = pytest.mark.integration
 
@@ -145,3 +145,17 @@ def test_spool_drained_after_an_outage(tmp_path: Path) -> None:
     assert stamps[0] < started * 1000 - 2000
     assert stamps[-1] > started * 1000
     assert receiver.report()["stale_markers"] > 0
+
+
+def test_413_receiver_gets_every_sample_in_more_requests(tmp_path: Path) -> None:
+    """Bodies over 16 KiB decoded get 413: 8 GPUs' windows still arrive whole, split."""
+    with ConformanceReceiver(limits=Limits(max_decoded_bytes=16 << 10)) as receiver:
+        rx.run_cli(rx.sim_run_args([receiver.url], gpus=8, duration="4s"), timeout_s=60).check()
+    receiver.assert_conformant(ignore=["body-decoded-too-large"])
+    report = receiver.report()
+    assert report["statuses"].get(413, 0) > 0, report
+    assert report["violations"].keys() == {"body-decoded-too-large"}, report
+    power = receiver.series_named(POWER_MAX)
+    assert {dict(k)["gpu"] for k in power} == {str(g) for g in range(8)}
+    windows = {len(samples) for samples in power.values()}
+    assert len(windows) == 1, windows  # every GPU's series has every window: nothing lost

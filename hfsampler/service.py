@@ -23,11 +23,12 @@ import numpy.typing as npt
 from aiohttp import web
 
 from hfsampler import exposition
+from hfsampler import selfmetrics as sm
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
 from hfsampler.fields import Field
 from hfsampler.metrics import MetricModel
-from hfsampler.remote_write import RemoteWriter, define_metrics
+from hfsampler.remote_write import RemoteWriter
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
@@ -66,23 +67,6 @@ def plan_groups(fields: Sequence[Field], intervals_s: dict[str, float]) -> list[
     return sorted((g for g in groups if g.fields), key=lambda g: g.interval_s)
 
 
-def define_service_metrics(m: SelfMetrics) -> None:
-    m.define("hfsampler_ticks_total", "Sampler ticks per group.", "counter")
-    m.define(
-        "hfsampler_late_ticks_total", "Ticks that started later than the threshold.", "counter"
-    )
-    m.define(
-        "hfsampler_missed_ticks_total", "Ticks skipped because the loop fell behind.", "counter"
-    )
-    m.define("hfsampler_tick_lateness_p99_seconds", "99th percentile tick lateness.", "gauge")
-    m.define("hfsampler_tick_lateness_max_seconds", "Largest tick lateness in the window.", "gauge")
-    m.define("hfsampler_samples_total", "Field readings taken (GPUs x fields x ticks).", "counter")
-    m.define("hfsampler_distinct_samples_total", "Readings with a new driver timestamp.", "counter")
-    m.define("hfsampler_ring_overwritten_rows_total", "Rows lost to a lagging reader.", "counter")
-    m.define("hfsampler_gpu_up", "1 while the GPU answers, 0 once it is lost.", "gauge")
-    m.define("hfsampler_windows_total", "Windows reduced and exported.", "counter")
-
-
 @dataclass(slots=True)
 class _Group:
     plan: GroupPlan
@@ -109,8 +93,6 @@ class Service:
         self.spec = spec
         self.inventory = inventory
         self.metrics = SelfMetrics()
-        define_service_metrics(self.metrics)
-        define_metrics(self.metrics)
         self.plans = plan_groups(inventory.fields, dict(config.intervals_s))
         self.model = MetricModel(
             inventory.devices,
@@ -239,20 +221,20 @@ class Service:
         for g in self._groups:
             labels = {"group": g.plan.name}
             c = self._sampler.counters(g.index)
-            m.inc("hfsampler_ticks_total", c.ticks - g.ticks, labels)
-            m.inc("hfsampler_late_ticks_total", c.late - g.late, labels)
-            m.inc("hfsampler_missed_ticks_total", c.missed - g.missed, labels)
+            m.inc(sm.TICKS, c.ticks - g.ticks, labels)
+            m.inc(sm.LATE_TICKS, c.late - g.late, labels)
+            m.inc(sm.MISSED_TICKS, c.missed - g.missed, labels)
             g.ticks, g.late, g.missed = c.ticks, c.late, c.missed
             w = stats[g.plan.name]
-            m.set("hfsampler_tick_lateness_p99_seconds", w.lateness_p99_ns / 1e9, labels)
-            m.set("hfsampler_tick_lateness_max_seconds", w.lateness_max_ns / 1e9, labels)
-            m.inc("hfsampler_samples_total", w.ticks * w.count.size, labels)
-            m.inc("hfsampler_distinct_samples_total", int(w.count.sum()), labels)
-            m.inc("hfsampler_ring_overwritten_rows_total", g.reader.lost_rows, labels)
+            m.set(sm.TICK_LATENESS_P99, w.lateness_p99_ns / 1e9, labels)
+            m.set(sm.TICK_LATENESS_MAX, w.lateness_max_ns / 1e9, labels)
+            m.inc(sm.SAMPLES, w.ticks * w.count.size, labels)
+            m.inc(sm.DISTINCT_SAMPLES, int(w.count.sum()), labels)
+            m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
             g.reader.lost_rows = 0
         for d, up in zip(self.inventory.devices, gpu_up, strict=True):
-            m.set("hfsampler_gpu_up", 1.0 if up else 0.0, {"gpu": str(d.index), "UUID": d.uuid})
-        m.inc("hfsampler_windows_total")
+            m.set(sm.GPU_UP, 1.0 if up else 0.0, {"gpu": str(d.index), "UUID": d.uuid})
+        m.inc(sm.WINDOWS)
 
     async def _serve(self) -> web.AppRunner | None:
         if not self.config.listen:

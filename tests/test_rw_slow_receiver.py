@@ -12,7 +12,6 @@ from aiohttp import web
 from test_rw_sender import FAST, Receiver, labels_of
 
 from hfsampler.remote_write import EndpointConfig, RemoteWriter, SpoolQueue
-from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.sender import DROPPED, SAMPLES
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
@@ -62,7 +61,7 @@ async def test_slow_receiver_bounded_memory_and_disk_drops_counted(tmp_path: Pat
         await writer.close(0.5)
     delivered = len(rx.accepted())
     dropped = m.get(DROPPED, labels_of(cfg, reason="disk_full"))
-    reopened = SpoolQueue(tmp_path / "slow" / "shard-0", CAPACITY, MAX_DISK, Encoder())
+    reopened = SpoolQueue(tmp_path / "slow" / "shard-0", CAPACITY, MAX_DISK)
     left = len(reopened)
     await reopened.close()
     pushed = WINDOWS * len(series)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import snappy
 
-from hfsampler.remote_write.encoder import Encoder, QueuedSample
+from hfsampler.remote_write.encoder import Block, Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.remote_write.queue import Batch
 from hfsampler.remote_write.spool import LEGACY_MAGIC, MAGIC, SpoolQueue, _Record, frame, recover
@@ -18,13 +18,18 @@ REG = SeriesRegistry()
 SERIES = [REG.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i)}) for i in range(10)]
 
 
-def window(ts: int, series: list[Series] = SERIES) -> list[QueuedSample]:
-    return [QueuedSample(s, float(ts + i), ts) for i, s in enumerate(series)]
+def window(ts: int, series: list[Series] = SERIES) -> Block:
+    samples = [QueuedSample(s, float(ts + i), ts) for i, s in enumerate(series)]
+    return Block.ready(Encoder().encode_samples(samples), len(samples))
+
+
+def raw_of(batch: Batch) -> bytes:
+    return b"".join(b.encoded.result() for b in batch.blocks)
 
 
 def decode(batch: Batch) -> list[tuple[str, int, float]]:
-    """(gpu, timestamp, value) of every sample in a batch's encoded parts, in order."""
-    raw = b"".join(snappy.uncompress(p) for p in batch.parts)
+    """(gpu, timestamp, value) of every sample in a batch's encoded blocks, in order."""
+    raw = raw_of(batch)
     req = remote_pb2.WriteRequest.FromString(raw)
     out = []
     for ts in req.timeseries:
@@ -59,7 +64,7 @@ class Drops:
 
 
 def spool(path: Path, capacity: int = 1000, max_disk: int = 1 << 30, drops: Drops | None = None):  # type: ignore[no-untyped-def]
-    return SpoolQueue(path, capacity, max_disk, Encoder(), drops or Drops())
+    return SpoolQueue(path, capacity, max_disk, drops or Drops())
 
 
 async def take_all(q: SpoolQueue, ack: bool = True) -> list[tuple[str, int, float]]:
@@ -257,7 +262,7 @@ async def test_legacy_segment_is_sent_in_byte_order(tmp_path: Path) -> None:
     q.start_flush()
     names = []
     while (batch := await q.get_batch(1000, 0.01)).count:
-        raw = b"".join(snappy.uncompress(p) for p in batch.parts)
+        raw = raw_of(batch)
         for ts in remote_pb2.WriteRequest.FromString(raw).timeseries:
             names.append([lb.name for lb in ts.labels])
         q.ack(batch)

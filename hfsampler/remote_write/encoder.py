@@ -1,16 +1,24 @@
-"""Encoder: turns queued samples into serialized Remote-Write 1.0 ``WriteRequest`` bytes.
+"""Encoder: turns windows into per-shard ``Block``s of serialized Remote-Write 1.0 bytes.
 
 It writes the protobuf wire format directly instead of building message objects: each series'
 ``Label`` bytes are encoded once and kept by ``Series.id``; per window only the samples (a double
-and a varint timestamp) and each ``TimeSeries`` length prefix are written. The generated modules
-in ``prompb/`` are the reference the tests hold this encoder to; it never imports them, so the
-hot path does not depend on the protobuf runtime.
+and a varint timestamp) and each ``TimeSeries`` length prefix are written. A ``Block`` is one
+shard's part of a window: its bytes are ``WriteRequest`` fields, so blocks concatenate into one
+request. Queues hold blocks, memory and disk alike; the sender concatenates and compresses them.
+The generated modules in ``prompb/`` are the reference the tests hold this encoder to; it never
+imports them, so the hot path does not depend on the protobuf runtime.
+
+An ``Encoder`` keeps a cache and is used from one thread: each writer has its own, on its own
+encoding thread (``BlockEncoder``), so encoding never runs on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import snappy
@@ -109,9 +117,7 @@ def encode_metadata(families: Iterable[Family]) -> bytes:
 class Encoder:
     """Serializes samples into ``WriteRequest`` bytes, caching each series' label bytes.
 
-    Safe to call from an executor thread while the event loop also encodes: two threads
-    computing the same entry store identical bytes, and a series is only dropped from the cache
-    once its stale marker is encoded, after which a recomputation gives the same bytes again.
+    Not thread-safe: one thread encodes with a given encoder (``BlockEncoder`` owns one).
     """
 
     def __init__(self) -> None:
@@ -210,6 +216,55 @@ class Encoder:
         ]
         meta = encode_metadata(families) if families is not None else b""
         return self.encode_samples(samples, meta)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """One shard's encoded part of a window (or of several, read back from disk).
+
+    ``encoded`` resolves to ``WriteRequest`` bytes (``TimeSeries`` and metadata entries);
+    ``series_ids`` are the series in it, empty for a block read back from disk.
+    """
+
+    samples: int
+    encoded: Future[bytes]
+    series_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def ready(cls, data: bytes, samples: int, series_ids: tuple[int, ...] = ()) -> Block:
+        """A block whose bytes are already there (read from disk, built in a test)."""
+        done: Future[bytes] = Future()
+        done.set_result(data)
+        return cls(samples, done, series_ids)
+
+    async def data(self) -> bytes:
+        """The block's bytes, waiting for the encoding thread if it is not done yet."""
+        if self.encoded.done():
+            return self.encoded.result()
+        return await asyncio.wrap_future(self.encoded)
+
+
+class BlockEncoder:
+    """Encodes blocks in order on one thread of its own, with one ``Encoder``."""
+
+    def __init__(self, name: str = "rw-encode") -> None:
+        self.encoder = Encoder()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    def block(
+        self, samples: list[QueuedSample], metadata: Callable[[], bytes] | None = None
+    ) -> Block:
+        """A block for ``samples`` (and metadata entries first, when given); returns at once."""
+        ids = tuple(dict.fromkeys(s.series.id for s in samples))
+
+        def encode() -> bytes:
+            head = metadata() if metadata is not None else b""
+            return head + self.encoder.encode_samples(samples)
+
+        return Block(len(samples), self._thread.submit(encode), ids)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=False)
 
 
 def compress(raw: bytes) -> bytes:

@@ -1,9 +1,9 @@
-"""Queue: holds one shard's samples between ``push`` and the sender, bounded, oldest dropped first.
+"""Queue: holds one shard's blocks between ``push`` and the sender, bounded, oldest dropped first.
 
 ``ShardQueue`` is the narrow interface the sender depends on. ``MemoryQueue`` (this module) keeps
-samples in memory only; ``SpoolQueue`` (``spool.py``) replaces it when a ``queue_dir`` is set and
-keeps every record in checksummed segment files until the receiver acknowledged it. A ``Batch``
-is what a shard sends in one request: samples still to encode and/or records already encoded.
+blocks in memory only; ``SpoolQueue`` (``spool.py``) replaces it when a ``queue_dir`` is set and
+keeps every block in checksummed segment files until the receiver acknowledged it. Both hold
+only encoded ``Block``s; a ``Batch`` is what a shard sends in one go: whole blocks, oldest first.
 """
 
 from __future__ import annotations
@@ -12,31 +12,32 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hfsampler.remote_write.encoder import QueuedSample
+from hfsampler.remote_write.encoder import Block
 
 Clock = Callable[[], float]
 
 
 @dataclass(slots=True)
 class Batch:
-    """One request's worth of data, handed out by ``get_batch`` and given back with ``ack``.
+    """Blocks handed out by ``get_batch`` and given back with ``ack``.
 
-    ``samples`` still need encoding; ``parts`` are snappy-compressed ``WriteRequest`` bytes that
-    a persistent queue stored already encoded (concatenated WriteRequests are one WriteRequest).
-    ``token`` is the queue's own bookkeeping (the last record's sequence number).
+    ``token`` is the queue's own bookkeeping (a persistent queue's last record sequence).
     """
 
-    samples: list[QueuedSample] = field(default_factory=list)
-    parts: list[bytes] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
     count: int = 0
     token: int = -1
 
     def __len__(self) -> int:
         return self.count
+
+    def add(self, block: Block) -> None:
+        self.blocks.append(block)
+        self.count += block.samples
 
 
 class ShardQueue(Protocol):
@@ -47,14 +48,20 @@ class ShardQueue(Protocol):
         """True when what is queued (and not acknowledged) outlives the process."""
         ...
 
-    def put(self, samples: Iterable[QueuedSample]) -> int:
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes this queue keeps on disk (0 for a memory queue)."""
+        ...
+
+    def put(self, block: Block) -> int:
         """Enqueue without blocking; returns how many old samples were dropped to make room."""
         ...
 
     async def get_batch(self, max_samples: int, deadline_s: float) -> Batch:
-        """Up to ``max_samples`` samples, oldest first: as soon as that many are queued, or when
-        ``deadline_s`` has passed with at least one queued, or at once when flushing. Empty only
-        when flushing and nothing is left."""
+        """Whole blocks of up to ``max_samples`` samples (at least one block), oldest first: as
+        soon as that many are queued, or when ``deadline_s`` has passed with at least one
+        queued, or at once when flushing. Without blocks only when flushing and nothing is
+        left."""
         ...
 
     def ack(self, batch: Batch) -> None:
@@ -109,32 +116,35 @@ class BatchWaiter:
 
 
 class MemoryQueue:
-    """A bounded deque of samples; when full, the oldest samples make way for new ones."""
+    """A bounded deque of blocks; when full, the oldest blocks make way for new ones."""
 
     persistent = False
+    disk_bytes = 0
 
     def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self._capacity = capacity
-        self._items: deque[QueuedSample] = deque()
+        self._blocks: deque[Block] = deque()
+        self._samples = 0
         self._clock = clock
         self._waiter = BatchWaiter()
         self._flushing = False
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._samples
 
-    def put(self, samples: Iterable[QueuedSample]) -> int:
-        items = self._items
-        items.extend(samples)
-        dropped = len(items) - self._capacity
-        if dropped > 0:
-            for _ in range(dropped):
-                items.popleft()
-        else:
-            dropped = 0
-        self._waiter.queued(len(items))
+    def put(self, block: Block) -> int:
+        blocks = self._blocks
+        blocks.append(block)
+        self._samples += block.samples
+        dropped = 0
+        # the newest block always stays: it is what the receiver most wants
+        while self._samples > self._capacity and len(blocks) > 1:
+            old = blocks.popleft()
+            self._samples -= old.samples
+            dropped += old.samples
+        self._waiter.queued(self._samples)
         return dropped
 
     def start_flush(self) -> None:
@@ -145,22 +155,27 @@ class MemoryQueue:
         """Nothing to do: a handed-out batch is no longer held here."""
 
     async def close(self) -> int:
-        lost = len(self._items)
-        self._items.clear()
+        lost = self._samples
+        self._blocks.clear()
+        self._samples = 0
         return lost
 
     async def get_batch(self, max_samples: int, deadline_s: float) -> Batch:
         end = self._clock() + deadline_s
         while True:
-            n = len(self._items)
-            if n >= max_samples or (self._flushing and n) or (n and self._clock() >= end):
-                samples = self._take(max_samples)
-                return Batch(samples=samples, count=len(samples))
+            n = self._samples
+            has = bool(self._blocks)
+            if n >= max_samples or (self._flushing and has) or (n and self._clock() >= end):
+                return self._take(max_samples)
             if self._flushing:
                 return Batch()
             end = await self._waiter.wait(n, max_samples, end, deadline_s, self._clock)
 
-    def _take(self, max_samples: int) -> list[QueuedSample]:
-        items = self._items
-        n = min(max_samples, len(items))
-        return [items.popleft() for _ in range(n)]
+    def _take(self, max_samples: int) -> Batch:
+        batch = Batch()
+        blocks = self._blocks
+        while blocks and (not batch.blocks or batch.count + blocks[0].samples <= max_samples):
+            block = blocks.popleft()
+            self._samples -= block.samples
+            batch.add(block)
+        return batch

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hfsampler.errors import ConfigError
-from hfsampler.series import LABEL_NAME_RE, METRIC_NAME_RE
+from hfsampler.series import LABEL_NAME_RE, METRIC_NAME_RE, Series, SeriesRegistry
 
 ACTIONS = ("replace", "keep", "drop", "hashmod", "labeldrop", "labelkeep", "labelmap")
 _KEYS = ("source_labels", "separator", "target_label", "regex", "replacement", "action", "modulus")
@@ -178,3 +178,40 @@ def apply(rules: Sequence[RelabelRule], labels: dict[str, str]) -> dict[str, str
     if not METRIC_NAME_RE.match(name):
         return None  # no valid metric name is left: the series cannot be sent
     return {k: v for k, v in labels.items() if v}
+
+
+class Relabeller:
+    """One endpoint's rules applied to series: each series relabelled once, then cached.
+
+    Relabelled series get ids of their own (a registry per endpoint), so the encoder's label
+    cache stays per series. A series whose stale marker has gone out is forgotten, so pod
+    churn cannot grow the cache.
+    """
+
+    def __init__(self, rules: Sequence[RelabelRule]) -> None:
+        self.rules = tuple(rules)
+        self._cache: dict[int, Series | None] = {}
+        self._registry = SeriesRegistry()
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def series(self, series: Series) -> Series | None:
+        """The series as this endpoint sends it, or None when a rule drops it."""
+        try:
+            return self._cache[series.id]
+        except KeyError:
+            pass
+        labels = apply(self.rules, {"__name__": series.name, **dict(series.labels)})
+        out = None
+        if labels is not None:
+            name = labels.pop("__name__")
+            out = self._registry.series(name, labels)
+        self._cache[series.id] = out
+        return out
+
+    def forget(self, series: Series) -> None:
+        """``series`` ended (its stale marker is queued): drop what was cached for it."""
+        out = self._cache.pop(series.id, None)
+        if out is not None:
+            self._registry.forget([out])

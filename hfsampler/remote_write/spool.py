@@ -1,10 +1,10 @@
 """Spool: a persistent shard queue, bounded in memory and on disk, that survives crashes.
 
-Every ``put`` becomes one *record*: the samples encoded as a ``WriteRequest`` and compressed
-with snappy (concatenated WriteRequests are one WriteRequest, so records batch by
-concatenation). Records go to memory and, from a worker thread, to append-only segment files;
-memory keeps at most ``capacity`` samples of the newest unsent records, older ones are read
-back from the files. A record leaves the spool when the sender acknowledges it; a segment file
+Every ``put`` block becomes one *record*: on disk its bytes compressed with snappy (compression,
+checksums, writes, fsync and reads all run on the spool's own I/O thread, never on the event
+loop). Records go to memory and, from that thread, to append-only segment files; memory keeps
+at most ``capacity`` samples of the newest unsent records, older ones are read back from the
+files as blocks again. A record leaves the spool when the sender acknowledges it; a segment file
 is deleted once all its records are acknowledged. Past ``max_disk_bytes`` the oldest segment is
 deleted unsent and its samples are counted as dropped. Delivery is at least once: a batch
 delivered just before a crash, whose acknowledgement was not yet written, is sent again.
@@ -38,7 +38,7 @@ import time
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +46,7 @@ from pathlib import Path
 import snappy
 
 from hfsampler.remote_write import wire
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
+from hfsampler.remote_write.encoder import Block, compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
 
 log = logging.getLogger(__name__)
@@ -63,9 +63,20 @@ MIN_SEGMENT_BYTES = 16 << 10
 
 @dataclass(slots=True)
 class _Record:
+    """A record as stored: its payload is the block's bytes, compressed."""
+
     seq: int
     count: int
     payload: bytes
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A record as queued: ``block`` is None for a legacy record that could not be repaired."""
+
+    seq: int
+    count: int
+    block: Block | None
 
 
 @dataclass(slots=True)
@@ -92,7 +103,7 @@ def segment_bytes_for(max_disk_bytes: int) -> int:
 
 
 def frame(record: _Record) -> bytes:
-    """A record's bytes on disk."""
+    """A record's bytes on disk (``payload`` already compressed)."""
     crc = zlib.crc32(record.payload, zlib.crc32(_CRC_PART.pack(record.seq, record.count)))
     header = _HEADER.pack(len(record.payload), crc, record.seq, record.count)
     return header + record.payload
@@ -156,16 +167,16 @@ class _Files:
         max_samples: int,
         stop_seq: int,
         legacy: bool = False,
-    ) -> list[_Record]:
+    ) -> list[_Entry]:
         """Records from ``seq`` on (below ``stop_seq``) until ``max_samples`` are gathered.
 
-        A legacy record comes back with its labels sorted, or with an empty payload when it
-        cannot be repaired (the caller counts it as corrupt)."""
+        A legacy record comes back with its labels sorted, or without a block when it cannot be
+        repaired (the caller counts it as corrupt)."""
         offset, at = len(MAGIC), first_seq
         cursor = self._cursor
         if cursor is not None and cursor[0] == path and cursor[1] <= seq:
             _, at, offset = cursor
-        out: list[_Record] = []
+        out: list[_Entry] = []
         total = 0
         try:
             with open(path, "rb") as f:
@@ -184,9 +195,7 @@ class _Files:
                     offset += _HEADER.size + length
                     at = rseq + 1
                     if rseq >= seq:
-                        if legacy:
-                            payload = _repair_legacy(path, rseq, payload)
-                        out.append(_Record(rseq, count, payload))
+                        out.append(_Entry(rseq, count, _block(path, rseq, count, payload, legacy)))
                         total += count
         except FileNotFoundError:  # dropped at the disk bound meanwhile
             return []
@@ -201,15 +210,25 @@ class _Files:
             os.close(fd)
 
 
-def _repair_legacy(path: Path, seq: int, payload: bytes) -> bytes:
-    """A legacy record with its labels in byte order; b"" when it cannot be decoded."""
+def _block(path: Path, seq: int, count: int, payload: bytes, legacy: bool) -> Block | None:
+    """A stored record as a block again; a legacy one with its labels put in byte order.
+
+    None when a legacy record cannot be decoded: it is dropped, never sent unsorted."""
     try:
         raw = snappy.uncompress(payload)
-        fixed = wire.sort_labels(raw)
+        if legacy:
+            raw = wire.sort_labels(raw)
     except (wire.WireError, snappy.UncompressError) as exc:
+        if not legacy:
+            raise  # a CRC-valid record of our own that does not decode: a bug, not damage
         log.error("spool: %s: record %d cannot be repaired (%s); dropping it", path, seq, exc)
-        return b""
-    return payload if fixed is raw else compress(fixed)
+        return None
+    return Block.ready(raw, count)
+
+
+def _stored(seq: int, count: int, raw: bytes) -> bytes:
+    """A queued block's framed bytes for the segment file."""
+    return frame(_Record(seq, count, compress(raw)))
 
 
 def recover(directory: Path) -> tuple[list[_Segment], int]:
@@ -266,7 +285,6 @@ class SpoolQueue:
         directory: Path,
         capacity: int,
         max_disk_bytes: int,
-        encoder: Encoder,
         on_drop: Callable[[int, str], None] = lambda n, reason: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -276,7 +294,6 @@ class SpoolQueue:
         self._capacity = capacity
         self._max_disk = max_disk_bytes
         self._segment_bytes = segment_bytes_for(max_disk_bytes)
-        self._encoder = encoder
         self._on_drop = on_drop
         self._clock = clock
         self._files = _Files(directory)
@@ -289,9 +306,9 @@ class SpoolQueue:
         self._next_seq = max(acked, segments[-1].end_seq if segments else acked)
         self._written_seq = self._next_seq
         self._unread = sum(s.samples_from(self._read_seq) for s in segments)
-        self._mem: deque[_Record] = deque()
+        self._mem: deque[_Entry] = deque()
         self._mem_samples = 0
-        self._pending: list[_Record] = []
+        self._pending: list[_Entry] = []
         self._failed: list[_Write] = []  # appends that hit a disk error, retried first
         self._failed_last: int | None = None
         self._ack_dirty = False
@@ -324,14 +341,11 @@ class SpoolQueue:
 
     # -- producer side ----------------------------------------------------------------------------
 
-    def put(self, samples: Iterable[QueuedSample]) -> int:
-        items = samples if isinstance(samples, list) else list(samples)
-        if not items:
-            return 0
+    def put(self, block: Block) -> int:
         if self._closing:
-            self._on_drop(len(items), "shutdown")
+            self._on_drop(block.samples, "shutdown")
             return 0
-        rec = _Record(self._next_seq, len(items), compress(self._encoder.encode_samples(items)))
+        rec = _Entry(self._next_seq, block.samples, block)
         self._next_seq += 1
         self._pending.append(rec)
         self._mem.append(rec)
@@ -377,7 +391,9 @@ class SpoolQueue:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            writes, unlink, acked, last = self._plan()
+            pending, self._pending = self._pending, []
+            frames = await self._frames(pending)
+            writes, unlink, acked, last = self._plan(pending, frames)
             writes = self._failed + writes
             last = last if last is not None else self._failed_last
             if writes or unlink or acked is not None:
@@ -402,14 +418,25 @@ class SpoolQueue:
             if self._closing and not self._pending and not self._ack_dirty:
                 return
 
-    def _plan(self) -> tuple[list[_Write], list[Path], int | None, int | None]:
-        """Assign pending records to segments, pick segments to delete; no I/O here."""
+    async def _frames(self, pending: list[_Entry]) -> list[bytes]:
+        """The records' bytes on disk, compressed and checksummed on the I/O thread."""
+        if not pending:
+            return []
+        raws = [await e.block.data() for e in pending if e.block is not None]
+        records = [(e.seq, e.count, raw) for e, raw in zip(pending, raws, strict=True)]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._io, lambda: [_stored(*r) for r in records])
+
+    def _plan(
+        self, pending: list[_Entry], frames: list[bytes]
+    ) -> tuple[list[_Write], list[Path], int | None, int | None]:
+        """Assign framed records to segments, pick segments to delete; no I/O here."""
         writes: list[_Write] = []
         chunks: list[bytes] = []
         active = self._segments[-1] if self._segments else None
         start = active.size if active is not None else 0
         last = None
-        for rec in self._pending:
+        for rec, data in zip(pending, frames, strict=True):
             if (
                 active is None
                 or active.legacy
@@ -422,7 +449,6 @@ class SpoolQueue:
                 self._segments.append(active)
                 self._disk_bytes += len(MAGIC)
                 chunks, start = [], 0
-            data = frame(rec)
             chunks.append(data)
             active.size += len(data)
             active.counts.append(rec.count)
@@ -430,7 +456,6 @@ class SpoolQueue:
             last = rec.seq
         if chunks and active is not None:
             writes.append((active.path, b"".join(chunks), start))
-        self._pending = []
         unlink: list[Path] = []
         segs = self._segments
         while len(segs) > 1 and segs[0].end_seq <= self._acked:
@@ -501,20 +526,19 @@ class SpoolQueue:
                 if not records:
                     break
             for rec in records:
-                if not rec.payload:  # a legacy record that could not be repaired
+                if rec.block is None:  # a legacy record that could not be repaired
                     self._on_drop(rec.count, "corrupt")
                     self._unread -= rec.count
                     self._read_seq = rec.seq + 1
                     batch.token = rec.seq  # acknowledged with the batch, or at once if alone
                     continue
-                batch.parts.append(rec.payload)
-                batch.count += rec.count
+                batch.add(rec.block)
                 batch.token = rec.seq
                 self._unread -= rec.count
                 self._read_seq = rec.seq + 1
         return batch
 
-    async def _read_disk(self, max_samples: int) -> list[_Record]:
+    async def _read_disk(self, max_samples: int) -> list[_Entry]:
         seg = next((s for s in self._segments if s.end_seq > self._read_seq), None)
         if seg is None:
             return []

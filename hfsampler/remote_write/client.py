@@ -1,0 +1,157 @@
+"""Client: posts one compressed request to one endpoint and says what came of it.
+
+It owns the HTTP side of an endpoint: the aiohttp session, the protocol headers (which a user
+header can never replace), auth, TLS and proxy settings, and the translation of every failure
+into hfsampler's errors: network errors, timeouts, TLS problems and retryable statuses become
+``RecoverableSendError``, 413 ``RequestTooLargeError``, other refusals
+``NonRecoverableSendError``. Secrets never reach a log line or an error message: aiohttp's own
+texts may quote the URL with its credentials, so only error classes and OS reasons are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+
+import aiohttp
+
+import hfsampler
+from hfsampler import selfmetrics as sm
+from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
+from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.retry import Outcome, classify, parse_retry_after
+from hfsampler.remote_write.security import AuthHeader, TLSSendError, ssl_context
+from hfsampler.selfmetrics import SelfMetrics
+
+log = logging.getLogger(__name__)
+
+# How much of a receiver's error body goes into the log.
+BODY_LOG_LIMIT = 512
+
+PROTOCOL_HEADERS = {
+    "Content-Encoding": "snappy",
+    "Content-Type": "application/x-protobuf",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+    "User-Agent": f"hfsampler/{hfsampler.__version__}",
+}
+
+
+class RemoteClient:
+    """HTTP for one endpoint: ``open``, then ``post`` any number of times, then ``close``."""
+
+    def __init__(self, config: EndpointConfig, metrics: SelfMetrics, connections: int) -> None:
+        self.config = config
+        self._metrics = metrics
+        self._labels = {"remote_name": config.remote_name, "url": config.display_url}
+        self._connections = connections
+        # Protocol headers last: a user header can never replace them.
+        self._headers = {**config.headers, **PROTOCOL_HEADERS}
+        self._auth = AuthHeader(config.auth) if config.auth is not None else None
+        self._ssl: ssl.SSLContext | None = None
+        if config.tls is not None and config.url.startswith("https:"):
+            self._ssl = ssl_context(config.tls)
+        self._session: aiohttp.ClientSession | None = None
+
+    def open(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._connections, ssl=self._ssl or True)
+            self._session = aiohttp.ClientSession(connector=connector)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, body: bytes, n_samples: int) -> None:
+        """Send one request; returns once the receiver answered 2xx, else raises."""
+        session = self._session
+        assert session is not None, "open() was not called"
+        timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
+        headers = self._headers
+        if self._auth is not None:
+            headers = {**headers, "Authorization": self._auth.value()}
+        tls = self.config.tls
+        started = time.monotonic()
+        try:
+            async with session.post(
+                self.config.url,
+                data=body,
+                headers=headers,
+                timeout=timeout,
+                proxy=self.config.proxy_url or None,
+                server_hostname=(tls.server_name or None) if tls is not None else None,
+            ) as resp:
+                status = resp.status
+                self._count_request(str(status))
+                if 200 <= status < 300:
+                    await resp.read()
+                    return
+                text = (await resp.content.read(BODY_LOG_LIMIT)).decode("utf-8", "replace")
+                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+        except TimeoutError:
+            self._count_request("timeout")
+            raise RecoverableSendError(
+                f"no answer within remote_timeout {self.config.remote_timeout_s} s"
+            ) from None
+        except aiohttp.ClientConnectorCertificateError as err:
+            self._count_request("error")
+            cert = err.certificate_error
+            reason = getattr(cert, "verify_message", None) or getattr(cert, "reason", None)
+            raise TLSSendError(
+                f"TLS certificate not trusted: {reason or type(cert).__name__} "
+                "(check tls_config.ca_file and server_name)",
+            ) from None
+        except aiohttp.ClientSSLError as err:
+            self._count_request("error")
+            reason = getattr(getattr(err, "os_error", None), "reason", None)
+            raise TLSSendError(
+                f"TLS handshake failed: {reason or type(err).__name__} "
+                "(check tls_config: client certificate, CA)",
+            ) from None
+        except aiohttp.ClientError as err:
+            self._count_request("error")
+            tls_error = _ssl_error(err)
+            if tls_error is not None:
+                # TLS 1.3 refuses a missing client certificate only after the handshake.
+                raise TLSSendError(
+                    f"TLS refused: {tls_error.reason or type(tls_error).__name__} "
+                    "(check tls_config: client certificate, CA)"
+                ) from None
+            # Only the class and OS reason: aiohttp's own text may quote the URL with credentials.
+            reason = getattr(getattr(err, "os_error", None), "strerror", None)
+            raise RecoverableSendError(
+                f"{type(err).__name__}{f': {reason}' if reason else ''}"
+            ) from None
+        finally:
+            self._metrics.set(sm.RW_SEND_DURATION, time.monotonic() - started, self._labels)
+        outcome = classify(status, self.config.queue.retry_on_http_429)
+        if outcome is Outcome.RETRY:
+            raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
+        if outcome is Outcome.TOO_LARGE:
+            raise RequestTooLargeError(f"HTTP 413: {text}", status)
+        log.error(
+            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s",
+            self.config.remote_name,
+            self.config.display_url,
+            n_samples,
+            status,
+            text,
+        )
+        raise NonRecoverableSendError(f"HTTP {status}", status)
+
+    def _count_request(self, status: str) -> None:
+        self._metrics.inc(sm.RW_REQUESTS, 1, {**self._labels, "status": status})
+
+
+def _ssl_error(err: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind an aiohttp error, if one is in its chain."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        nested = getattr(seen, "os_error", None)
+        seen = nested if isinstance(nested, BaseException) else (seen.__cause__ or seen.__context__)
+    return None

@@ -1,0 +1,79 @@
+"""Retry policy: what an HTTP answer means for a request, and how long to wait before the next try.
+
+The spec's classes: 2xx delivered; 5xx and 429 recoverable (retried with backoff, ``Retry-After``
+honoured); 413 too large (the sender splits); any other 4xx refused for good (Thanos's 409 for
+out-of-order or duplicate samples included). Mimir's 529 "too many requests" counts as a 429.
+Backoff doubles from ``min_backoff`` to ``max_backoff``, jittered so that shards spread out.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import enum
+import random
+import time
+from collections.abc import Callable
+from datetime import UTC
+
+# Statuses retried like 429 when retry_on_http_429 is on: Mimir's "too many requests" variant.
+RATE_LIMIT_STATUSES = frozenset((429, 529))
+
+
+class Outcome(enum.Enum):
+    """What an HTTP status means for the request that got it."""
+
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    TOO_LARGE = "too_large"
+    REFUSED = "refused"
+
+
+def classify(status: int, retry_on_http_429: bool = True) -> Outcome:
+    """The outcome of an answer with ``status``, as the Remote-Write spec classes it."""
+    if 200 <= status < 300:
+        return Outcome.DELIVERED
+    if status in RATE_LIMIT_STATUSES:
+        return Outcome.RETRY if retry_on_http_429 else Outcome.REFUSED
+    if status >= 500:
+        return Outcome.RETRY
+    if status == 413:
+        return Outcome.TOO_LARGE
+    return Outcome.REFUSED
+
+
+def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
+    """``Retry-After`` as seconds from now (delta-seconds or HTTP-date); None when absent/bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def backoff_delay(backoff_s: float) -> float:
+    """Jittered delay: between 75% and 100% of the current backoff, so shards spread out."""
+    return backoff_s * (0.75 + 0.25 * random.random())
+
+
+class Backoff:
+    """One request's waits between tries: doubling from ``min_s`` to ``max_s``."""
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self.current_s = min_s
+
+    def next_delay(self, retry_after_s: float | None = None, slowest: bool = False) -> float:
+        """The wait before the next try; ``slowest`` for faults that take long to clear (TLS)."""
+        if slowest:
+            self.current_s = self.max_s
+        delay = backoff_delay(self.current_s) if retry_after_s is None else retry_after_s
+        self.current_s = min(self.current_s * 2, self.max_s)
+        return delay

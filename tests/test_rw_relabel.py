@@ -114,3 +114,21 @@ def test_hashmod_shards_series_by_source_labels() -> None:
     keep = rule[:-1] + ", {source_labels: [shard], regex: '2', action: keep}]"
     kept = [run(keep, {**LABELS, "Hostname": f"node{h}"}) for h in range(64)]
     assert 0 < sum(k is not None for k in kept) < 64
+
+
+def test_relabeller_forgets_ended_series() -> None:
+    """Pod churn: each ended series' cache entry goes with its stale marker."""
+    from hfsampler.remote_write.relabel import Relabeller
+    from hfsampler.series import SeriesRegistry
+
+    relabeller = Relabeller(
+        parse_rules(yaml.safe_load("[{target_label: dc, replacement: x}]"), "r")
+    )
+    reg = SeriesRegistry()
+    for pod in range(100):
+        s = reg.series("DCGM_FI_DEV_FB_USED", {"gpu": "0", "pod": f"p{pod}"})
+        out = relabeller.series(s)
+        assert out is not None
+        assert dict(out.labels)["dc"] == "x"
+        relabeller.forget(s)
+    assert len(relabeller) == 0

@@ -49,11 +49,19 @@ class RecoverableSendError(RemoteWriteError, ConnectionError):
 
 
 class NonRecoverableSendError(RemoteWriteError, ValueError):
-    """The receiver refused the batch (4xx other than 429): never resent."""
+    """The receiver refused the batch (4xx other than 429): never resent as it was.
 
-    def __init__(self, message: str, status: int) -> None:
+    ``text`` is the start of the receiver's answer; ``written`` the samples a 2.0 receiver said
+    it stored anyway (``X-Prometheus-Remote-Write-Samples-Written``), None when it did not say.
+    """
+
+    def __init__(
+        self, message: str, status: int, text: str = "", written: int | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
+        self.text = text
+        self.written = written
 
 
 class RequestTooLargeError(NonRecoverableSendError):

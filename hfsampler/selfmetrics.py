@@ -7,10 +7,13 @@ Every self-metric is a ``MetricDef`` constant below; stages import the constant 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 LabelKey = tuple[tuple[str, str], ...]
+# When this process started (near enough: when hfsampler was imported), for counters' start.
+PROCESS_START_MS = time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,17 @@ RW_QUEUE_DISK_BYTES = MetricDef(
     "hfsampler_remote_write_queue_disk_bytes",
     "Bytes of the persistent queue's segment files.",
     "gauge",
+)
+
+RW_PROTOCOL_FALLBACKS = MetricDef(
+    "hfsampler_remote_write_protocol_fallbacks_total",
+    "Times a receiver refused Remote-Write 2.0 and the endpoint went back to 1.0.",
+    "counter",
+)
+RW_PARTIAL_WRITES = MetricDef(
+    "hfsampler_remote_write_partial_writes_total",
+    "Refused requests of which the receiver said it wrote some samples (2.0).",
+    "counter",
 )
 
 ALL: tuple[MetricDef, ...] = tuple(v for v in dict(globals()).values() if isinstance(v, MetricDef))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates hfsampler/remote_write/prompb/*_pb2.py from proto/.
+# Regenerates hfsampler/remote_write/prompb/*_pb2.py (Remote-Write 1.0 and 2.0) from proto/.
 # Usage: scripts/gen_proto.sh [OUT_ROOT]   (OUT_ROOT defaults to the repository root; the staleness
 # test passes a temporary directory and compares the result with the committed modules.)
 set -euo pipefail
@@ -13,4 +13,5 @@ mkdir -p "$out/hfsampler/remote_write/prompb"
   --proto_path="$root/proto" \
   --python_out="$out" \
   "$root/proto/hfsampler/remote_write/prompb/types.proto" \
-  "$root/proto/hfsampler/remote_write/prompb/remote.proto"
+  "$root/proto/hfsampler/remote_write/prompb/remote.proto" \
+  "$root/proto/hfsampler/remote_write/prompb/writev2.proto"

@@ -179,11 +179,16 @@ def test_duplicate_names_rejected() -> None:
     assert err.key == "remote_write[1].name"
 
 
-def test_v2_protobuf_message_not_supported_yet() -> None:
-    err = error(
-        "remote_write:\n  - url: http://a/\n    protobuf_message: io.prometheus.write.v2.Request\n"
+def test_protobuf_message_takes_prometheus_values() -> None:
+    (ep,) = parse_remote_write(
+        yaml.safe_load("- url: http://a/\n  protobuf_message: io.prometheus.write.v2.Request\n")
     )
+    assert ep.protobuf_message == "io.prometheus.write.v2.Request"
+    (ep,) = parse_remote_write(yaml.safe_load("- url: http://a/\n"))
+    assert ep.protobuf_message == "prometheus.WriteRequest"
+    err = error("remote_write:\n  - url: http://a/\n    protobuf_message: v2\n")
     assert err.key == "remote_write[0].protobuf_message"
+    assert "io.prometheus.write.v2.Request" in str(err)
 
 
 SECRET_URL = "https://alice:hunter2@rw.example.com:8443/push?token=s3cr3t&tenant=t1#frag"

@@ -20,6 +20,8 @@ import hfsampler
 from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
 from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.encoder_v2 import CONTENT_TYPE as CONTENT_TYPE_V2
+from hfsampler.remote_write.encoder_v2 import VERSION as VERSION_V2
 from hfsampler.remote_write.retry import Outcome, classify, parse_retry_after
 from hfsampler.remote_write.security import AuthHeader, TLSSendError, ssl_context
 from hfsampler.selfmetrics import SelfMetrics
@@ -35,6 +37,13 @@ PROTOCOL_HEADERS = {
     "X-Prometheus-Remote-Write-Version": "0.1.0",
     "User-Agent": f"hfsampler/{hfsampler.__version__}",
 }
+# Remote-Write 2.0's, in place of the 1.0 ones above.
+PROTOCOL_HEADERS_V2 = {
+    **PROTOCOL_HEADERS,
+    "Content-Type": CONTENT_TYPE_V2,
+    "X-Prometheus-Remote-Write-Version": VERSION_V2,
+}
+WRITTEN_HEADER = "X-Prometheus-Remote-Write-Samples-Written"
 
 
 class RemoteClient:
@@ -47,6 +56,7 @@ class RemoteClient:
         self._connections = connections
         # Protocol headers last: a user header can never replace them.
         self._headers = {**config.headers, **PROTOCOL_HEADERS}
+        self._headers_v2 = {**config.headers, **PROTOCOL_HEADERS_V2}
         self._auth = AuthHeader(config.auth) if config.auth is not None else None
         self._ssl: ssl.SSLContext | None = None
         if config.tls is not None and config.url.startswith("https:"):
@@ -63,12 +73,14 @@ class RemoteClient:
             await self._session.close()
             self._session = None
 
-    async def post(self, body: bytes, n_samples: int) -> None:
-        """Send one request; returns once the receiver answered 2xx, else raises."""
+    async def post(self, body: bytes, n_samples: int, v2: bool = False) -> int | None:
+        """Send one request (a 2.0 one with ``v2``); once the receiver answered 2xx, return the
+        samples it says it wrote (``X-Prometheus-Remote-Write-Samples-Written``, None when it
+        did not say, as 1.x receivers do not); else raise."""
         session = self._session
         assert session is not None, "open() was not called"
         timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
-        headers = self._headers
+        headers = self._headers_v2 if v2 else self._headers
         if self._auth is not None:
             headers = {**headers, "Authorization": self._auth.value()}
         tls = self.config.tls
@@ -84,9 +96,10 @@ class RemoteClient:
             ) as resp:
                 status = resp.status
                 self._count_request(str(status))
+                written = _written(resp.headers.get(WRITTEN_HEADER))
                 if 200 <= status < 300:
                     await resp.read()
-                    return
+                    return written
                 text = (await resp.content.read(BODY_LOG_LIMIT)).decode("utf-8", "replace")
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
         except TimeoutError:
@@ -130,18 +143,17 @@ class RemoteClient:
             raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
         if outcome is Outcome.TOO_LARGE:
             raise RequestTooLargeError(f"HTTP 413: {text}", status)
-        log.error(
-            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s",
-            self.config.remote_name,
-            self.config.display_url,
-            n_samples,
-            status,
-            text,
-        )
-        raise NonRecoverableSendError(f"HTTP {status}", status)
+        raise NonRecoverableSendError(f"HTTP {status}: {text}", status, text, written)
 
     def _count_request(self, status: str) -> None:
         self._metrics.inc(sm.RW_REQUESTS, 1, {**self._labels, "status": status})
+
+
+def _written(value: str | None) -> int | None:
+    """A Written header's count; None when absent or not a count."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return int(value.strip())
 
 
 def _ssl_error(err: BaseException) -> ssl.SSLError | None:

@@ -94,6 +94,10 @@ FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
     }
 )
 DEFAULT_MAX_DISK_BYTES = 1 << 30
+# Prometheus's values for protobuf_message: Remote-Write 1.0 and 2.0.
+PROTOBUF_V1 = "prometheus.WriteRequest"
+PROTOBUF_V2 = "io.prometheus.write.v2.Request"
+PROTOBUF_MESSAGES = (PROTOBUF_V1, PROTOBUF_V2)
 # Uncompressed bytes per request: vmagent's block size, a quarter of Prometheus 3's 32 MiB
 # decoded-body limit, and under the gRPC message limits behind Thanos Receive and Mimir.
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
@@ -215,9 +219,16 @@ class EndpointConfig:
     tls: TLSConfig | None = None
     proxy_url: str = ""
     relabel: tuple[RelabelRule, ...] = ()
+    protobuf_message: str = PROTOBUF_V1
 
     def __post_init__(self) -> None:
         _check_url(self.url)
+        if self.protobuf_message not in PROTOBUF_MESSAGES:
+            raise ConfigError(
+                "protobuf_message",
+                f"unknown message {self.protobuf_message!r}",
+                "one of " + ", ".join(PROTOBUF_MESSAGES),
+            )
         if not isinstance(self.name, str):
             raise ConfigError("name", "must be a string")
         if isinstance(self.remote_timeout_s, bool) or not isinstance(
@@ -268,7 +279,7 @@ class EndpointConfig:
             f"queue={self.queue!r}, send_metadata={self.send_metadata!r}, "
             f"flavor={self.flavor!r}, auth={self.auth!r}, tls={self.tls!r}, "
             f"proxy_url={redact_url(self.proxy_url) if self.proxy_url else ''!r}, "
-            f"relabel_rules={len(self.relabel)})"
+            f"relabel_rules={len(self.relabel)}, protobuf_message={self.protobuf_message!r})"
         )
 
 
@@ -340,13 +351,6 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
     _check_keys(raw, path, _ENDPOINT_KEYS, _ENDPOINT_UNSUPPORTED)
     if "url" not in raw:
         raise ConfigError(f"{path}.url", "is required")
-    message = raw.get("protobuf_message", "prometheus.WriteRequest")
-    if message != "prometheus.WriteRequest":
-        raise ConfigError(
-            f"{path}.protobuf_message",
-            "only Remote-Write 1.0 (prometheus.WriteRequest) is supported yet",
-            "remove it",
-        )
     url = raw["url"]
     flavor = raw.get("flavor", "")
     if not isinstance(flavor, str) or (flavor and flavor not in FLAVORS):
@@ -358,6 +362,8 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
             if urlsplit(url).path in ("", "/"):
                 url = url.rstrip("/") + FLAVORS[flavor][0]
     kwargs: dict[str, object] = {"url": url, "flavor": flavor}
+    if "protobuf_message" in raw:
+        kwargs["protobuf_message"] = raw["protobuf_message"]
     if "name" in raw:
         kwargs["name"] = raw["name"]
     if "remote_timeout" in raw:

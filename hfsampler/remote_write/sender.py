@@ -10,6 +10,13 @@ queue, concatenates and compresses them (in an executor when large) into request
 any other refusal drops it, counted. With a ``queue_dir`` each shard's queue is a
 ``SpoolQueue`` and a batch leaves it only once the receiver answered; without one, a
 ``MemoryQueue``.
+
+With ``protobuf_message: io.prometheus.write.v2.Request`` each request goes as 2.0
+(``encoder_v2``), negotiated as the 2.0 spec asks: a 415, a 400 that names the content type,
+or a 2xx without ``X-Prometheus-Remote-Write-Samples-Written`` (a 1.x receiver that decoded an
+empty message and stored nothing) sends the same request again as 1.0 and keeps the endpoint on
+1.0 for ``REPROBE_S``, logged once and counted. Blocks are 1.0 bytes in every queue, so a
+fallback needs nothing but the blocks, spooled ones included.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -27,9 +35,10 @@ from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
-from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress
 from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
+from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
 from hfsampler.remote_write.retry import Backoff
@@ -37,7 +46,7 @@ from hfsampler.remote_write.retry import parse_retry_after as parse_retry_after
 from hfsampler.remote_write.security import TLSSendError
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Series, Snapshot, is_stale
+from hfsampler.series import Family, Series, Snapshot, is_stale
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -52,11 +61,17 @@ DROPPED = sm.RW_DROPPED
 SEND_DURATION = sm.RW_SEND_DURATION
 QUEUE_SAMPLES = sm.RW_QUEUE_SAMPLES
 QUEUE_DISK_BYTES = sm.RW_QUEUE_DISK_BYTES
+PROTOCOL_FALLBACKS = sm.RW_PROTOCOL_FALLBACKS
+PARTIAL_WRITES = sm.RW_PARTIAL_WRITES
 
 # Above this many samples a batch is concatenated and compressed in a thread, off the event loop.
 EXECUTOR_THRESHOLD_SAMPLES = 10_000
 # Above this many bytes a 413's halves are compressed in a thread.
 EXECUTOR_THRESHOLD_BYTES = 1 << 20
+# After a fallback from 2.0, how long an endpoint stays on 1.0 before 2.0 is tried again.
+REPROBE_S = 600.0
+# Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
+_CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
 
 
 def spool_dir(queue_dir: Path, config: EndpointConfig) -> Path:
@@ -72,11 +87,32 @@ class _Request:
     raw: bytes
     body: bytes
     samples: int
+    body_v2: bytes = b""  # the same as a 2.0 request, compressed; b"" for a 1.0 endpoint
 
     @classmethod
-    def of(cls, raw: bytes, samples: int | None = None) -> _Request:
+    def of(
+        cls, raw: bytes, samples: int | None = None, v2: RequestEncoderV2 | None = None
+    ) -> _Request:
         """A request for ``raw`` WriteRequest bytes (samples counted from them unless given)."""
-        return cls(raw, compress(raw), wire.count_samples(raw) if samples is None else samples)
+        count = wire.count_samples(raw) if samples is None else samples
+        body_v2 = compress(v2.encode(raw)[0]) if v2 is not None else b""
+        return cls(raw, compress(raw), count, body_v2)
+
+
+class _Negotiation:
+    """Which protocol an endpoint gets now: 2.0 unless a fallback put it on 1.0 for a while."""
+
+    def __init__(self, wants_v2: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        self.wants_v2 = wants_v2
+        self._clock = clock
+        self._v1_until = 0.0
+
+    @property
+    def v2(self) -> bool:
+        return self.wants_v2 and self._clock() >= self._v1_until
+
+    def fall_back(self) -> None:
+        self._v1_until = self._clock() + REPROBE_S
 
 
 class RemoteWriter:
@@ -108,6 +144,13 @@ class RemoteWriter:
         self._inflight: list[Batch | None] = [None] * self._n_shards
         self._client = RemoteClient(config, metrics, self._n_shards)
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
+        self._families: dict[str, Family] = {}
+        self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
+        self._v2 = (
+            RequestEncoderV2(lambda: self._families, _start_ms)
+            if self._negotiation.wants_v2
+            else None
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._metadata_done = not config.send_metadata
         self._started = False
@@ -142,6 +185,8 @@ class RemoteWriter:
             self._drop(len(snapshot), "shutdown")
             return
         metadata: Callable[[], bytes] | None = None
+        if self._v2 is not None and len(snapshot.families) != len(self._families):
+            self._families = dict(snapshot.families)  # a new dict: the encoder's thread reads it
         if not self._metadata_done and snapshot.families:
             families = list(snapshot.families.values())
             metadata = partial(encode_metadata, families)
@@ -242,9 +287,10 @@ class RemoteWriter:
         """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed."""
         raw = b"".join(parts)
         chunks = wire.split(raw, self.config.queue.max_request_bytes)
+        v2 = self._v2 if self._negotiation.v2 else None
         if len(chunks) == 1:
-            return [_Request.of(raw, samples)]
-        return [_Request.of(c) for c in chunks]
+            return [_Request.of(raw, samples, v2)]
+        return [_Request.of(c, v2=v2) for c in chunks]
 
     async def _send_request(self, request: _Request) -> None:
         """Send until delivered; a 413 splits the request in two, down to one series."""
@@ -269,9 +315,10 @@ class RemoteWriter:
                 self.config.remote_name,
                 len(request.raw),
             )
+            v2 = self._v2 if self._negotiation.v2 else None
             for half in halves:
                 part = await self._off_loop(
-                    partial(_Request.of, half), len(half) > EXECUTOR_THRESHOLD_BYTES
+                    partial(_Request.of, half, None, v2), len(half) > EXECUTOR_THRESHOLD_BYTES
                 )
                 await self._send_request(part)
 
@@ -280,8 +327,10 @@ class RemoteWriter:
         qc = self.config.queue
         backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s)
         while True:
+            v2 = bool(request.body_v2) and self._negotiation.v2
+            body = request.body_v2 if v2 else request.body
             try:
-                await self._client.post(request.body, request.samples)
+                written = await self._client.post(body, request.samples, v2)
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(RETRIES, 1, self._labels)
@@ -296,10 +345,59 @@ class RemoteWriter:
                 continue
             except RequestTooLargeError:
                 raise
-            except NonRecoverableSendError:
-                self._drop(request.samples, "rejected")
+            except NonRecoverableSendError as err:
+                if v2 and (
+                    err.status == 415
+                    or (err.status == 400 and _CONTENT_TYPE_WORDS.search(err.text))
+                ):
+                    self._fall_back(f"HTTP {err.status}: {err.text[:200]}")
+                    continue
+                self._refused(request, err, v2)
                 return
+            if v2 and written is None:
+                # A 1.x receiver decodes a 2.0 body as an empty 1.0 message: nothing was stored.
+                self._fall_back("2xx without X-Prometheus-Remote-Write-Samples-Written")
+                continue
             self._metrics.inc(SAMPLES, request.samples, self._labels)
             self._metrics.inc(BYTES, len(request.raw), self._labels)
-            self._metrics.inc(COMPRESSED_BYTES, len(request.body), self._labels)
+            self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
             return
+
+    def _refused(self, request: _Request, err: NonRecoverableSendError, v2: bool) -> None:
+        """A refusal for good: the samples not written are dropped, counted, logged once."""
+        written = err.written if v2 and err.written is not None else 0
+        written = min(max(written, 0), request.samples)
+        log.error(
+            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s%s",
+            self.config.remote_name,
+            self.config.display_url,
+            request.samples - written,
+            err.status,
+            err.text,
+            f" ({written} of {request.samples} written: a partial write)" if written else "",
+        )
+        if written:
+            self._metrics.inc(SAMPLES, written, self._labels)
+            self._metrics.inc(PARTIAL_WRITES, 1, self._labels)
+        self._drop(request.samples - written, "rejected")
+
+    def _fall_back(self, why: str) -> None:
+        """The receiver does not take 2.0: 1.0 for a while, logged once, counted."""
+        self._negotiation.fall_back()
+        self._metrics.inc(PROTOCOL_FALLBACKS, 1, self._labels)
+        log.warning(
+            "remote write %s (%s) does not take Remote-Write 2.0 (%s): sending 1.0, trying 2.0 "
+            "again in %.0f s",
+            self.config.remote_name,
+            self.config.display_url,
+            why,
+            REPROBE_S,
+        )
+
+
+def _start_ms(family: Family) -> int:
+    """When a counter family started counting, when known: hfsampler's own, at process start.
+
+    The driver's counters (energy, ECC, violation time) count from a driver load or a reset
+    that NVML does not report: unknown (0)."""
+    return sm.PROCESS_START_MS if family.name.startswith("hfsampler_") else 0

@@ -1,0 +1,155 @@
+"""Encoder for Remote-Write 2.0: one ``io.prometheus.write.v2.Request`` from a batch's blocks.
+
+Blocks are always 1.0 bytes (what memory and disk queues hold, so a fallback to 1.0 never needs
+the original samples). For a 2.0 endpoint the sender turns a batch's concatenated blocks into
+one 2.0 request at send time: a symbol table for the whole request (each label string once,
+``symbols[0]`` empty), each series' label references, its metadata (type, help, unit, from the
+catalogue's families) and, for counters whose start is known, ``start_timestamp`` on every
+sample. It writes the wire format directly, like the 1.0 encoder; what it learns of a series
+(its label strings, its metadata) is cached by the series' 1.0 label bytes, so a window costs a
+dictionary lookup per series plus the references. 1.0 sample messages are valid 2.0 ones
+(``value = 1``, ``timestamp = 2``), so samples are copied, with the start timestamp appended.
+
+Not thread-safe: each writer's sender uses its own, from one thread at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from hfsampler.remote_write import wire
+from hfsampler.remote_write.encoder import METRIC_TYPES, varint
+from hfsampler.series import Family
+
+# 2.0 tags: (field << 3) | wire type
+_TAG_SYMBOLS = b"\x22"  # Request.symbols = 4
+_TAG_TIMESERIES = b"\x2a"  # Request.timeseries = 5
+_TAG_LABELS_REFS = b"\x0a"  # TimeSeries.labels_refs = 1 (packed)
+_TAG_SAMPLE = b"\x12"  # TimeSeries.samples = 2
+_TAG_METADATA = b"\x2a"  # TimeSeries.metadata = 5
+_TAG_META_TYPE = b"\x08"  # Metadata.type = 1
+_TAG_META_HELP = b"\x18"  # Metadata.help_ref = 3
+_TAG_META_UNIT = b"\x20"  # Metadata.unit_ref = 4
+_TAG_START_TS = b"\x18"  # Sample.start_timestamp = 3
+
+CONTENT_TYPE = "application/x-protobuf;proto=io.prometheus.write.v2.Request"
+VERSION = "2.0.0"
+# A family hfsampler does not know (a relabelled name): the spec's "unspecified".
+_UNKNOWN = Family("", "", "unknown")
+# Cache entries kept at most: a series that ends is not told to this encoder, so churn is bounded
+# by clearing, as for the 1.0 encoder's timestamp frames.
+MAX_CACHED_SERIES = 1 << 17
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """What a series needs in every request: its strings, its metric type and its start."""
+
+    strings: tuple[str, ...]  # name, value, name, value, ... in byte order of name
+    metric_type: int
+    help: str
+    unit: str
+    start_ms: int  # 0: unknown
+
+
+class RequestEncoderV2:
+    """Turns 1.0 ``WriteRequest`` bytes into 2.0 ``Request`` bytes.
+
+    ``families`` gives the current metric families by name (the catalogue's, as the metric
+    model registered them); ``start_ms`` the start of a counter family, 0 when unknown.
+    """
+
+    def __init__(
+        self,
+        families: Callable[[], Mapping[str, Family]],
+        start_ms: Callable[[Family], int] = lambda family: 0,
+    ) -> None:
+        self._families = families
+        self._start_ms = start_ms
+        self._series: dict[bytes, _Series] = {}
+
+    def encode(self, raw_v1: bytes) -> tuple[bytes, int]:
+        """The 2.0 request for ``raw_v1`` and the number of samples in it.
+
+        1.0 metadata entries are left out: 2.0 carries metadata on every series.
+        """
+        symbols: dict[str, int] = {"": 0}
+        series_out: list[bytes] = []
+        samples_total = 0
+        families = self._families()
+        for f in wire.fields(raw_v1):
+            if f.number != 1 or f.wire_type != 2:
+                continue  # metadata entries (and nothing else hfsampler writes)
+            labels_end, samples = _split_series(raw_v1, f.payload, f.end)
+            key = raw_v1[f.payload : labels_end]
+            info = self._series.get(key)
+            if info is None:
+                info = self._learn(key, families)
+            refs = bytearray()
+            for text in info.strings:
+                ref = symbols.get(text)
+                if ref is None:
+                    ref = symbols[text] = len(symbols)
+                refs += varint(ref)
+            body = [_TAG_LABELS_REFS, varint(len(refs)), bytes(refs)]
+            start = _TAG_START_TS + varint(info.start_ms) if info.start_ms else b""
+            for sample in samples:
+                sample += start
+                body += (_TAG_SAMPLE, varint(len(sample)), sample)
+            samples_total += len(samples)
+            meta = b""
+            if info.metric_type:
+                meta += _TAG_META_TYPE + varint(info.metric_type)
+            for tag, text in ((_TAG_META_HELP, info.help), (_TAG_META_UNIT, info.unit)):
+                if text:
+                    ref = symbols.get(text)
+                    if ref is None:
+                        ref = symbols[text] = len(symbols)
+                    meta += tag + varint(ref)
+            body += (_TAG_METADATA, varint(len(meta)), meta)
+            series = b"".join(body)
+            series_out.append(_TAG_TIMESERIES + varint(len(series)) + series)
+        head = []
+        for text in symbols:  # dicts keep insertion order: index order
+            data = text.encode()
+            head.append(_TAG_SYMBOLS + varint(len(data)) + data)
+        return b"".join(head) + b"".join(series_out), samples_total
+
+    def _learn(self, label_bytes: bytes, families: Mapping[str, Family]) -> _Series:
+        strings: list[str] = []
+        name = ""
+        for label in wire.fields(label_bytes):
+            pair = label_bytes[label.payload : label.end]
+            label_name = label_value = ""
+            for part in wire.fields(pair):
+                text = pair[part.payload : part.end].decode()
+                if part.number == 1:
+                    label_name = text
+                elif part.number == 2:
+                    label_value = text
+            strings += (label_name, label_value)
+            if label_name == "__name__":
+                name = label_value
+        family = families.get(name, _UNKNOWN)
+        start = self._start_ms(family) if family.type == "counter" else 0
+        info = _Series(
+            tuple(strings), METRIC_TYPES.get(family.type, 0), family.help, family.unit, start
+        )
+        if len(self._series) >= MAX_CACHED_SERIES:
+            self._series.clear()
+        self._series[label_bytes] = info
+        return info
+
+
+def _split_series(raw: bytes, start: int, end: int) -> tuple[int, list[bytes]]:
+    """Where a 1.0 TimeSeries' labels end (they come first), and its sample messages."""
+    body = raw[start:end]
+    labels_end = start
+    samples: list[bytes] = []
+    for f in wire.fields(body):
+        if f.number == 1:
+            labels_end = start + f.end
+        elif f.number == 2:
+            samples.append(body[f.payload : f.end])
+    return labels_end, samples

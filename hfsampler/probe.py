@@ -328,7 +328,7 @@ def format_table(r: ProbeResult) -> str:
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Add `hfsampler probe` to the CLI (see ``hfsampler.cli.COMMAND_MODULES``)."""
     p = sub.add_parser("probe", help="measure field latency and refresh periods, recommend groups")
-    p.add_argument("--source", choices=("auto", "nvml", "sim"), default="auto")
+    p.add_argument("--source", choices=("auto", "nvml", "sim", "jetson"), default="auto")
     p.add_argument("--gpus", type=int, default=2, metavar="N", help="simulated GPUs (sim source)")
     p.add_argument("--duration", default="3s", metavar="DUR", help="refresh measurement length")
     p.add_argument("--fields", action="append", default=[], metavar="LIST")

@@ -219,8 +219,10 @@ class JetsonSource:
         self.close()
         lay = find_layout(self.root)
         self.layout = lay
-        for note in lay.notes:
-            log.warning("jetson: %s", note)
+        keys = {f.jetson for f in fields}
+        for note, costs in lay.notes:
+            if not costs or costs & keys:
+                log.warning("jetson: %s", note)
         wanted = self._expand(tuple(fields), lay)
         supported = [self._recipe(f, lay) is not None for f in wanted]
         self._measure()

@@ -4,7 +4,9 @@
 clocks and runtime-PM state), the INA3221 power rails (JetPack 5+'s hwmon channels or JetPack 4's
 iio rails), the thermal zones, the memory controller's (EMC) clock and activity, /proc/meminfo, and
 what labels the GPU (model, L4T release, a stable identifier). Each thing it looks for and does not
-find is one line in ``Layout.notes``; the source logs them once. Nothing here reads on the hot path.
+find is one line in ``Layout.notes``, with the fields it costs: the source logs the lines that
+concern the fields it was asked for (so the sampler process, asked only for what discovery kept,
+does not repeat them). Nothing here reads on the hot path.
 
 Paths are relative to ``root`` (``/`` on a Jetson; a fixture tree in tests), and every symlink it
 follows must stay inside ``root``, as sysfs's relative links do.
@@ -26,6 +28,8 @@ NOT_CONNECTED = "NC"
 _RAIL_NOISE = frozenset({"VDD", "VIN", "POM", "SYS", "IN", "5V", "5V0", "1V8", "3V3"})
 _EMC_RATE = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/clk/emc/clk_rate")
 _EMC_ACTIVITY = ("sys/kernel/actmon_avg_activity/mc_all",)
+_GPU_KEYS = ("gpu_load", "gpu_freq", "gpu_min_freq", "gpu_max_freq", "gpu_railgated")
+_RAIL_KEYS = ("rail_power", "rail_voltage", "rail_current", "gpu_rail_power", "gpu_rail_energy")
 _L4T_RE = re.compile(rb"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
@@ -69,7 +73,11 @@ class Layout:
     model: str = "NVIDIA Jetson"
     l4t: str = "unknown"
     identity: str = ""  # what the GPU's UUID is derived from
-    notes: list[str] = field(default_factory=list)  # one line per thing not found
+    # one line per thing not found, and the jetson keys of the fields it costs (none: all)
+    notes: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+    def note(self, text: str, *keys: str) -> None:
+        self.notes.append((text, frozenset(keys)))
 
     @property
     def uuid(self) -> str:
@@ -123,25 +131,31 @@ def find_layout(root: str | Path = "/") -> Layout:
     lay = Layout(base)
     gpu = _find_gpu(base, lay)
     if gpu is None:
-        lay.notes.append(
+        lay.note(
             "no devfreq GPU node (sys/class/devfreq/*/device/of_node/name one of "
-            f"{', '.join(GPU_NODE_NAMES)}): GPU load and clocks skipped"
+            f"{', '.join(GPU_NODE_NAMES)}): GPU load and clocks skipped",
+            *_GPU_KEYS,
         )
     _find_rails(base, lay)
     _find_zones(base, lay)
     lay.emc_rate = next((p for r in _EMC_RATE if (p := base / r).is_file()), None)
     lay.emc_activity = next((p for r in _EMC_ACTIVITY if (p := base / r).is_file()), None)
     if lay.emc_rate is None:
-        lay.notes.append(
+        lay.note(
             "no EMC clock (" + " or ".join(_EMC_RATE) + ", debugfs: root only): "
-            "DCGM_FI_DEV_MEM_CLOCK and MEM_COPY_UTIL skipped"
+            "DCGM_FI_DEV_MEM_CLOCK and MEM_COPY_UTIL skipped",
+            "emc_freq",
+            "emc_load",
         )
     elif lay.emc_activity is None:
-        lay.notes.append(f"no EMC activity ({_EMC_ACTIVITY[0]}): DCGM_FI_DEV_MEM_COPY_UTIL skipped")
+        lay.note(f"no EMC activity ({_EMC_ACTIVITY[0]}): DCGM_FI_DEV_MEM_COPY_UTIL skipped",
+                 "emc_load")  # fmt: skip
     meminfo = base / "proc/meminfo"
     lay.meminfo = meminfo if meminfo.is_file() else None
     if lay.meminfo is None:
-        lay.notes.append("no proc/meminfo: memory fields skipped")
+        lay.note(
+            "no proc/meminfo: memory fields skipped", "mem_used", "mem_available", "nvmap_used"
+        )
     _identify(base, lay)
     return lay
 
@@ -168,17 +182,20 @@ def _find_gpu(base: Path, lay: Layout) -> Path | None:
             path = freq_dir / name
             setattr(lay, name, path if path.exists() else None)
             if not path.exists():
-                lay.notes.append(f"no {rel}/{name}: skipped")
+                lay.note(f"no {rel}/{name}: skipped", "gpu_" + name.replace("cur_", ""))
         lay.polling_interval_s = _ms(freq_dir / "polling_interval")
         load = dev_dir / "load"
         old = base / "sys/devices/gpu.0/load"  # older boards (Nano, TX2) keep it here
         lay.load = load if load.exists() else (old if old.exists() else None)
         if lay.load is None:
-            lay.notes.append(f"no {rel}/device/load nor sys/devices/gpu.0/load: GPU load skipped")
+            lay.note(
+                f"no {rel}/device/load nor sys/devices/gpu.0/load: GPU load skipped", "gpu_load"
+            )
         status = dev_dir / "power/runtime_status"
         lay.runtime_status = status if status.exists() else None
         if lay.runtime_status is None:
-            lay.notes.append(f"no {rel}/device/power/runtime_status: rail-gate state skipped")
+            lay.note(f"no {rel}/device/power/runtime_status: rail-gate state skipped",
+                     "gpu_railgated")  # fmt: skip
         return freq_dir
     return None
 
@@ -203,14 +220,17 @@ def _find_rails(base: Path, lay: Layout) -> None:
                                   rail.update_interval_s))  # fmt: skip
     lay.rails = tuple(rails)
     if not rails:
-        lay.notes.append(
-            "no INA3221 rail (sys/bus/i2c/drivers/ina3221 or ina3221x): power fields skipped"
+        lay.note(
+            "no INA3221 rail (sys/bus/i2c/drivers/ina3221 or ina3221x): power fields skipped",
+            *_RAIL_KEYS,
         )
         return
     lay.gpu_rail = gpu_rail([r.name for r in rails])
     if lay.gpu_rail is None:
-        lay.notes.append(
-            "no rail feeds the GPU (none named *GPU*): DCGM_FI_DEV_POWER_USAGE_INSTANT skipped"
+        lay.note(
+            "no rail feeds the GPU (none named *GPU*): DCGM_FI_DEV_POWER_USAGE_INSTANT skipped",
+            "gpu_rail_power",
+            "gpu_rail_energy",
         )
 
 
@@ -290,12 +310,14 @@ def _find_zones(base: Path, lay: Layout) -> None:
             break
     lay.zones = tuple(zones)
     if not zones:
-        lay.notes.append("no thermal zone (sys/class/thermal/thermal_zone*): temperatures skipped")
+        lay.note("no thermal zone (sys/class/thermal/thermal_zone*): temperatures skipped",
+                 "zone_temp", "gpu_temp")  # fmt: skip
         return
     lay.gpu_zone = next((z.name for z in zones if z.name.lower() in GPU_ZONE_TYPES), None)
     if lay.gpu_zone is None:
-        lay.notes.append(
-            "no GPU thermal zone (type GPU-therm or gpu-thermal): DCGM_FI_DEV_GPU_TEMP skipped"
+        lay.note(
+            "no GPU thermal zone (type GPU-therm or gpu-thermal): DCGM_FI_DEV_GPU_TEMP skipped",
+            "gpu_temp",
         )
 
 
@@ -311,7 +333,7 @@ def _identify(base: Path, lay: Layout) -> None:
     else:
         kernel = _text(base / "proc/sys/kernel/osrelease")
         lay.l4t = f"kernel {kernel}" if kernel else "unknown"
-        lay.notes.append(f"no etc/nv_tegra_release: the driver-version label is {lay.l4t!r}")
+        lay.note(f"no etc/nv_tegra_release: the driver-version label is {lay.l4t!r}")
     for source in ("proc/device-tree/serial-number", "sys/devices/soc0/serial_number",
                    "etc/machine-id"):  # fmt: skip
         text = _text(base / source)
@@ -319,4 +341,4 @@ def _identify(base: Path, lay: Layout) -> None:
             lay.identity = f"{source}:{text}"
             return
     lay.identity = f"model:{lay.model}"
-    lay.notes.append("no serial number or machine-id: the GPU's UUID derives from the model only")
+    lay.note("no serial number or machine-id: the GPU's UUID derives from the model only")

@@ -285,6 +285,10 @@ class JetsonSource:
         """Every file the opened fields read, with its measured period (for logs and tests)."""
         return tuple(self._files.values())
 
+    def files_for(self, fields: Sequence[Field]) -> tuple[_File, ...]:
+        """The files one read of ``fields`` polls (a group's tick), each once."""
+        return self._plan(fields).files
+
     # -- open: fields, files, periods ------------------------------------------------------------
 
     @staticmethod

@@ -403,3 +403,15 @@ def test_cli_takes_source_jetson_and_lists_how_each_field_is_read(
     util = next(ln for ln in out.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL "))
     assert "gpu_load" in util
     assert "call:util_gpu" in util
+
+
+def test_a_value_missing_from_meminfo_leaves_the_others(tmp_path: Path) -> None:
+    """No NvMapMemUsed in this kernel's meminfo: that field goes, MemTotal/MemAvailable stay,
+    whichever is asked for first."""
+    board = jt.BOARDS["orin-nano-jp5"]
+    root = jt.build(board, tmp_path / board.name)
+    nvmap, used = F.BY_NAME["hfsampler_jetson_nvmap_used_mib"], F.BY_NAME["DCGM_FI_DEV_FB_USED"]
+    src = JetsonSource(root, measure_s=0.0)
+    inv = src.open((nvmap, used))
+    src.close()
+    assert inv.supported[0].tolist() == [False, True]

@@ -207,7 +207,7 @@ class JetsonSource:
         self.layout: Layout | None = None
         self._blobs: dict[Path, _Blob] = {}
         self._files: dict[tuple[Path, str], _File] = {}
-        self._unreadable: set[Path] = set()
+        self._unreadable: set[Path | tuple[Path, str]] = set()  # a file, or one value in it
         self._recipes: dict[Field, _Value | None] = {}
         self._energy: _Energy | None = None
         self._up = np.ones(1, dtype=np.bool_)
@@ -309,9 +309,11 @@ class JetsonSource:
               size: int = 64) -> _File | None:  # fmt: skip
         """The opened file, or None if it cannot be opened, read and parsed (logged once; a file
         the layout did not find at all was logged there)."""
-        if path is None or path in self._unreadable:
+        if path is None:
             return None
         key = (path, what)
+        if path in self._unreadable or key in self._unreadable:
+            return None
         if key in self._files:
             return self._files[key]
         try:
@@ -321,7 +323,8 @@ class JetsonSource:
             f.parse(os.pread(blob.fd, size, 0))
         except (OSError, ValueError) as exc:
             log.warning("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
-            self._unreadable.add(path)
+            # a file that cannot be read, or one value the file lacks (NvMapMemUsed in meminfo)
+            self._unreadable.add(path if isinstance(exc, OSError) else key)
             return None
         self._files[key] = f
         return f

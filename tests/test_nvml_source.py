@@ -135,6 +135,17 @@ def test_not_supported_field_skipped_with_one_log_line(
     assert source.read_errors.tolist() == [0, 0, 0]  # known-unsupported is not an error
 
 
+def test_a_jetsons_own_fields_are_not_nvmls_and_cost_no_warning(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open(F.CATALOGUE)
+    jetson_only = [k for k, f in enumerate(F.CATALOGUE) if not f.nvml_readable]
+    assert jetson_only
+    assert not inv.supported[:, jetson_only].any()
+    assert not [r for r in caplog.records if "hfsampler_jetson" in r.getMessage()]
+
+
 def test_field_id_function_not_found_falls_back_to_call(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -415,3 +415,22 @@ def test_a_value_missing_from_meminfo_leaves_the_others(tmp_path: Path) -> None:
     inv = src.open((nvmap, used))
     src.close()
     assert inv.supported[0].tolist() == [False, True]
+
+
+def test_a_clock_stepped_back_does_not_stall_reading(board: jt.Board, tree: Path) -> None:
+    """The sampler's clock is the wall clock: an NTP step back must not hold a rail's last
+    reading, nor stop the energy counter, until the clock catches up."""
+    src, live = _open(tree)
+    path = board.spike_signal_path()
+    power, energy = "DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+    _write(tree, path, 1000)
+    first = _read(src, live, T0)[power]
+    _write(tree, path, 2000)
+    stepped = T0 - 10_000 * MS  # 10 s back
+    got = _read(src, live, stepped)
+    assert got[power] == pytest.approx(2 * first)
+    _write(tree, path, 3000)
+    later = _read(src, live, stepped + 10 * MS)
+    assert later[power] == pytest.approx(3 * first)
+    assert later[energy] == pytest.approx(got[energy] + 2 * first * 10.0)  # 10 ms at 2x
+    src.close()

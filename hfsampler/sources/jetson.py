@@ -117,7 +117,8 @@ class _File:
         self.errors = 0
 
     def poll(self, now_ns: int) -> None:
-        if now_ns - self.read_ns < self.skip_ns:
+        # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
+        if 0 <= now_ns - self.read_ns < self.skip_ns:
             return  # the hardware cannot have refreshed since the last read
         self.read_ns = now_ns
         try:
@@ -129,7 +130,7 @@ class _File:
                 log.warning("jetson: reading %s (%s) failed: %s; retried every tick",
                             self.what, self.blob.path, exc)  # fmt: skip
             return
-        if value != self.raw or now_ns - self.sample_ns >= self.period_ns:
+        if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
             self.raw = value
             self.sample_ns = now_ns
 
@@ -168,7 +169,7 @@ class _Value:
         if value != value:  # NaN
             return value, 0
         seen = max(a.sample_ns, b.sample_ns)
-        if value != self.last or seen - self.last_ns >= min(a.period_ns, b.period_ns):
+        if value != self.last or not 0 <= seen - self.last_ns < min(a.period_ns, b.period_ns):
             self.last, self.last_ns = value, seen
         return value, self.last_ns
 
@@ -184,9 +185,9 @@ class _Energy:
 
     def update(self) -> None:
         value, ts = self.power.evaluate()
-        if ts <= self.last_ns or math.isnan(value):
+        if ts == self.last_ns or math.isnan(value):
             return
-        if self.last_ns and not math.isnan(self.last_w):
+        if self.last_ns and ts > self.last_ns and not math.isnan(self.last_w):
             self.total_mj += self.last_w * (ts - self.last_ns) * 1e-6  # W x ns -> mJ
         self.last_w, self.last_ns = value, ts
 

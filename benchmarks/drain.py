@@ -39,7 +39,8 @@ OUT = Path(__file__).resolve().parent / "out"
 def series_for(gpus: int) -> list[Series]:
     """The series of a default run: every exported name per GPU, dcgm-exporter's labels."""
     reg = SeriesRegistry()
-    names = [n for f in Config().selected_fields() for n in f.exported_names]
+    fields = [f for f in Config().selected_fields() if f.nvml_readable]  # an NVML node's
+    names = [n for f in fields for n in f.exported_names]
     host = socket.gethostname()
     out = []
     for g in range(gpus):

@@ -213,7 +213,7 @@ def call_refresh(
 
 
 def fast_fields() -> tuple[Field, ...]:
-    return tuple(f for f in F.CATALOGUE if f.group == F.FAST)
+    return tuple(f for f in F.CATALOGUE if f.group == F.FAST and f.nvml_readable)
 
 
 def max_tick_rate(

@@ -62,7 +62,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         help="YAML config file (repeatable: a later file's keys replace an earlier's, e.g. a "
         "Secret's remote_write over a ConfigMap's; flags override both)",
     )
-    run.add_argument("--source", choices=("auto", "nvml", "sim", "dcgm"), help="default: auto")
+    run.add_argument(
+        "--source",
+        choices=("auto", "nvml", "sim", "dcgm", "jetson"),
+        help="default: auto (NVML; on a Jetson without NVML, jetson; else sim)",
+    )
     run.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (sim source)")
     run.add_argument("--seed", type=int, help="seed of the simulated GPUs")
     run.add_argument("--interval", metavar="DUR", help="the fast group's interval, e.g. 1ms")
@@ -181,14 +185,21 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def resolve_source(config: Config) -> SourceSpec:
-    """The source to use; `auto` falls back to sim, with a warning, when there is no driver."""
+    """The source to use. `auto`: NVML when it is usable; else, on a Jetson (a Tegra), its sysfs;
+    else the sim, with a warning."""
     kind = config.source
+    root = config.jetson_sysfs_root or "/"
     if kind == "auto":
+        from hfsampler.sources.jetson_sysfs import is_tegra
         from hfsampler.sources.nvml import probe_driver
 
         reason = probe_driver()
         if reason is None:
             kind = "nvml"
+        elif is_tegra(root):
+            log.info("no usable NVML (%s) on this Jetson: reading its sysfs (--source jetson)",
+                     reason)  # fmt: skip
+            kind = "jetson"
         else:
             log.warning(
                 "no usable NVIDIA driver (%s): sampling %d SIMULATED GPUs instead "
@@ -205,6 +216,7 @@ def resolve_source(config: Config) -> SourceSpec:
         dcgm_path=config.dcgm_path,
         dcgm_host=config.dcgm_host,
         dcgm_interval_s=config.dcgm_interval_s,
+        jetson_root=root,
     )
 
 
@@ -274,14 +286,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 def cmd_fields(args: argparse.Namespace) -> int:
     width = max(len(f.name) for f in catalogue.CATALOGUE)
-    print(f"{'NAME':<{width}}  {'KIND':<7}  {'GROUP':<5}  {'UNIT':<5}  NVML")
+    print(f"{'NAME':<{width}}  {'KIND':<7}  {'GROUP':<5}  {'UNIT':<5}  {'JETSON':<22}  NVML")
     for f in catalogue.CATALOGUE:
-        how = f.nvml_field or f"call:{f.nvml_call}"
+        how = f.nvml_field or (f"call:{f.nvml_call}" if f.nvml_call else "-")
         if f.gpm_metric:
             how = f"gpm:{f.gpm_metric} (or DCGM field {f.dcgm_field})"
         if f.nvml_field and f.nvml_call:
             how += f" (fallback call:{f.nvml_call})"
-        print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {how}")
+        jetson = (f.jetson or "-") + (f" per {f.per}" if f.per else "")
+        print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {jetson:<22}  "
+              f"{how}")  # fmt: skip
     return EXIT_OK
 
 

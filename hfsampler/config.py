@@ -24,7 +24,7 @@ from hfsampler.metrics import DEFAULT_INSTANCE_PORT
 from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
 from hfsampler.series import LABEL_NAME_RE
 
-SOURCES = ("auto", "nvml", "sim", "dcgm")
+SOURCES = ("auto", "nvml", "sim", "dcgm", "jetson")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
@@ -75,6 +75,8 @@ class Config:
     dcgm_path: str | None = None  # `dcgm.path`: DCGM's Python bindings (None: DCGM's places)
     dcgm_host: str = "localhost"  # `dcgm.host`: the DCGM host engine
     dcgm_interval_s: float = 0.1  # `dcgm.interval`: how often DCGM samples watched fields
+    # `jetson.sysfs_root`: where the jetson source finds sys/, proc/ and etc/; for tests only
+    jetson_sysfs_root: str | None = None
     pod_resources_socket: str | None = None  # the kubelet's, for pod/namespace/container labels
     hpc_job_mapping_dir: str | None = None  # one file per GPU naming its jobs, for hpc_job
     hostname: str | None = None  # Hostname label; None: the machine's (in a pod: not the node)
@@ -127,6 +129,12 @@ class Config:
             raise ConfigError("stale_after_windows", "must be at least 1", "e.g. 5")
         if self.queue_dir is not None:
             _check_queue_dir(self.queue_dir)
+        if self.jetson_sysfs_root is not None and not os.path.isdir(self.jetson_sysfs_root):
+            raise ConfigError(
+                "jetson.sysfs_root",
+                f"{self.jetson_sysfs_root!r} is not a directory",
+                "give a fixture tree's root, or leave it out on a Jetson (it reads /)",
+            )
         for key in ("pod_resources_socket", "hpc_job_mapping_dir"):
             path = getattr(self, key)
             if path is not None and not path.startswith("/"):
@@ -196,6 +204,7 @@ _FILE_KEYS = (
     "queue_dir",
     "realtime_priority",
     "dcgm",
+    "jetson",
     "pod_resources_socket",
     "hpc_job_mapping_dir",
     "hostname",
@@ -294,6 +303,17 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
                     kw["dcgm_interval_s"] = parse_duration(subvalue, "dcgm.interval")
                 else:
                     raise _unknown(str(sub), ["path", "host", "interval"], "dcgm.")
+        elif key == "jetson":
+            block = _expect(value, dict, key, "{sysfs_root: /tmp/orin-tree}")
+            for sub, subvalue in block.items():
+                if sub != "sysfs_root":
+                    raise _unknown(str(sub), ["sysfs_root"], "jetson.")
+                root = _expect(subvalue, str, "jetson.sysfs_root", "/tmp/orin-tree")
+                if not root.startswith("/"):
+                    raise ConfigError(
+                        "jetson.sysfs_root", f"{root!r} is not an absolute path", "start it with /"
+                    )
+                kw["jetson_sysfs_root"] = root
         elif key == "realtime_priority":
             kw["realtime_priority"] = _expect(value, int, key, "1")
         elif key == "pod_resources_socket":

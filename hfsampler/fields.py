@@ -2,14 +2,17 @@
 
 Each entry names the dcgm-exporter metric, its help text and unit, how NVML gives it (a field id for
 the batched ``nvmlDeviceGetFieldValues`` hot path, or a call), the scale from NVML's unit to the
-exported unit, its kind, and the sampling group it belongs to by default.
+exported unit, its kind, and the sampling group it belongs to by default; and how the ``jetson``
+source reads it from sysfs, where it can. A field that a source finds several of on a device (a
+Jetson's power rails, its thermal zones) names the label that tells them apart (``per``): the
+source expands it at open into one field per instance, each carrying that label (``labels``).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hfsampler.errors import ConfigError
 
@@ -47,10 +50,24 @@ class Field:
     nvml_rate: bool = False
     gpm_metric: str | None = None  # pynvml constant name (NVML_GPM_METRIC_*), from GPM samples
     dcgm_field: int | None = None  # DCGM field id, read by the dcgm source
+    jetson: str | None = None  # what the jetson source reads it from (hfsampler.sources.jetson)
+    per: str | None = None  # one series per instance found at open, told apart by this label
+    labels: tuple[tuple[str, str], ...] = ()  # an expanded field's own labels, e.g. (("rail", ..),)
 
     @property
     def prometheus_type(self) -> str:
         return "counter" if self.kind is Kind.COUNTER else "gauge"
+
+    @property
+    def nvml_readable(self) -> bool:
+        """NVML (or the sim, which imitates an NVML GPU) has a way to read it."""
+        return bool(self.nvml_field or self.nvml_call or self.gpm_metric)
+
+    def instance(self, value: str) -> Field:
+        """The field for one instance of a ``per`` field (one rail, one zone)."""
+        if self.per is None:
+            raise ValueError(f"{self.name} is not a per-instance field")
+        return replace(self, labels=((self.per, value),))
 
     @property
     def exported_names(self) -> tuple[str, ...]:
@@ -67,12 +84,12 @@ _MIB_S = float(1 << 20)  # GPM reports bandwidth in MiB/s, DCGM in bytes/s
 CATALOGUE: tuple[Field, ...] = (
     # Clocks
     Field("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "MHz", Kind.GAUGE, FAST,
-          nvml_call="clock_sm"),
+          nvml_call="clock_sm", jetson="gpu_freq"),
     Field("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "MHz", Kind.GAUGE, FAST,
-          nvml_call="clock_mem"),
+          nvml_call="clock_mem", jetson="emc_freq"),
     # Temperature
     Field("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "C", Kind.GAUGE, SLOW,
-          nvml_call="temperature_gpu"),
+          nvml_call="temperature_gpu", jetson="gpu_temp"),
     Field("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "C", Kind.GAUGE, SLOW,
           nvml_field="NVML_FI_DEV_MEMORY_TEMP"),
     # Power and energy
@@ -80,10 +97,11 @@ CATALOGUE: tuple[Field, ...] = (
           "W", Kind.GAUGE, FAST, nvml_field="NVML_FI_DEV_POWER_AVERAGE", nvml_call="power_usage",
           scale=1e-3),
     Field("DCGM_FI_DEV_POWER_USAGE_INSTANT", "Current instantaneous power draw (in W).", "W",
-          Kind.GAUGE, FAST, nvml_field="NVML_FI_DEV_POWER_INSTANT", scale=1e-3),
+          Kind.GAUGE, FAST, nvml_field="NVML_FI_DEV_POWER_INSTANT", scale=1e-3,
+          jetson="gpu_rail_power"),
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
           "mJ", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-          nvml_call="total_energy"),
+          nvml_call="total_energy", jetson="gpu_rail_energy"),
     Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", "W", Kind.GAUGE, SLOW,
           nvml_field="NVML_FI_DEV_POWER_CURRENT_LIMIT", nvml_call="power_limit", scale=1e-3),
     # PCIe
@@ -99,9 +117,9 @@ CATALOGUE: tuple[Field, ...] = (
           nvml_rate=True),
     # Utilization
     Field("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "%", Kind.GAUGE, FAST,
-          nvml_call="util_gpu"),
+          nvml_call="util_gpu", jetson="gpu_load"),
     Field("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "%", Kind.GAUGE, FAST,
-          nvml_call="util_mem"),
+          nvml_call="util_mem", jetson="emc_load"),
     Field("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "%", Kind.GAUGE, FAST,
           nvml_call="util_enc"),
     Field("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "%", Kind.GAUGE, FAST,
@@ -119,9 +137,9 @@ CATALOGUE: tuple[Field, ...] = (
           "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
     # Memory
     Field("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "MiB", Kind.GAUGE, FAST,
-          nvml_call="fb_free", scale=_MIB),
+          nvml_call="fb_free", scale=_MIB, jetson="mem_available"),
     Field("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "MiB", Kind.GAUGE, FAST,
-          nvml_call="fb_used", scale=_MIB),
+          nvml_call="fb_used", scale=_MIB, jetson="mem_used"),
     Field("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "MiB", Kind.GAUGE,
           FAST, nvml_call="fb_reserved", scale=_MIB),
     # NVLink
@@ -193,6 +211,31 @@ CATALOGUE: tuple[Field, ...] = (
           "The rate of data received over NVLink, not including protocol headers, in bytes "
           "per second.", "B/s", Kind.GAUGE, GPM,
           gpm_metric="NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC", scale=_MIB_S, dcgm_field=1012),
+    # Jetson (sysfs, hfsampler.sources.jetson): what a Jetson has and dcgm-exporter has no name
+    # for. The fields above marked jetson= are read there too (docs/jetson.md).
+    Field("hfsampler_jetson_rail_power_watts",
+          "Power on one INA3221 rail of the Jetson module, voltage x current (in W).", "W",
+          Kind.GAUGE, FAST, jetson="rail_power", per="rail"),
+    Field("hfsampler_jetson_rail_voltage_volts",
+          "Bus voltage of one INA3221 rail of the Jetson module (in V).", "V", Kind.GAUGE, FAST,
+          jetson="rail_voltage", per="rail"),
+    Field("hfsampler_jetson_rail_current_amperes",
+          "Current on one INA3221 rail of the Jetson module (in A).", "A", Kind.GAUGE, FAST,
+          jetson="rail_current", per="rail"),
+    Field("hfsampler_jetson_temp_celsius", "Temperature of one thermal zone (in C).", "C",
+          Kind.GAUGE, SLOW, jetson="zone_temp", per="zone"),
+    Field("hfsampler_jetson_gpu_min_clock_mhz",
+          "Lowest GPU clock the devfreq governor may choose now (in MHz).", "MHz", Kind.STATE,
+          SLOW, jetson="gpu_min_freq"),
+    Field("hfsampler_jetson_gpu_max_clock_mhz",
+          "Highest GPU clock the devfreq governor may choose now, the power mode's cap (in MHz).",
+          "MHz", Kind.STATE, SLOW, jetson="gpu_max_freq"),
+    Field("hfsampler_jetson_gpu_railgated",
+          "1 while the GPU is rail-gated (powered off by runtime PM), 0 while powered.", "1",
+          Kind.STATE, SLOW, jetson="gpu_railgated"),
+    Field("hfsampler_jetson_nvmap_used_mib",
+          "Memory the GPU and other engines hold through nvmap, NvMapMemUsed (in MiB).", "MiB",
+          Kind.GAUGE, FAST, jetson="nvmap_used"),
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
@@ -237,8 +280,6 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
 
 def regroup(fields: Sequence[Field], overrides: dict[str, str]) -> tuple[Field, ...]:
     """Move fields to other groups (``{field name: group}``), validating both sides."""
-    from dataclasses import replace
-
     out = []
     for f in fields:
         group = overrides.get(f.name, f.group)

@@ -1,7 +1,8 @@
 """The metric model: window statistics and self-metrics become one ``Snapshot`` of named series.
 
 GPU series take dcgm-exporter's names and labels (the window mean keeps the name; ``_min``,
-``_max`` and ``_p99`` are siblings); counters, states and bitmasks export one value. Counters and
+``_max`` and ``_p99`` are siblings), plus a field's own labels where it has several instances
+(``rail``, ``zone``); counters, states and bitmasks export one value. Counters and
 states carry their last value into windows without a fresh sample; a gauge without samples for
 ``stale_after_windows`` windows, every series of a GPU that went down, and everything at shutdown
 gets Prometheus's stale marker once.
@@ -145,6 +146,7 @@ class MetricModel:
 
     def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
         g = len(self.devices)
+        own = [dict(f.labels) for f in fields]
         by_stat: list[tuple[str, ObjArray]] = []
         for suffix, stat in _STATS.items():
             arr: ObjArray = np.empty((g, len(fields)), dtype=object)
@@ -158,14 +160,15 @@ class MetricModel:
                 help_text = f"{f.help.rstrip('.')}; {what}."
                 self.registry.family(name, help_text, f.prometheus_type, f.unit)
                 for i in range(g):
-                    arr[i, j] = self.registry.series(name, self._base_labels[i])
+                    # a per-instance field (a rail, a zone) adds its own label to the GPU's
+                    arr[i, j] = self.registry.series(name, {**self._base_labels[i], **own[j]})
             stat_attr = stat if suffix else "mean"
             by_stat.append((stat_attr, arr))
         refresh: ObjArray = np.empty((g, len(fields)), dtype=object)
         self.registry.family(REFRESH_METRIC, REFRESH_HELP, "gauge", "seconds")
         for j, f in enumerate(fields):
             for i in range(g):
-                labels = {**self._base_labels[i], "field": f.name}
+                labels = {**self._base_labels[i], **own[j], "field": f.name}
                 refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
         carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
         # counters, states and bitmasks export `last` under the plain name, not the mean

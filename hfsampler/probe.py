@@ -49,6 +49,12 @@ class FieldProbe:
     refresh_s: tuple[float | None, ...]  # per GPU
     method: str  # "timestamps", "values" or "none"
     updates: int  # distinct samples seen on the first GPU
+    labels: tuple[tuple[str, str], ...] = ()  # one instance of a per-rail or per-zone field
+
+    @property
+    def display(self) -> str:
+        own = ",".join(f'{k}="{v}"' for k, v in self.labels)
+        return f"{self.name}{{{own}}}" if own else self.name
 
     @property
     def refresh_first_s(self) -> float | None:
@@ -192,6 +198,8 @@ def recommend(
         else:  # no refresh seen: the catalogue's default for the field
             interval = catalogue.DEFAULT_GROUP_INTERVALS_S.get(p.group, 0.1)
         interval = min(max(interval, floor_s), window_s)
+        if p.name in groups:  # another instance of the field (a Jetson's rails): the faster wins
+            interval = min(interval, intervals[groups[p.name]])
         name = catalogue.GPM if p.group == catalogue.GPM else group_name(interval)
         if name == catalogue.GPM and name in intervals:
             interval = min(interval, intervals[name])
@@ -218,25 +226,25 @@ def probe(
         gpus = len(inventory.devices)
         supported = [bool(inventory.supported[:, c].any()) for c in range(len(inventory.fields))]
         live = tuple(f for f, ok in zip(inventory.fields, supported, strict=True) if ok)
-        latency: dict[str, tuple[float, float]] = {}
+        latency: dict[Field, tuple[float, float]] = {}
         for f in live:
-            latency[f.name] = _percentiles_us(
-                time_reads(source, (f,), gpus, clock_ns, LATENCY_READS)
-            )
+            latency[f] = _percentiles_us(time_reads(source, (f,), gpus, clock_ns, LATENCY_READS))
         refresh = refresh_periods(source, live, gpus, duration_s, clock_ns, pace)
         tick = time_reads(source, live, gpus, clock_ns, 200) if live else [0]
     finally:
         source.close()
     batched = _batched_per_gpu(spec, wanted, gpus, clock_ns)
-    by_name = dict(zip((f.name for f in live), refresh, strict=True))
+    by_field = dict(zip(live, refresh, strict=True))
     probes = []
     for f in inventory.fields:
-        if f.name not in by_name:
-            probes.append(FieldProbe(f.name, f.group, False, None, None, (), "none", 0))
+        if f not in by_field:
+            probes.append(FieldProbe(f.name, f.group, False, None, None, (), "none", 0, f.labels))
             continue
-        per_gpu, method, seen = by_name[f.name]
-        p50, p99 = latency[f.name]
-        probes.append(FieldProbe(f.name, f.group, True, p50, p99, tuple(per_gpu), method, seen))
+        per_gpu, method, seen = by_field[f]
+        p50, p99 = latency[f]
+        probes.append(
+            FieldProbe(f.name, f.group, True, p50, p99, tuple(per_gpu), method, seen, f.labels)
+        )
     tick_p50, tick_p99 = _percentiles_us(tick)
     intervals, groups = recommend(probes, tick_p50, window_s)
     return ProbeResult(
@@ -282,7 +290,7 @@ def _ms(v: float | None) -> str:
 
 def format_table(r: ProbeResult) -> str:
     """The probe's table: per field latency, refresh, method and recommended group."""
-    width = max(len(f.name) for f in r.fields) if r.fields else 10
+    width = max(len(f.display) for f in r.fields) if r.fields else 10
     lines = [
         f"hfsampler probe: {r.source}, {len(r.gpus)} GPU(s) {', '.join(sorted(set(r.gpus)))}; "
         f"refresh over {r.duration_s:g}s",
@@ -292,10 +300,10 @@ def format_table(r: ProbeResult) -> str:
     ]
     for f in r.fields:
         if not f.supported:
-            lines.append(f"{f.name:<{width}}  {'unsupported':>11}")
+            lines.append(f"{f.display:<{width}}  {'unsupported':>11}")
             continue
         lines.append(
-            f"{f.name:<{width}}  {f.latency_p50_us or 0:>11.1f}  {f.latency_p99_us or 0:>8.1f}  "
+            f"{f.display:<{width}}  {f.latency_p50_us or 0:>11.1f}  {f.latency_p99_us or 0:>8.1f}  "
             f"{_ms(f.refresh_first_s):>10}  {f.method:<10}  {f.updates:>5}  "
             f"{r.field_groups.get(f.name, '-')}"
         )
@@ -320,7 +328,7 @@ def format_table(r: ProbeResult) -> str:
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Add `hfsampler probe` to the CLI (see ``hfsampler.cli.COMMAND_MODULES``)."""
     p = sub.add_parser("probe", help="measure field latency and refresh periods, recommend groups")
-    p.add_argument("--source", choices=("auto", "nvml", "sim"), default="auto")
+    p.add_argument("--source", choices=("auto", "nvml", "sim", "jetson"), default="auto")
     p.add_argument("--gpus", type=int, default=2, metavar="N", help="simulated GPUs (sim source)")
     p.add_argument("--duration", default="3s", metavar="DUR", help="refresh measurement length")
     p.add_argument("--fields", action="append", default=[], metavar="LIST")

@@ -360,7 +360,7 @@ def register(sub: Any) -> dict[str, Any]:
                    "CUDA_VISIBLE_DEVICES, else all)")  # fmt: skip
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="job label")
     p.add_argument("--duration", metavar="DUR", help="without a command: record this long")
-    p.add_argument("--source", choices=("auto", "nvml", "sim"), default="auto")
+    p.add_argument("--source", choices=("auto", "nvml", "sim", "jetson"), default="auto")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs")
     p.add_argument("--fields", action="append", default=[], metavar="LIST",
                    help="field names or groups (default all)")  # fmt: skip

@@ -23,7 +23,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -174,7 +174,9 @@ class RecordingWriter:
                 for d in devices
             ],
             "groups": [
-                {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields]}
+                {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields],
+                 # a per-instance field's own labels (a Jetson's rail, zone): [] for the others
+                 "labels": [[list(kv) for kv in f.labels] for f in g.fields]}
                 for g in self.groups
             ],
         }  # fmt: skip
@@ -271,10 +273,15 @@ def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
 
 
 def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
-    return tuple(
-        GroupPlan(g["name"], float(g["interval_s"]), tuple(BY_NAME[n] for n in g["fields"]))
-        for g in header["groups"]
-    )
+    out = []
+    for g in header["groups"]:
+        labels = g.get("labels") or [[] for _ in g["fields"]]  # recordings before labels: none
+        fields = tuple(
+            replace(BY_NAME[n], labels=tuple((str(k), str(v)) for k, v in own))
+            for n, own in zip(g["fields"], labels, strict=True)
+        )
+        out.append(GroupPlan(g["name"], float(g["interval_s"]), fields))
+    return tuple(out)
 
 
 class Recording:

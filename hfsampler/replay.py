@@ -76,7 +76,8 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
             f = fields[chunk.field[c]]
             registry.family(f.name + RAW_SUFFIX, f"{f.help} Every distinct sample.",
                             "counter" if f.kind is Kind.COUNTER else "gauge", f.unit)  # fmt: skip
-            series.append(registry.series(f.name + RAW_SUFFIX, base[chunk.gpu[c]]))
+            own = dict(f.labels)  # a rail's or zone's own label
+            series.append(registry.series(f.name + RAW_SUFFIX, {**base[chunk.gpu[c]], **own}))
         counts = np.diff(chunk.offsets)
         cell = np.repeat(np.arange(len(counts)), counts)
         ms = chunk.ts_us // 1000

@@ -75,7 +75,10 @@ remote_write:
         ("windw: 1s", r"^windw: unknown key \(did you mean 'window'\?\)"),
         ("window: 1", r"^window: '1' has no unit \(write 1s or 1ms\)"),
         ("gpus: two", r"^gpus: expected 2"),
-        ("source: cuda", r"^source: unknown source 'cuda' \(one of auto, nvml, sim, dcgm\)"),
+        (
+            "source: cuda",
+            r"^source: unknown source 'cuda' \(one of auto, nvml, sim, dcgm, jetson\)",
+        ),
         ("intervals: {fast: 5s}", r"^intervals.fast: 5.0s is longer than the window"),
         ("intervals: {fast: 10us}", r"^intervals.fast: shorter than 100us"),
         ("field_groups: {DCGM_FI_DEV_GPU_TEMP: medium}", r"^field_groups.DCGM_FI_DEV_GPU_TEMP"),

@@ -90,6 +90,42 @@ def test_systemd_example_config_loads() -> None:
     assert config.remote_write
 
 
+def test_systemd_jetson_unit_verifies(tmp_path: Path) -> None:
+    analyze = _tool("systemd-analyze", "apt-get install systemd")
+    unit = (DEPLOY / "systemd" / "hfsampler-jetson.service").read_text()
+    assert "ExecStart=/usr/local/bin/hfsampler run --config /etc/hfsampler/config.yml" in unit
+    (tmp_path / "hfsampler.service").write_text(
+        unit.replace("/usr/local/bin/hfsampler", "/bin/true")
+    )
+    r = _run([analyze, "verify", str(tmp_path / "hfsampler.service")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (r.stdout + r.stderr).strip(), "systemd-analyze printed warnings"
+
+
+def test_systemd_jetson_unit_needs_no_device_and_reads_sysfs() -> None:
+    """A Jetson has no /dev/nvidia*: a private /dev, no device allowed, no video group; sysfs
+    read-only, and /proc/meminfo and /proc/device-tree visible (ProcSubset=all)."""
+    unit = (DEPLOY / "systemd" / "hfsampler-jetson.service").read_text()
+    lines = {ln.strip() for ln in unit.splitlines()}
+    for line in ("DynamicUser=yes", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "CapabilityBoundingSet=", "PrivateDevices=yes", "DevicePolicy=closed",
+                 "ProtectKernelTunables=yes", "ProcSubset=all", "StateDirectory=hfsampler",
+                 "Restart=on-failure", "RestartPreventExitStatus=2", "LimitRTPRIO=1"):  # fmt: skip
+        assert line in lines, line
+    assert not any(ln.startswith(("DeviceAllow=", "SupplementaryGroups=")) for ln in lines)
+
+
+def test_systemd_jetson_config_loads(tmp_path: Path) -> None:
+    text = (DEPLOY / "systemd" / "config-jetson.yml").read_text()
+    assert "queue_dir: /var/lib/hfsampler/queue" in text  # the unit's StateDirectory
+    (tmp_path / "config.yml").write_text(text.replace("/var/lib/hfsampler", str(tmp_path)))
+    config = load_file(tmp_path / "config.yml")
+    assert config.source == "jetson"
+    assert config.jetson_sysfs_root is None  # the real /: sysfs_root is for tests only
+    assert config.queue_dir == str(tmp_path / "queue")
+    assert config.remote_write
+
+
 # -- container ------------------------------------------------------------------------------------
 
 

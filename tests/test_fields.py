@@ -42,7 +42,7 @@ def test_names_unique_and_every_field_readable() -> None:
     names = [f.name for f in CATALOGUE]
     assert len(names) == len(set(names))
     for f in CATALOGUE:
-        assert f.nvml_field or f.nvml_call or f.gpm_metric, f.name
+        assert f.nvml_readable or f.jetson, f.name
         if f.nvml_field:
             assert isinstance(getattr(pynvml, f.nvml_field), int), f.nvml_field
         assert f.group in fields.DEFAULT_GROUP_INTERVALS_S
@@ -96,3 +96,28 @@ def test_regroup_moves_a_field() -> None:
     assert next(f for f in moved if f.name == "DCGM_FI_DEV_GPU_TEMP").group == "fast"
     with pytest.raises(ConfigError, match="field_groups"):
         fields.regroup(CATALOGUE, {"NOPE": "fast"})
+
+
+def test_jetson_fields_follow_the_naming_and_expand_per_instance() -> None:
+    jetson_only = [f for f in CATALOGUE if f.jetson and not f.nvml_readable]
+    assert jetson_only
+    for f in jetson_only:
+        assert f.name.startswith("hfsampler_jetson_"), f.name
+        assert not f.labels  # the catalogue holds templates; sources add the instance's label
+    per = {f.name: f.per for f in CATALOGUE if f.per}
+    assert per == {
+        "hfsampler_jetson_rail_power_watts": "rail",
+        "hfsampler_jetson_rail_voltage_volts": "rail",
+        "hfsampler_jetson_rail_current_amperes": "rail",
+        "hfsampler_jetson_temp_celsius": "zone",
+    }
+    # the dcgm-exporter names a Jetson fills too
+    read_on_jetson = {f.name for f in CATALOGUE if f.jetson and f.nvml_readable}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"} <= read_on_jetson  # fmt: skip
+    temp = fields.BY_NAME["hfsampler_jetson_temp_celsius"].instance("GPU-therm")
+    assert temp.labels == (("zone", "GPU-therm"),)
+    assert temp.name == "hfsampler_jetson_temp_celsius"
+    with pytest.raises(ValueError, match="not a per-instance field"):
+        fields.BY_NAME["DCGM_FI_DEV_GPU_TEMP"].instance("x")

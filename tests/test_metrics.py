@@ -189,3 +189,31 @@ def test_host_label_name_is_chosen() -> None:
     (selfm,) = _labels_of(_model(host_label="hostname"), "hfsampler_windows_total")
     assert selfm["hostname"] == "node1"
     assert "Hostname" not in selfm
+
+
+def test_per_instance_fields_are_one_series_each_with_their_label() -> None:
+    """A field found several times on a device (a Jetson's rails) exports one series per
+    instance, each with its own label beside the GPU's, its siblings and refresh gauge too."""
+    from hfsampler.metrics import REFRESH_METRIC
+
+    rail = fields.BY_NAME["hfsampler_jetson_rail_power_watts"]
+    gpu_soc, cpu_cv = rail.instance("VDD_GPU_SOC"), rail.instance("VDD_CPU_CV")
+    assert gpu_soc.labels == (("rail", "VDD_GPU_SOC"),)
+    assert gpu_soc != cpu_cv
+    inv = SimSource(1).open([POWER])
+    model = MetricModel(inv.devices, {"g": (gpu_soc, cpu_cv)}, SelfMetrics(), hostname="n")
+    snap = model.snapshot({"g": _stats((gpu_soc, cpu_cv), [[3.0, 4.5]])}, np.array([True]), 1)
+    by_rail = {(s.name, dict(s.labels).get("rail")): v for s, v in snap.items()}
+    assert by_rail[(rail.name, "VDD_GPU_SOC")] == 3.0
+    assert by_rail[(rail.name + "_max", "VDD_CPU_CV")] == 5.5
+    refresh = [s for s in snap.series if s.name == REFRESH_METRIC]
+    assert sorted(dict(s.labels)["rail"] for s in refresh) == ["VDD_CPU_CV", "VDD_GPU_SOC"]
+    assert len({s.id for s in snap.series}) == len(snap.series)  # no series twice
+    # attribution labels swap the GPU's labels and keep the rail's
+    model.set_extra_labels([{"pod": "p1"}])
+    again = model.snapshot({"g": _stats((gpu_soc, cpu_cv), [[3.0, 4.5]])}, np.array([True]), 2)
+    live = [dict(s.labels) for s, v in again.items() if s.name == rail.name and not is_stale(v)]
+    assert sorted((d["pod"], d["rail"]) for d in live) == [
+        ("p1", "VDD_CPU_CV"),
+        ("p1", "VDD_GPU_SOC"),
+    ]

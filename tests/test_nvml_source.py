@@ -16,7 +16,7 @@ from hfsampler.fields import Field
 from hfsampler.sources import nvml_calls
 from hfsampler.sources.nvml import UNKNOWN_LIMIT, NvmlSource, probe_driver
 
-FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST)
+FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST and f.nvml_readable)
 POWER = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]  # field id with a call fallback
 INSTANT = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]  # field id only
 MEM_TEMP = F.BY_NAME["DCGM_FI_DEV_MEMORY_TEMP"]
@@ -61,7 +61,8 @@ def test_discovery_and_labels(fake: FakeNvml, source: NvmlSource) -> None:
     assert d.minor_number == 1
     assert d.device == "nvidia1"
     assert inv.supported.shape == (3, len(F.CATALOGUE))
-    assert inv.supported.all()
+    # every field NVML has a way to read; a Jetson's rails and zones are not NVML's
+    assert (inv.supported.all(axis=0) == [f.nvml_readable for f in F.CATALOGUE]).all()
     assert source.gpu_up.tolist() == [True, True, True]
 
 
@@ -132,6 +133,17 @@ def test_not_supported_field_skipped_with_one_log_line(
     assert (ts[:, 1] == 0).all()
     assert not np.isnan(values[:, 0]).any()
     assert source.read_errors.tolist() == [0, 0, 0]  # known-unsupported is not an error
+
+
+def test_a_jetsons_own_fields_are_not_nvmls_and_cost_no_warning(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open(F.CATALOGUE)
+    jetson_only = [k for k, f in enumerate(F.CATALOGUE) if not f.nvml_readable]
+    assert jetson_only
+    assert not inv.supported[:, jetson_only].any()
+    assert not [r for r in caplog.records if "hfsampler_jetson" in r.getMessage()]
 
 
 def test_field_id_function_not_found_falls_back_to_call(

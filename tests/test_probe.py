@@ -118,6 +118,21 @@ def test_recommend_respects_tick_cost_window_and_defaults() -> None:
     assert min(slow_tick.values()) == pytest.approx(0.01)  # a 3 ms read fits 10 ms, not 5 ms
 
 
+def test_instances_of_one_field_share_the_fastest_group() -> None:
+    """A Jetson's rails are one field, several instances: the fastest rail decides its group."""
+    name = "hfsampler_jetson_rail_power_watts"
+
+    def rail(label: str, refresh: float) -> P.FieldProbe:
+        return P.FieldProbe(name, F.FAST, True, 1.0, 2.0, (refresh,), "timestamps", 5,
+                            (("rail", label),))  # fmt: skip
+
+    for order in ([rail("A", 0.02), rail("B", 0.0066)], [rail("B", 0.0066), rail("A", 0.02)]):
+        intervals, groups = P.recommend(order, tick_us=10.0)
+        assert groups == {name: "every_5ms"}
+        assert intervals["every_5ms"] == pytest.approx(0.005)
+    assert order[0].display == f'{name}{{rail="B"}}'
+
+
 def test_sim_probe_and_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["probe", "--source", "sim", "--gpus", "1", "--duration", "300ms",
                      "--fields", "power_usage_instant,gpu_temp", "--json"]) == 0  # fmt: skip

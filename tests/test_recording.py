@@ -87,3 +87,14 @@ def test_not_a_recording(tmp_path: Path) -> None:
     path.write_bytes(b"hello")
     with pytest.raises(RecordingError):
         Recording(path)
+
+
+def test_per_instance_fields_keep_their_labels(tmp_path: Path) -> None:
+    """A Jetson's rails are one catalogue field each with its own label: a recording keeps them."""
+    rail = BY_NAME["hfsampler_jetson_rail_power_watts"]
+    plan = GroupPlan("fast", 0.001, (rail.instance("VDD_GPU_SOC"), rail.instance("VDD_SOC")))
+    w = RecordingWriter(tmp_path / "j.hfs", {"start_ns": 10**18, "command": ["x"]}, DEVICES[:1],
+                        [plan])  # fmt: skip
+    w.close({"end_ns": 10**18, "exit_code": 0})
+    (group,) = Recording(tmp_path / "j.hfs").groups
+    assert group.fields == plan.fields

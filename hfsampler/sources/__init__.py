@@ -1,4 +1,5 @@
-"""GPU sources: one interface (``Source``), three implementations (``nvml``, ``sim``, ``dcgm``).
+"""GPU sources: one interface (``Source``), four implementations (``nvml``, ``sim``, ``dcgm``,
+``jetson``).
 
 A source is opened inside the process that reads it (NVML handles do not cross processes), so the
 sampler receives a picklable ``SourceSpec`` and builds the source with ``open_source``.
@@ -49,20 +50,25 @@ class Inventory:
 class SourceSpec:
     """How to build a source in another process: picklable, no handles."""
 
-    kind: str  # "nvml", "sim" or "dcgm"
+    kind: str  # "nvml", "sim", "dcgm" or "jetson"
     gpus: int = 2  # sim: how many GPUs
     seed: int = 0  # sim: the seed of every synthetic signal
     indices: tuple[int, ...] | None = None  # nvml: which GPUs (None: all)
     dcgm_path: str | None = None  # dcgm: where DCGM's Python bindings are (None: DCGM's places)
     dcgm_host: str = "localhost"  # dcgm: the host engine
     dcgm_interval_s: float = 0.1  # dcgm: how often DCGM samples the watched fields
+    jetson_root: str = "/"  # jetson: where /sys, /proc and /etc are (another root: tests only)
 
 
 class Source(Protocol):
     """Reads a set of fields from every GPU into caller-owned arrays."""
 
     def open(self, fields: Sequence[Field]) -> Inventory:
-        """Initialise, discover devices and probe each field's support on each device."""
+        """Initialise, discover devices and probe each field's support on each device.
+
+        The inventory's fields are those asked for, except that a per-instance field
+        (``Field.per``) asked for without labels becomes one field per instance found.
+        """
         ...
 
     def read(
@@ -101,4 +107,8 @@ def open_source(spec: SourceSpec) -> Source:
         from hfsampler.sources.dcgm import DcgmSource
 
         return DcgmSource(spec.dcgm_path, spec.dcgm_host, spec.dcgm_interval_s)
+    if spec.kind == "jetson":
+        from hfsampler.sources.jetson import JetsonSource
+
+        return JetsonSource(root=spec.jetson_root)
     raise ValueError(f"unknown source kind {spec.kind!r}")

@@ -249,8 +249,8 @@ class NvmlSource:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
         self._probe_gpm(fields)
         for c, f in enumerate(fields):
-            if f.gpm_metric:
-                continue  # _probe_gpm logged the group's support in one line
+            if f.gpm_metric or not f.nvml_readable:
+                continue  # GPM: _probe_gpm logged it in one line; not NVML's (a Jetson's rails)
             if c in fallback:
                 log.info(
                     "%s: field id %s unsupported on GPU %s; read with call %s",

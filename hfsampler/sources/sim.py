@@ -210,7 +210,9 @@ class SimSource:
             )
             for i in range(self.gpus)
         )
-        return Inventory(devices, tuple(fields), np.ones((self.gpus, len(fields)), dtype=np.bool_))
+        # the sim imitates NVML GPUs: a field only a Jetson's sysfs has is not there
+        readable = [f.nvml_readable for f in fields]
+        return Inventory(devices, tuple(fields), np.array([readable] * self.gpus, dtype=np.bool_))
 
     def read(
         self,

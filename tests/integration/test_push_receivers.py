@@ -159,7 +159,8 @@ def _group(metric: str) -> str:
 def _default_fields() -> tuple[Field, ...]:
     from hfsampler.config import Config
 
-    return Config().selected_fields()
+    # what a sim run samples by default: the catalogue less what only a Jetson's sysfs has
+    return tuple(f for f in Config().selected_fields() if f.nvml_readable)
 
 
 def _expected_names() -> list[str]:

@@ -1,0 +1,344 @@
+"""Where a Jetson keeps its numbers: find them in sysfs, procfs and /etc, never assume one board.
+
+``find_layout(root)`` walks the tree once and returns a ``Layout``: the devfreq GPU node (its load,
+clocks and runtime-PM state), the INA3221 power rails (JetPack 5+'s hwmon channels or JetPack 4's
+iio rails), the thermal zones, the memory controller's (EMC) clock and activity, /proc/meminfo, and
+what labels the GPU (model, L4T release, a stable identifier). Each thing it looks for and does not
+find is one line in ``Layout.notes``, with the fields it costs: the source logs the lines that
+concern the fields it was asked for (so the sampler process, asked only for what discovery kept,
+does not repeat them). Nothing here reads on the hot path.
+
+Paths are relative to ``root`` (``/`` on a Jetson; a fixture tree in tests), and every symlink it
+follows must stay inside ``root``, as sysfs's relative links do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GPU_NODE_NAMES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")  # devfreq device/of_node/name
+GPU_ZONE_TYPES = ("gpu-therm", "gpu-thermal")
+INA_DRIVERS = ("ina3221", "ina3221x")  # JetPack 5+ (hwmon) and JetPack 4 (iio)
+NOT_CONNECTED = "NC"
+# the tokens of a rail name that say nothing about what it feeds
+_RAIL_NOISE = frozenset({"VDD", "VIN", "POM", "SYS", "IN", "5V", "5V0", "1V8", "3V3"})
+_EMC_RATE = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/clk/emc/clk_rate")
+_EMC_ACTIVITY = ("sys/kernel/actmon_avg_activity/mc_all",)
+_GPU_KEYS = ("gpu_load", "gpu_freq", "gpu_min_freq", "gpu_max_freq", "gpu_railgated")
+_RAIL_KEYS = ("rail_power", "rail_voltage", "rail_current", "gpu_rail_power", "gpu_rail_energy")
+_L4T_RE = re.compile(rb"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Rail:
+    """One INA3221 channel: JetPack 5+ gives voltage (mV) and current (mA), JetPack 4 also power."""
+
+    name: str
+    voltage: Path | None  # mV
+    current: Path | None  # mA
+    power: Path | None  # mW (JetPack 4's in_power*_input); else voltage x current
+    update_interval_s: float | None  # the chip's conversion time x averaging x channels
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    name: str  # the zone's type, e.g. GPU-therm
+    temp: Path  # millidegrees Celsius
+
+
+@dataclass(slots=True)
+class Layout:
+    """Every path the jetson source reads, and what labels the GPU."""
+
+    root: Path
+    gpu_node: str | None = None  # of_node name: ga10b, gv11b, gpu...
+    gpu_device: str | None = None  # the GPU's platform device, e.g. 17000000.ga10b
+    load: Path | None = None  # per-mille
+    cur_freq: Path | None = None  # Hz
+    min_freq: Path | None = None
+    max_freq: Path | None = None
+    polling_interval_s: float | None = None  # the devfreq governor's
+    runtime_status: Path | None = None  # "active" / "suspended"
+    rails: tuple[Rail, ...] = ()
+    gpu_rail: str | None = None
+    zones: tuple[Zone, ...] = ()
+    gpu_zone: str | None = None
+    emc_rate: Path | None = None  # Hz
+    emc_activity: Path | None = None  # actmon's mc_all
+    meminfo: Path | None = None
+    model: str = "NVIDIA Jetson"
+    l4t: str = "unknown"
+    identity: str = ""  # what the GPU's UUID is derived from
+    # one line per thing not found, and the jetson keys of the fields it costs (none: all)
+    notes: list[tuple[str, frozenset[str]]] = field(default_factory=list)
+
+    def note(self, text: str, *keys: str) -> None:
+        self.notes.append((text, frozenset(keys)))
+
+    @property
+    def uuid(self) -> str:
+        """A stable ``GPU-...`` identifier: NVML has none for an integrated GPU (docs/jetson.md)."""
+        key = f"hfsampler-jetson/{self.identity}/{self.gpu_device or self.gpu_node or 'gpu'}"
+        return f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, key)}"
+
+
+def _text(path: Path) -> str | None:
+    """A small sysfs or device-tree file's text, without NULs and surrounding space."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    return data.replace(b"\0", b" ").decode("utf-8", "replace").strip() or None
+
+
+def _inside(root: Path, path: Path) -> Path | None:
+    """``path`` resolved, if it stays inside ``root`` (a fixture must not reach the real /sys)."""
+    try:
+        real = path.resolve(strict=True)
+    except OSError:
+        return None
+    return real if real == root or root in real.parents else None
+
+
+def _ms(path: Path) -> float | None:
+    text = _text(path)
+    try:
+        return int(text) / 1000.0 if text is not None and int(text) > 0 else None
+    except ValueError:
+        return None
+
+
+def is_tegra(root: str | Path = "/") -> bool:
+    """A Tegra (Jetson): the device tree says so, or a devfreq GPU node exists."""
+    base = Path(root)
+    compatible = base / "proc/device-tree/compatible"
+    try:
+        if b"nvidia,tegra" in compatible.read_bytes():
+            return True
+    except OSError:
+        pass
+    return _find_gpu(base.resolve(), Layout(base.resolve())) is not None
+
+
+def find_layout(root: str | Path = "/") -> Layout:
+    """Walk ``root`` once for everything the jetson source reads."""
+    base = Path(root).resolve()
+    lay = Layout(base)
+    gpu = _find_gpu(base, lay)
+    if gpu is None:
+        lay.note(
+            "no devfreq GPU node (sys/class/devfreq/*/device/of_node/name one of "
+            f"{', '.join(GPU_NODE_NAMES)}): GPU load and clocks skipped",
+            *_GPU_KEYS,
+        )
+    _find_rails(base, lay)
+    _find_zones(base, lay)
+    lay.emc_rate = next((p for r in _EMC_RATE if (p := base / r).is_file()), None)
+    lay.emc_activity = next((p for r in _EMC_ACTIVITY if (p := base / r).is_file()), None)
+    if lay.emc_rate is None:
+        lay.note(
+            "no EMC clock (" + " or ".join(_EMC_RATE) + ", debugfs: root only): "
+            "DCGM_FI_DEV_MEM_CLOCK and MEM_COPY_UTIL skipped",
+            "emc_freq",
+            "emc_load",
+        )
+    elif lay.emc_activity is None:
+        lay.note(f"no EMC activity ({_EMC_ACTIVITY[0]}): DCGM_FI_DEV_MEM_COPY_UTIL skipped",
+                 "emc_load")  # fmt: skip
+    meminfo = base / "proc/meminfo"
+    lay.meminfo = meminfo if meminfo.is_file() else None
+    if lay.meminfo is None:
+        lay.note(
+            "no proc/meminfo: memory fields skipped", "mem_used", "mem_available", "nvmap_used"
+        )
+    _identify(base, lay)
+    return lay
+
+
+def _find_gpu(base: Path, lay: Layout) -> Path | None:
+    """The devfreq node of the integrated GPU; fills the GPU's paths into ``lay``."""
+    devfreq = base / "sys/class/devfreq"
+    try:
+        entries = sorted(os.listdir(devfreq))
+    except OSError:
+        entries = []
+    for entry in entries:
+        node = _text(devfreq / entry / "device/of_node/name")
+        if node not in GPU_NODE_NAMES:
+            continue
+        freq_dir = _inside(base, devfreq / entry)
+        dev_dir = _inside(base, devfreq / entry / "device")
+        if freq_dir is None or dev_dir is None:
+            continue
+        lay.gpu_node = node
+        lay.gpu_device = dev_dir.name
+        rel = f"sys/class/devfreq/{entry}"
+        for name in ("cur_freq", "min_freq", "max_freq"):
+            path = freq_dir / name
+            setattr(lay, name, path if path.exists() else None)
+            if not path.exists():
+                lay.note(f"no {rel}/{name}: skipped", "gpu_" + name.replace("cur_", ""))
+        lay.polling_interval_s = _ms(freq_dir / "polling_interval")
+        load = dev_dir / "load"
+        old = base / "sys/devices/gpu.0/load"  # older boards (Nano, TX2) keep it here
+        lay.load = load if load.exists() else (old if old.exists() else None)
+        if lay.load is None:
+            lay.note(
+                f"no {rel}/device/load nor sys/devices/gpu.0/load: GPU load skipped", "gpu_load"
+            )
+        status = dev_dir / "power/runtime_status"
+        lay.runtime_status = status if status.exists() else None
+        if lay.runtime_status is None:
+            lay.note(f"no {rel}/device/power/runtime_status: rail-gate state skipped",
+                     "gpu_railgated")  # fmt: skip
+        return freq_dir
+    return None
+
+
+def _find_rails(base: Path, lay: Layout) -> None:
+    rails: list[Rail] = []
+    seen: set[str] = set()
+    for driver in INA_DRIVERS:
+        top = base / "sys/bus/i2c/drivers" / driver
+        try:
+            chips = sorted(e for e in os.listdir(top) if re.fullmatch(r"\d+-[0-9a-fA-F]{4}", e))
+        except OSError:
+            continue
+        for chip in chips:
+            chip_dir = _inside(base, top / chip)
+            if chip_dir is None:
+                continue
+            for rail in (*_hwmon_rails(chip_dir), *_iio_rails(chip_dir)):
+                name = rail.name if rail.name not in seen else f"{rail.name}@{chip}"
+                seen.add(name)
+                rails.append(Rail(name, rail.voltage, rail.current, rail.power,
+                                  rail.update_interval_s))  # fmt: skip
+    lay.rails = tuple(rails)
+    if not rails:
+        lay.note(
+            "no INA3221 rail (sys/bus/i2c/drivers/ina3221 or ina3221x): power fields skipped",
+            *_RAIL_KEYS,
+        )
+        return
+    lay.gpu_rail = gpu_rail([r.name for r in rails])
+    if lay.gpu_rail is None:
+        lay.note(
+            "no rail feeds the GPU (none named *GPU*): DCGM_FI_DEV_POWER_USAGE_INSTANT skipped",
+            "gpu_rail_power",
+            "gpu_rail_energy",
+        )
+
+
+def _skip_channel(label: str | None) -> bool:
+    return label is None or label.upper() == NOT_CONNECTED or "sum" in label.lower()
+
+
+def _hwmon_rails(chip: Path) -> list[Rail]:
+    """JetPack 5+: hwmon/hwmon*/in<N>_label, in<N>_input (mV), curr<N>_input (mA)."""
+    out = []
+    for hwmon in sorted(chip.glob("hwmon/hwmon*")):
+        interval = _ms(hwmon / "update_interval")
+        for label_path in sorted(hwmon.glob("in*_label")):
+            n = label_path.name[2:].removesuffix("_label")
+            label = _text(label_path)
+            voltage, current = hwmon / f"in{n}_input", hwmon / f"curr{n}_input"
+            if _skip_channel(label) or not current.is_file():
+                continue  # NC, the sum of shunt voltages (in7), or a channel without current
+            assert label is not None
+            out.append(Rail(label, voltage if voltage.is_file() else None, current, None, interval))
+    return out
+
+
+def _iio_rails(chip: Path) -> list[Rail]:
+    """JetPack 4: iio:device*/rail_name_<N>, in_power<N>_input (mW), in_voltage / in_current."""
+    out = []
+    for iio in sorted(chip.glob("iio:device*")):
+        for label_path in sorted(iio.glob("rail_name_*")):
+            n = label_path.name.removeprefix("rail_name_")
+            label = _text(label_path)
+            if _skip_channel(label):
+                continue
+            assert label is not None
+            paths = [iio / f"in_{what}{n}_input" for what in ("voltage", "current", "power")]
+            v, i, p = (q if q.is_file() else None for q in paths)
+            if v is None and i is None and p is None:
+                continue
+            out.append(Rail(label, v, i, p, None))
+    return out
+
+
+def gpu_rail(names: list[str]) -> str | None:
+    """The rail that feeds the GPU: one named for the GPU alone if the board has it, else the
+    GPU's shared rail with the fewest other loads (VDD_GPU_SOC before VDD_CPU_GPU_CV)."""
+    best: tuple[int, int, str] | None = None
+    for k, name in enumerate(names):
+        tokens = set(re.split(r"[_\s-]+", name.upper())) - _RAIL_NOISE
+        if "GPU" not in tokens:
+            continue
+        rank = (len(tokens), k, name)
+        if best is None or rank < best:
+            best = rank
+    return best[2] if best else None
+
+
+def _find_zones(base: Path, lay: Layout) -> None:
+    zones: list[Zone] = []
+    seen: set[str] = set()
+    for top in (base / "sys/class/thermal", base / "sys/devices/virtual/thermal"):
+        try:
+            entries = sorted(
+                (e for e in os.listdir(top) if e.startswith("thermal_zone")),
+                key=lambda e: int(e.removeprefix("thermal_zone") or 0),
+            )
+        except (OSError, ValueError):
+            continue
+        for entry in entries:
+            zone_dir = _inside(base, top / entry)
+            name = _text(top / entry / "type")
+            temp = top / entry / "temp"
+            if zone_dir is None or name is None or not temp.exists():
+                continue
+            name = name if name not in seen else f"{name}@{entry}"
+            seen.add(name)
+            zones.append(Zone(name, temp))
+        if zones:
+            break
+    lay.zones = tuple(zones)
+    if not zones:
+        lay.note("no thermal zone (sys/class/thermal/thermal_zone*): temperatures skipped",
+                 "zone_temp", "gpu_temp")  # fmt: skip
+        return
+    lay.gpu_zone = next((z.name for z in zones if z.name.lower() in GPU_ZONE_TYPES), None)
+    if lay.gpu_zone is None:
+        lay.note(
+            "no GPU thermal zone (type GPU-therm or gpu-thermal): DCGM_FI_DEV_GPU_TEMP skipped",
+            "gpu_temp",
+        )
+
+
+def _identify(base: Path, lay: Layout) -> None:
+    lay.model = _text(base / "proc/device-tree/model") or "NVIDIA Jetson"
+    try:
+        release = (base / "etc/nv_tegra_release").read_bytes()
+    except OSError:
+        release = b""
+    found = _L4T_RE.search(release)
+    if found:
+        lay.l4t = f"L4T {found.group(1).decode()}.{found.group(2).decode()}"
+    else:
+        kernel = _text(base / "proc/sys/kernel/osrelease")
+        lay.l4t = f"kernel {kernel}" if kernel else "unknown"
+        lay.note(f"no etc/nv_tegra_release: the driver-version label is {lay.l4t!r}")
+    for source in ("proc/device-tree/serial-number", "sys/devices/soc0/serial_number",
+                   "etc/machine-id"):  # fmt: skip
+        text = _text(base / source)
+        if text:
+            lay.identity = f"{source}:{text}"
+            return
+    lay.identity = f"model:{lay.model}"
+    lay.note("no serial number or machine-id: the GPU's UUID derives from the model only")

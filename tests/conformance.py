@@ -1,5 +1,6 @@
-"""A strict Remote-Write 1.0 receiver: it refuses what the spec or the strictest real receivers
-(Thanos Receive, Grafana Mimir) refuse, and records what it stored and every rule a sender broke.
+"""A strict Remote-Write receiver, 1.0 and 2.0 (2.0-rc.4): it refuses what the spec or the strictest
+real receivers (Thanos Receive, Grafana Mimir) refuse, and records what it stored and every rule a
+sender broke.
 
 Every rule applies in both flavours; ``flavour`` only picks the answers (Thanos: 409 Conflict for
 label-set and sample conflicts; Mimir: 400 with Mimir's message for the first bad series). As both
@@ -7,6 +8,12 @@ real receivers do, the valid series of a partly bad request are stored. Rules, i
 tests/CONFORMANCE.md. A hand-written wire parser decodes the body, not the prompb classes: it sees
 what a protobuf runtime hides (a field sent twice, unknown fields, invalid UTF-8 in one label) and
 keeps each value's bits, so stale markers stay distinguishable.
+
+The Content-Type picks the message (no ``proto=`` or ``prometheus.WriteRequest``: 1.0;
+``io.prometheus.write.v2.Request``: 2.0); ``accept`` narrows what is decoded (415 for the rest), and
+``legacy_v1_only`` plays a 1.x receiver that decodes every body as 1.0 (a 2.0 body then reads as an
+empty request: 204, no ``Written`` headers, nothing stored). 2.0 series are checked by the 1.0 rules
+once their refs are resolved, and share the per-series timestamp order with 1.0 series.
 
 Use: ``async with ConformanceReceiver() as rx`` on the test's loop; ``with ConformanceReceiver() as
 rx`` on its own thread and loop (tests that run hfsampler as a subprocess); or standalone,
@@ -35,9 +42,13 @@ import snappy
 from aiohttp import web
 
 Flavour = Literal["thanos", "mimir"]
-Labels = tuple[tuple[str, str], ...]  # as sent, in the order sent
+Labels = tuple[tuple[str, str], ...]  # as sent (2.0: as resolved), in the order sent
 Sample = tuple[int, float]  # (timestamp in ms, value); a NaN's payload is kept bit for bit
+Histogram = tuple[int, bytes]  # (timestamp in ms, the encoded 2.0 Histogram message)
+Exemplar = tuple[Labels, float, int]  # (labels, value, timestamp in ms)
+Metadata = tuple[str, str, str]  # (type as Prometheus names it, e.g. "counter"; help; unit)
 Problem = tuple[str, dict[str, Any]]  # (rule id, fields for its message)
+_Point = tuple[int, Any, int | bytes, int]  # ts, value to store, identity (bits | bytes), start ts
 
 STALE_NAN_BITS = 0x7FF0000000000002
 THANOS_TENANT_HEADER = "THANOS-TENANT"
@@ -47,6 +58,25 @@ _METRIC_RE = re.compile(rb"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_RE = re.compile(rb"[a-zA-Z_][a-zA-Z0-9_]*")
 _LIBRARY_AGENT_RE = re.compile(r"(Python/\S+ aiohttp/|Python-urllib/|python-requests/)")
 _MEDIA_TYPE = "application/x-protobuf"
+PROTO_V1 = "prometheus.WriteRequest"
+PROTO_V2 = "io.prometheus.write.v2.Request"
+CONTENT_TYPE_V2 = f"{_MEDIA_TYPE};proto={PROTO_V2}"
+PROTOCOLS = {PROTO_V1: "1.0", PROTO_V2: "2.0"}  # message -> what ``protocols`` records
+SAMPLES_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Samples-Written"
+HISTOGRAMS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Histograms-Written"
+EXEMPLARS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Exemplars-Written"
+_V2_VERSION_RE = re.compile(r"2\.\d+\.\d+")
+# Metadata.MetricType by number, named as Prometheus' model names them (0 is "unknown").
+_METRIC_TYPES = [
+    "unknown",
+    "counter",
+    "gauge",
+    "histogram",
+    "gaugehistogram",
+    "summary",
+    "info",
+    "stateset",
+]
 _DAY_MS = 86_400_000
 
 # Series- and sample-level rules, "id: what the receiver says". {…} name fields of _context.
@@ -68,7 +98,13 @@ sample-too-far-in-future: timestamp {ts} is {delta_s:.0f} s ahead, limit {limit}
 sample-too-old: timestamp {ts} is {delta_s:.0f} s behind, limit {limit} s{hint}
 sample-out-of-order: timestamp {ts} is older than the last accepted {last}
 sample-duplicate-timestamp: timestamp {ts} sent again with a different value
-sample-duplicate: timestamp {ts} sent again with the same value"""
+sample-duplicate: timestamp {ts} sent again with the same value
+v2-labels-refs-odd: {detail}
+v2-ref-out-of-range: {detail}
+v2-no-samples: series has no samples and no histograms
+v2-samples-and-histograms: {detail}
+v2-metadata-missing: {detail}
+v2-exemplar-timestamp-missing: exemplar of value {value} has no timestamp"""
 _SAYS = {rule: says for rule, says in (line.split(": ", 1) for line in _SAYS_TABLE.splitlines())}
 # Mimir's answers, "rule | err-mimir- id | per-tenant limit flag | message" (an indented line
 # continues the message), worded as in pkg/distributor/validate.go and pkg/ingester/errors.go.
@@ -156,13 +192,29 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class Violation:
     """One broken rule. ``labels``: the series as sent, () for a request-level rule; ``request``
-    counts from 1; ``samples``: how many samples it cost."""
+    counts from 1; ``samples``: how many samples (and 2.0 histogram samples) it cost."""
 
     rule: str
     message: str
     labels: Labels
     request: int
     samples: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a 2.0 answer's ``X-Prometheus-Remote-Write-*-Written`` headers said: what was stored."""
+
+    samples: int = 0
+    histograms: int = 0
+    exemplars: int = 0
+
+    def headers(self) -> dict[str, str]:
+        return {
+            SAMPLES_WRITTEN_HEADER: str(self.samples),
+            HISTOGRAMS_WRITTEN_HEADER: str(self.histograms),
+            EXEMPLARS_WRITTEN_HEADER: str(self.exemplars),
+        }
 
 
 class Report(TypedDict):
@@ -173,6 +225,7 @@ class Report(TypedDict):
     stale_markers: int
     metadata: int
     violations: dict[str, int]
+    protocols: dict[str, int]  # {"1.0": n, "2.0": n}: requests whose Content-Type names each
 
 
 def is_stale_marker(value: float) -> bool:
@@ -187,8 +240,11 @@ class _Malformed(Exception):
 @dataclass(slots=True)
 class _Series:
     labels: list[tuple[bytes, bytes]] = field(default_factory=list)
-    samples: list[tuple[int, float, int]] = field(default_factory=list)  # ts, value, bits
-    problems: dict[str, str] = field(default_factory=dict)  # proto-* rule -> detail
+    samples: list[_Point] = field(default_factory=list)  # value: float, identity: its bits
+    histograms: list[_Point] = field(default_factory=list)  # 2.0; value and identity: the bytes
+    exemplars: list[Exemplar] = field(default_factory=list)  # 2.0
+    metadata: Metadata | None = None  # 2.0, resolved; None when the series sent none
+    problems: dict[str, str] = field(default_factory=dict)  # proto-* and v2-* rule -> detail
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -249,6 +305,18 @@ def _singular(
     return out
 
 
+def _int64(value: int) -> int:
+    return value - (value >> 63 << 64)
+
+
+def _sample(buf: bytes, a: int, b: int, v2: bool, problems: dict[str, str]) -> _Point:
+    wires = {1: 1, 2: 0, 3: 0} if v2 else {1: 1, 2: 0}  # 2.0-rc.4 adds start_timestamp = 3
+    sample = _singular(buf, a, b, wires, "Sample", problems)
+    raw = sample.get(1, bytes(8))
+    value = struct.unpack("<d", raw)[0]
+    return _int64(sample.get(2, 0)), value, int.from_bytes(raw, "little"), _int64(sample.get(3, 0))
+
+
 def _parse_request(buf: bytes) -> tuple[list[_Series], int, list[int]]:
     """The series, the number of metadata entries, and unknown WriteRequest field numbers."""
     batch, metadata, unknown = [], 0, []
@@ -268,14 +336,137 @@ def _parse_request(buf: bytes) -> tuple[list[_Series], int, list[int]]:
                 label = _singular(buf, x, y, {1: 2, 2: 2}, "Label", series.problems)
                 series.labels.append((label.get(1, b""), label.get(2, b"")))
             elif n == 2:
-                sample = _singular(buf, x, y, {1: 1, 2: 0}, "Sample", series.problems)
-                raw, ts = sample.get(1, bytes(8)), sample.get(2, 0)
-                value = struct.unpack("<d", raw)[0]
-                series.samples.append((ts - (ts >> 63 << 64), value, int.from_bytes(raw, "little")))
+                series.samples.append(_sample(buf, x, y, False, series.problems))
             else:  # exemplars (3) and histograms (4) are not Remote-Write 1.0
                 series.problems.setdefault("proto-unknown-field", f"TimeSeries has field {n}")
         batch.append(series)
     return batch, metadata, unknown
+
+
+def _refs(buf: bytes, wire: int, a: int, b: int, where: str) -> list[int]:
+    """A repeated uint32, packed (as proto3 encoders write it) or not (parsers accept both)."""
+    if wire == 0:
+        return [a]
+    _expect(1, wire, 2, where)
+    out, pos = [], a
+    while pos < b:
+        value, pos = _varint(buf, pos, b)
+        out.append(value)
+    return out
+
+
+class _Symbols:
+    """Request.symbols, resolving refs and remembering the first one out of range."""
+
+    def __init__(self, symbols: list[bytes]) -> None:
+        self.symbols = symbols
+        self.bad = ""
+
+    def __call__(self, ref: int, where: str) -> bytes:
+        if ref < len(self.symbols):
+            return self.symbols[ref]
+        self.bad = self.bad or f"{where} = {ref}, but there are {len(self.symbols)} symbols"
+        return f"<ref {ref}>".encode()
+
+    def pairs(
+        self, refs: list[int], where: str, problems: dict[str, str]
+    ) -> list[tuple[bytes, bytes]]:
+        if len(refs) % 2:
+            problems.setdefault("v2-labels-refs-odd", f"{where} has {len(refs)} refs, not pairs")
+        return [
+            (self(refs[i], f"{where}[{i}]"), self(refs[i + 1], f"{where}[{i + 1}]"))
+            for i in range(0, len(refs) - 1, 2)
+        ]
+
+
+def _histogram_point(buf: bytes, a: int, b: int, problems: dict[str, str]) -> _Point:
+    """Only the timestamps are read (15 and 17); the message is stored as sent."""
+    ts = start = 0
+    for n, w, x, _ in _fields(buf, a, b):
+        if n in (15, 17):
+            _expect(n, w, 0, "Histogram")
+            ts, start = (_int64(x), start) if n == 15 else (ts, _int64(x))
+        elif n > 17:
+            problems.setdefault("proto-unknown-field", f"Histogram has field {n}")
+    return ts, buf[a:b], buf[a:b], start
+
+
+def _parse_series_v2(buf: bytes, a: int, b: int, sym: _Symbols) -> _Series:
+    series, refs, seen_metadata = _Series(), [], False
+    problems = series.problems
+    for n, w, x, y in _fields(buf, a, b):
+        if n == 1:
+            refs += _refs(buf, w, x, y, "TimeSeries")
+            continue
+        _expect(n, w, 2, "TimeSeries")
+        if n == 2:
+            series.samples.append(_sample(buf, x, y, True, problems))
+        elif n == 3:
+            series.histograms.append(_histogram_point(buf, x, y, problems))
+        elif n == 4:
+            ex_refs, value, ts = [], 0.0, 0
+            for en, ew, ex, ey in _fields(buf, x, y):
+                if en == 1:
+                    ex_refs += _refs(buf, ew, ex, ey, "Exemplar")
+                elif en in (2, 3):
+                    _expect(en, ew, 1 if en == 2 else 0, "Exemplar")
+                    value, ts = (struct.unpack("<d", buf[ex:ey])[0], ts) if en == 2 else (value, ex)
+                else:
+                    problems.setdefault("proto-unknown-field", f"Exemplar has field {en}")
+            pairs = sym.pairs(ex_refs, "Exemplar.labels_refs", problems)
+            labels = tuple((_text(k), _text(v)) for k, v in pairs)
+            series.exemplars.append((labels, value, _int64(ts)))
+        elif n == 5:
+            if seen_metadata:  # a runtime would merge the two silently
+                problems.setdefault("proto-duplicate-field", "TimeSeries field 5 sent twice")
+            seen_metadata = True
+            meta = _singular(buf, x, y, {1: 0, 3: 0, 4: 0}, "Metadata", problems)
+            kind = meta.get(1, 0)
+            name = _METRIC_TYPES[kind] if kind < len(_METRIC_TYPES) else f"type {kind}"
+            help_, unit = sym(meta.get(3, 0), "Metadata.help_ref"), sym(meta.get(4, 0), "unit_ref")
+            series.metadata = (name, _text(help_), _text(unit))
+        else:  # 6 was created_timestamp before rc.4, and is reserved now
+            problems.setdefault("proto-unknown-field", f"TimeSeries has field {n}")
+    series.labels = sym.pairs(refs, "labels_refs", problems)
+    if sym.bad:
+        problems["v2-ref-out-of-range"], sym.bad = sym.bad, ""
+    if not series.samples and not series.histograms:
+        problems["v2-no-samples"] = ""
+    elif series.samples and series.histograms:
+        both = f"{len(series.samples)} samples and {len(series.histograms)} histograms"
+        problems["v2-samples-and-histograms"] = f"series has {both}: send them as two series"
+    if series.metadata is None or series.metadata[0] == "unknown":
+        got = "no metadata" if series.metadata is None else "metadata without a type"
+        problems["v2-metadata-missing"] = f"{got}: want type, help and unit"
+    return series
+
+
+def _parse_v2(buf: bytes) -> tuple[list[bytes], list[_Series], list[int]]:
+    """Request.symbols, the series with their refs resolved, and unknown Request field numbers."""
+    symbols, spans, unknown = [], [], []
+    for number, wire, a, b in _fields(buf, 0, len(buf)):
+        if number not in (4, 5):  # 1 to 3 are reserved: 1.0's WriteRequest fields
+            unknown.append(number)
+            continue
+        _expect(number, wire, 2, "Request")
+        if number == 4:
+            symbols.append(buf[a:b])
+        else:
+            spans.append((a, b))
+    sym = _Symbols(symbols)  # the symbols may come after the series that use them
+    return symbols, [_parse_series_v2(buf, a, b, sym) for a, b in spans], unknown
+
+
+def _proto_named(content_type: str | None) -> str | None:
+    """The message a Content-Type names (no ``proto=``: 1.0's), or None unless it is one of the
+    spec's three values (spaces around ``;`` and the parameter name's case aside)."""
+    media, *params = [p.strip() for p in (content_type or "").split(";")]
+    if media != _MEDIA_TYPE or len(params) > 1:
+        return None
+    if not params:
+        return PROTO_V1
+    name, _, value = params[0].partition("=")
+    return value if name.strip().lower() == "proto" and value in PROTOCOLS else None
 
 
 def _is_utf8(raw: bytes) -> bool:
@@ -317,7 +508,13 @@ def _when(ts: int) -> str:
 
 class ConformanceReceiver:
     """The strict receiver on 127.0.0.1. Its attributes hold what it saw: read them after the
-    ``with`` block, or during it through ``wait``/``wait_async``/``report`` (they take the lock)."""
+    ``with`` block, or during it through ``wait``/``wait_async``/``report`` (they take the lock).
+
+    ``accept``: the messages it decodes (default both); a request naming another gets 415, which is
+    no violation (a sender may probe and fall back). ``legacy_v1_only``: a 1.x receiver that ignores
+    the Content-Type and decodes every body as 1.0, answering 204 without ``Written`` headers.
+    ``require_metadata``: drop a 2.0 series without a metadata type (default: record
+    ``v2-metadata-missing`` and store it)."""
 
     def __init__(
         self,
@@ -329,9 +526,27 @@ class ConformanceReceiver:
         script: Iterable[Reply] = (),
         port: int = 0,
         path: str = "/api/v1/write",
+        accept: Iterable[str] | None = None,
+        legacy_v1_only: bool = False,
+        require_metadata: bool = False,
     ) -> None:
         if flavour not in ("thanos", "mimir"):
             raise ValueError(f"flavour must be 'thanos' or 'mimir', not {flavour!r}")
+        if legacy_v1_only and accept is not None:
+            raise ValueError(
+                "accept has no effect with legacy_v1_only=True, which reads all as 1.0"
+            )
+        self.accept = tuple(PROTOCOLS) if accept is None else tuple(accept)
+        if (
+            not self.accept
+            or not set(self.accept) <= set(PROTOCOLS)
+            or len(set(self.accept)) < len(self.accept)
+        ):
+            raise ValueError(
+                f"accept must name some of {tuple(PROTOCOLS)} once each, not {accept!r}"
+            )
+        self.legacy_v1_only = legacy_v1_only
+        self.require_metadata = require_metadata
         self.flavour: Flavour = flavour
         self.tenant_header = tenant_header
         self.limits = limits or Limits()
@@ -345,7 +560,14 @@ class ConformanceReceiver:
         self.bodies: list[str] = []
         self.headers: list[dict[str, str]] = []
         self.metadata = 0
-        self._last: dict[Labels, tuple[int, int]] = {}  # last accepted (ts, bits) per series
+        self.histograms: dict[Labels, list[Histogram]] = {}  # 2.0
+        self.exemplars: dict[Labels, list[Exemplar]] = {}  # 2.0, of stored series
+        self.metadata_of: dict[Labels, Metadata] = {}  # 2.0: the last sent with a stored sample
+        self.start_timestamps: dict[Labels, set[int]] = {}  # 2.0: non-zero, of stored samples
+        self.protocols: list[str] = []  # per request: "1.0", "2.0", or "" (Content-Type invalid)
+        self.written: list[Written | None] = []  # per answer, beside statuses; None: no headers
+        # The last accepted (ts, identity) per series: a sample's bits or a histogram's bytes.
+        self._last: dict[Labels, tuple[int, int | bytes]] = {}
         self._port = port
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -455,6 +677,7 @@ class ConformanceReceiver:
                 stale_markers=sum(map(is_stale_marker, values)),
                 metadata=self.metadata,
                 violations=dict(Counter(v.rule for v in self.violations)),
+                protocols={v: self.protocols.count(v) for v in PROTOCOLS.values()},
             )
 
     def assert_conformant(self, ignore: Iterable[str] = ()) -> None:
@@ -468,40 +691,68 @@ class ConformanceReceiver:
             raise AssertionError(f"{len(found)} violation(s):\n" + "\n".join(lines[:50]) + more)
 
     async def _handle(self, request: web.Request) -> web.Response:
+        proto = _proto_named(request.headers.get("Content-Type"))
+        protocol = PROTOCOLS.get(proto or "", "")
         with self._lock:
             self.requests += 1
             number = self.requests
             self.headers.append(dict(request.headers))
+            self.protocols.append(protocol)
             reply = self.script.popleft() if self.script else None
         if reply is not None:
             return self._answer(reply.status, reply.body, dict(reply.headers))
-        refused = self._check_transport(request, number)
+        v2 = protocol == "2.0" and not self.legacy_v1_only  # decoded as 2.0 once accepted
+        zero = Written() if v2 and PROTO_V2 in self.accept else None  # 2.0 answers carry them
+        refused = self._check_transport(request, number, proto)
         if refused is not None:
-            return self._answer(*refused)
+            return self._answer(*refused, written=None if refused[0] == 415 else zero)
         body = await request.read()
         refused = self._check_body(body, number)
         if refused is not None:
-            return self._answer(*refused)
+            return self._answer(*refused, written=zero)
         try:
             decoded = snappy.uncompress(body)
         except Exception as err:  # python-snappy raises several types for a corrupt block
-            return self._answer(*self._refuse(number, "snappy-invalid", repr(err), 400))
+            refused = self._refuse(number, "snappy-invalid", repr(err), 400)
+            return self._answer(*refused, written=zero)
+        metadata, symbols = 0, [b""]
         try:
-            batch, metadata, unknown = _parse_request(decoded)
+            if v2:
+                symbols, batch, unknown = _parse_v2(decoded)
+            else:
+                batch, metadata, unknown = _parse_request(decoded)
         except _Malformed as err:
-            return self._answer(*self._refuse(number, "proto-malformed", str(err), 400))
+            return self._answer(
+                *self._refuse(number, "proto-malformed", str(err), 400), written=zero
+            )
+        if batch and symbols[:1] != [b""]:
+            got = f"symbols[0] is {_quote(symbols[0])!r}" if symbols else "no symbols"
+            message = f"{got}: the table must start with the empty string"
+            refused = self._refuse(number, "v2-symbols-first-not-empty", message, 400)
+            return self._answer(*refused, written=zero)
+        if self.legacy_v1_only and protocol == "2.0":
+            unknown = []  # what an old receiver sees: an empty WriteRequest
         with self._lock:
             self.metadata += metadata
-            return self._answer(*self._ingest(batch, unknown, number))
+            status, text, written = self._ingest(batch, unknown, number, v2)
+        if status == 200 and (v2 or self.legacy_v1_only):
+            status = 204  # 2.0: SHOULD; what Prometheus answers, 2.x to every message
+        return self._answer(status, text, written=written if v2 else None)
 
     def _answer(
-        self, status: int, body: str, headers: Mapping[str, str] | None = None
+        self,
+        status: int,
+        body: str,
+        headers: Mapping[str, str] | None = None,
+        written: Written | None = None,
     ) -> web.Response:
         with self._lock:
             self.statuses.append(status)
             self.bodies.append(body)
+            self.written.append(written)
             self._cond.notify_all()
         text = body.encode("utf-8", "backslashreplace").decode() if body else None
+        headers = {**(headers or {}), **(written.headers() if written else {})}
         return web.Response(status=status, text=text, headers=headers)
 
     def _record(self, rule: str, message: str, labels: Labels, number: int, lost: int = 0) -> None:
@@ -512,7 +763,9 @@ class ConformanceReceiver:
         self._record(rule, message, (), number)
         return status, f"{rule}: {message}"
 
-    def _check_transport(self, request: web.Request, number: int) -> tuple[int, str] | None:
+    def _check_transport(
+        self, request: web.Request, number: int, proto: str | None
+    ) -> tuple[int, str] | None:
         """Method and headers: every problem is recorded, the first decides the answer."""
         headers, problems = request.headers, []
 
@@ -530,12 +783,16 @@ class ConformanceReceiver:
         encoding = headers.get("Content-Encoding")
         if encoding is None or encoding.lower() != "snappy":
             bad("header-content-encoding", f"Content-Encoding {encoding!r}, want 'snappy'", 415)
-        media, *params = [p.strip() for p in headers.get("Content-Type", "").split(";")]
-        if media != _MEDIA_TYPE or any(p != "proto=prometheus.WriteRequest" for p in params):
-            got = headers.get("Content-Type")
-            bad("header-content-type", f"Content-Type {got!r}, want {_MEDIA_TYPE!r}", 415)
+        if proto is None:
+            got, want = headers.get("Content-Type"), f"{_MEDIA_TYPE}[;proto={PROTO_V1}|{PROTO_V2}]"
+            bad("header-content-type", f"Content-Type {got!r}, want {want!r}", 415)
+        elif proto not in self.accept and not self.legacy_v1_only:  # no violation: a probe
+            problems.append((415, f"{proto} is not accepted here; accepted: {list(self.accept)}"))
         version = headers.get("X-Prometheus-Remote-Write-Version")
-        if version != "0.1.0":
+        if proto == PROTO_V2 and not _V2_VERSION_RE.fullmatch(version or ""):
+            message = f"X-Prometheus-Remote-Write-Version {version!r}, want '2.0.0' with {PROTO_V2}"
+            bad("header-version", message)
+        elif proto != PROTO_V2 and version != "0.1.0":
             bad("header-version", f"X-Prometheus-Remote-Write-Version {version!r}, want '0.1.0'")
         agent = headers.get("User-Agent", "")
         if not agent.strip() or _LIBRARY_AGENT_RE.match(agent):
@@ -594,7 +851,9 @@ class ConformanceReceiver:
             seen.add(name)
         return found
 
-    def _sample_problem(self, key: Labels, ts: int, bits: int, now_ms: float) -> Problem | None:
+    def _sample_problem(
+        self, key: Labels, ts: int, ident: int | bytes, now_ms: float
+    ) -> Problem | None:
         future, past, hint = self.limits.future_window_s, self.limits.past_window_s, ""
         if future is not None and ts > now_ms + future * 1000:
             if ts > now_ms * 100:
@@ -610,51 +869,85 @@ class ConformanceReceiver:
             return None
         if ts < last[0]:
             return "sample-out-of-order", {"last": last[0]}
-        return ("sample-duplicate" if bits == last[1] else "sample-duplicate-timestamp"), {}
+        return ("sample-duplicate" if ident == last[1] else "sample-duplicate-timestamp"), {}
 
-    def _ingest(self, batch: list[_Series], unknown: list[int], number: int) -> tuple[int, str]:
+    def _ingest(
+        self, batch: list[_Series], unknown: list[int], number: int, v2: bool
+    ) -> tuple[int, str, Written]:
         """Store what passes, record the rest, and answer as the flavour would. Holds the lock."""
-        now_ms, first = self.clock() * 1000, len(self.violations)
+        now_ms, refused, written = self.clock() * 1000, 0, [0, 0, 0]
         firsts: list[str] = []  # Mimir answers with the first error
         counts: dict[tuple[str, str], list[Any]] = {}  # Thanos: "add N series|samples: error"
         if unknown:
-            message = f"WriteRequest has fields {unknown}"
+            names = list(dict.fromkeys(unknown))  # each once, in the order sent
+            message = f"{'Request' if v2 else 'WriteRequest'} has fields {names}"
+            if set(unknown) & ({1, 2, 3} if v2 else {4, 5}):
+                message += f" (a {'1.0 WriteRequest' if v2 else '2.0 Request'} body?)"
             self._record("proto-unknown-field", message, (), number)
             firsts.append(f"{message} (conformance-proto-unknown-field)")
             counts["proto-unknown-field", "requests"] = [1, message]
+            refused += 1
         for series in batch:
             labels: Labels = tuple((_text(n), _text(v)) for n, v in series.labels)
             base = _context(labels)
             problems = {rule: {"detail": detail} for rule, detail in series.problems.items()}
-            problems.update(self._label_problems(series.labels))
+            if not {"v2-labels-refs-odd", "v2-ref-out-of-range"} & problems.keys():
+                problems.update(self._label_problems(series.labels))  # not of placeholders
+            soft = None if self.require_metadata else problems.pop("v2-metadata-missing", None)
+            if soft is not None:  # a SHOULD: recorded, the series is still stored
+                message = _SAYS["v2-metadata-missing"].format(**soft)
+                self._record("v2-metadata-missing", message, labels, number)
+            lost = len(series.samples) + len(series.histograms)
             for rule, ctx in problems.items():
                 message = self._say(rule, {**base, **ctx}, firsts)
-                self._record(rule, message, labels, number, len(series.samples))
+                self._record(rule, message, labels, number, lost)
                 counts.setdefault((rule, "series"), [0, message])[0] += 1
+                refused += 1
             if problems:
                 continue
+            kind = 1 if series.histograms else 0
+            store: dict[Labels, list[Any]] = self.histograms if kind else self.samples
             dropped: dict[str, list[Any]] = {}  # rule -> [fields of its first sample, count]
-            for ts, value, bits in series.samples:
-                problem = self._sample_problem(labels, ts, bits, now_ms)
+            kept = 0
+            for ts, value, ident, start in series.histograms or series.samples:
+                problem = self._sample_problem(labels, ts, ident, now_ms)
                 if problem is None:
-                    self.samples.setdefault(labels, []).append((ts, value))
-                    self._last[labels] = (ts, bits)
+                    store.setdefault(labels, []).append((ts, value))
+                    self._last[labels] = (ts, ident)
+                    kept += 1
+                    if start:
+                        self.start_timestamps.setdefault(labels, set()).add(start)
                 else:
                     at = {**base, **problem[1], "ts": ts, "when": _when(ts)}
                     dropped.setdefault(problem[0], [at, 0])[1] += 1
+            written[kind] += kept
+            if series.metadata is not None and kept:
+                self.metadata_of[labels] = series.metadata
             for rule, (ctx, n) in dropped.items():
                 message = self._say(rule, ctx, firsts) + (f" ({n} samples)" if n > 1 else "")
                 self._record(rule, message, labels, number, n)
                 counts.setdefault((rule, "samples"), [0, message])[0] += n
-        if len(self.violations) == first:
-            return 200, ""
+                refused += 1
+            for exemplar in series.exemplars:
+                if not exemplar[2]:
+                    rule = "v2-exemplar-timestamp-missing"
+                    message = self._say(rule, {**base, "value": exemplar[1]}, firsts)
+                    self._record(rule, message, labels, number)
+                    counts.setdefault((rule, "exemplars"), [0, message])[0] += 1
+                    refused += 1
+                    continue
+                self.exemplars.setdefault(labels, []).append(exemplar)
+                written[2] += 1
+        stored = Written(*written)
+        if not refused:
+            return 200, "", stored
         if self.flavour == "mimir":
-            return 400, firsts[0]
+            return 400, firsts[0], stored
         parts = [
             f"add {n} {what}: {_THANOS.get(rule, f'{rule}: {message}')}"
             for (rule, what), (n, message) in counts.items()
         ]
-        return (409 if any(r in _THANOS for r, _ in counts) else 400), "; ".join(parts)
+        return (409 if any(r in _THANOS for r, _ in counts) else 400), "; ".join(parts), stored
 
     def _say(self, rule: str, ctx: dict[str, Any], firsts: list[str]) -> str:
         """The rule's message; Mimir's wording (or a stand-in) goes to ``firsts``."""
@@ -680,7 +973,13 @@ async def _serve(args: argparse.Namespace) -> int:
         max_decoded_bytes=args.max_decoded_bytes,
     )
     rx = ConformanceReceiver(
-        flavour=args.flavour, tenant_header=args.tenant_header, limits=limits, port=args.port
+        flavour=args.flavour,
+        tenant_header=args.tenant_header,
+        limits=limits,
+        port=args.port,
+        accept=args.accept,
+        legacy_v1_only=args.legacy_v1_only,
+        require_metadata=args.require_metadata,
     )
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -696,7 +995,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGINT or SIGTERM, print the report; exit 1 if any rule was broken."""
-    parser = argparse.ArgumentParser(description="Strict Remote-Write 1.0 receiver.")
+    parser = argparse.ArgumentParser(description="Strict Remote-Write 1.0 and 2.0 receiver.")
     add = parser.add_argument
     add("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
     add("--flavour", choices=("thanos", "mimir"), default="thanos")
@@ -705,7 +1004,13 @@ def main(argv: list[str] | None = None) -> int:
     add("--future-window-s", type=float, default=600.0, help="0 turns the check off")
     add("--max-compressed-bytes", type=int)
     add("--max-decoded-bytes", type=int)
-    return asyncio.run(_serve(parser.parse_args(argv)))
+    add("--accept", action="append", choices=tuple(PROTOCOLS), help="repeat; default: both")
+    add("--legacy-v1-only", action="store_true", help="decode every body as 1.0, as 1.x does")
+    add("--require-metadata", action="store_true", help="drop 2.0 series without a type")
+    args = parser.parse_args(argv)
+    if args.legacy_v1_only and args.accept:
+        parser.error("--accept has no effect with --legacy-v1-only: drop one of them")
+    return asyncio.run(_serve(args))
 
 
 if __name__ == "__main__":

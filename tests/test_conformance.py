@@ -1,7 +1,8 @@
 """The conformance receiver catches each rule: hand-built requests, one planted fault each.
 
-Requests are built independently of hfsampler's encoder: with the generated prompb classes, or
-byte by byte where protobuf cannot express the fault (a field sent twice, invalid UTF-8).
+Requests are built independently of hfsampler's encoder: with the generated prompb classes (1.0's
+remote_pb2, 2.0's writev2_pb2), or byte by byte where protobuf cannot express the fault (a field
+sent twice, invalid UTF-8, refs sent unpacked).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from conformance import (
     ConformanceReceiver,
     Limits,
     Reply,
+    Written,
     is_stale_marker,
 )
 
-from hfsampler.remote_write.prompb import remote_pb2
+from hfsampler.remote_write.prompb import remote_pb2, writev2_pb2
 
 NOW_S = 1_700_000_000.0
 NOW_MS = int(NOW_S * 1000)
@@ -74,15 +76,24 @@ def receiver(**kwargs: Any) -> ConformanceReceiver:
     return ConformanceReceiver(**kwargs)
 
 
-async def post(
+async def exchange(
     rx: ConformanceReceiver, body: bytes, headers: Mapping[str, str] = HEADERS, method: str = "POST"
-) -> tuple[int, str]:
+) -> tuple[int, str, dict[str, str]]:
+    """Status, body, and the X-Prometheus-Remote-Write-*-Written headers the answer carried."""
     # No automatic User-Agent or Content-Type: each test sends exactly the headers it names.
     async with (
         aiohttp.ClientSession(skip_auto_headers=("User-Agent", "Content-Type")) as session,
         session.request(method, rx.url, data=body, headers=dict(headers)) as resp,
     ):
-        return resp.status, await resp.text()
+        written = {k: v for k, v in resp.headers.items() if k.endswith("-Written")}
+        return resp.status, await resp.text(), written
+
+
+async def post(
+    rx: ConformanceReceiver, body: bytes, headers: Mapping[str, str] = HEADERS, method: str = "POST"
+) -> tuple[int, str]:
+    status, text, _ = await exchange(rx, body, headers, method)
+    return status, text
 
 
 def rules(rx: ConformanceReceiver) -> list[str]:
@@ -132,7 +143,10 @@ async def test_conformant_request_is_stored_with_nan_bits() -> None:
         "stale_markers": 1,
         "metadata": 0,
         "violations": {},
+        "protocols": {"1.0": 1, "2.0": 0},
     }
+    assert rx.protocols == ["1.0"]
+    assert rx.written == [None]  # a 1.0 answer carries no Written headers
     rx.assert_conformant()
 
 
@@ -371,6 +385,10 @@ async def test_undecodable_body_is_refused(body: bytes, rule: str) -> None:
     assert (status, rules(rx)) == (400, [rule])
 
 
+C415 = ("header-content-type", 415)
+V400 = ("header-version", 400)  # a 2.0 Content-Type, and the 1.0 version header
+
+
 @pytest.mark.parametrize(
     ("header", "value", "rule", "status"),
     [
@@ -378,12 +396,9 @@ async def test_undecodable_body_is_refused(body: bytes, rule: str) -> None:
         ("Content-Encoding", "gzip", "header-content-encoding", 415),
         ("Content-Type", None, "header-content-type", 415),
         ("Content-Type", "application/json", "header-content-type", 415),
-        (
-            "Content-Type",
-            "application/x-protobuf;proto=io.prometheus.write.v2.Request",
-            "header-content-type",
-            415,
-        ),
+        ("Content-Type", "application/x-protobuf;proto=io.prometheus.write.v3.Request", *C415),
+        ("Content-Type", "application/x-protobuf;proto=prometheus.WriteRequest;v=1", *C415),
+        ("Content-Type", "application/x-protobuf; proto=io.prometheus.write.v2.Request", *V400),
         ("X-Prometheus-Remote-Write-Version", None, "header-version", 400),
         ("X-Prometheus-Remote-Write-Version", "2.0.0", "header-version", 400),
         ("User-Agent", None, "header-user-agent", 400),
@@ -580,8 +595,375 @@ def test_standalone_prints_a_report_on_sigint() -> None:
     assert "request 1: labels-not-sorted: label 'DCGM_FI_DRIVER_VERSION' after '__name__'" in out
 
 
+# Remote-Write 2.0 (2.0-rc.4): the literals below are the spec's, not the module's constants.
+HEADERS_V2 = {
+    **HEADERS,
+    "Content-Type": "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+    "X-Prometheus-Remote-Write-Version": "2.0.0",
+}
+Metadata = writev2_pb2.Metadata
+OTHER = (("__name__", "DCGM_FI_DEV_GPU_TEMP"), ("gpu", "0"))
+
+
+def written(samples: int, histograms: int = 0, exemplars: int = 0) -> dict[str, str]:
+    return {
+        "X-Prometheus-Remote-Write-Samples-Written": str(samples),
+        "X-Prometheus-Remote-Write-Histograms-Written": str(histograms),
+        "X-Prometheus-Remote-Write-Exemplars-Written": str(exemplars),
+    }
+
+
+class V2:
+    """An io.prometheus.write.v2.Request whose strings are interned as a sender must; a test then
+    plants one fault in ``req`` or in a series that ``series`` returns."""
+
+    def __init__(self) -> None:
+        self.req = writev2_pb2.Request(symbols=[""])
+        self._refs = {"": 0}
+
+    def ref(self, text: str) -> int:
+        if text not in self._refs:
+            self._refs[text] = len(self.req.symbols)
+            self.req.symbols.append(text)
+        return self._refs[text]
+
+    def series(
+        self,
+        labels: Sequence[tuple[str, str]],
+        samples: Sequence[tuple[int, float]] = ((NOW_MS, 1.0),),
+        *,
+        kind: int = Metadata.METRIC_TYPE_GAUGE,
+        help_: str = "Power draw (in W).",
+        unit: str = "watts",
+        start_ms: int = 0,
+    ) -> Any:
+        ts = self.req.timeseries.add()
+        for name, value in labels:
+            ts.labels_refs.extend([self.ref(name), self.ref(value)])
+        for t, v in samples:
+            ts.samples.add(timestamp=t, value=v, start_timestamp=start_ms)
+        ts.metadata.type = kind
+        ts.metadata.help_ref = self.ref(help_)
+        ts.metadata.unit_ref = self.ref(unit)
+        return ts
+
+    def body(self) -> bytes:
+        return bytes(snappy.compress(self.req.SerializeToString()))
+
+
+def v2_request(*series: Series) -> bytes:
+    v2 = V2()
+    for labels, samples in series:
+        v2.series(labels, samples)
+    return v2.body()
+
+
+async def test_v2_conformant_request_is_stored_with_written_headers() -> None:
+    energy = (("__name__", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), ("gpu", "0"))
+    v2 = V2()
+    v2.series(GOOD, [(NOW_MS, 1.5), (NOW_MS + 1000, STALE)])
+    counter = Metadata.METRIC_TYPE_COUNTER
+    start = NOW_MS - 60_000
+    v2.series(
+        energy, [(NOW_MS, 7.0)], kind=counter, help_="Energy (in mJ).", unit="", start_ms=start
+    )
+    async with receiver() as rx:
+        assert await exchange(rx, v2.body(), HEADERS_V2) == (204, "", written(3))
+    assert rx.violations == []
+    assert rx.samples[GOOD][0] == (NOW_MS, 1.5)
+    assert is_stale_marker(rx.samples[GOOD][1][1])
+    assert rx.samples[energy] == [(NOW_MS, 7.0)]
+    assert rx.metadata_of == {
+        GOOD: ("gauge", "Power draw (in W).", "watts"),
+        energy: ("counter", "Energy (in mJ).", ""),
+    }
+    assert rx.start_timestamps == {energy: {start}}
+    assert rx.protocols == ["2.0"]
+    assert rx.written == [Written(samples=3)]
+    assert rx.report()["protocols"] == {"1.0": 0, "2.0": 1}
+    rx.assert_conformant()
+
+
+def _odd(v2: V2, ts: Any) -> None:
+    ts.labels_refs.append(v2.ref("gpu"))
+
+
+def _label_out_of_range(v2: V2, ts: Any) -> None:
+    ts.labels_refs[1] = len(v2.req.symbols) + 5
+
+
+def _help_out_of_range(v2: V2, ts: Any) -> None:
+    ts.metadata.help_ref = 999
+
+
+def _no_samples(v2: V2, ts: Any) -> None:
+    ts.ClearField("samples")
+
+
+def _with_histogram(v2: V2, ts: Any) -> None:
+    ts.histograms.add(timestamp=NOW_MS, count_int=1)
+
+
+def _name_first(v2: V2, ts: Any) -> None:
+    ts.ClearField("labels_refs")
+    for name, value in NAIVE:
+        ts.labels_refs.extend([v2.ref(name), v2.ref(value)])
+
+
+def _empty_value(v2: V2, ts: Any) -> None:
+    ts.labels_refs[-1] = 0  # gpu=""
+
+
+def _out_of_order(v2: V2, ts: Any) -> None:
+    ts.samples.add(timestamp=NOW_MS - 1, value=2.0)
+
+
+# (fault, rule, Thanos' status): the other series of the request is stored all the same.
+V2_SERIES_CASES: dict[str, tuple[Callable[[V2, Any], None], str, int]] = {
+    "odd-labels-refs": (_odd, "v2-labels-refs-odd", 400),
+    "label-ref-out-of-range": (_label_out_of_range, "v2-ref-out-of-range", 400),
+    "help-ref-out-of-range": (_help_out_of_range, "v2-ref-out-of-range", 400),
+    "no-samples": (_no_samples, "v2-no-samples", 400),
+    "samples-and-histograms": (_with_histogram, "v2-samples-and-histograms", 400),
+    "name-first": (_name_first, "labels-not-sorted", 409),
+    "empty-value": (_empty_value, "label-value-empty", 409),
+}
+
+
+@pytest.mark.parametrize("case", V2_SERIES_CASES)
+async def test_v2_series_rules_drop_the_series_and_count_the_rest(case: str) -> None:
+    fault, rule, status = V2_SERIES_CASES[case]
+    v2 = V2()
+    v2.series(OTHER, [(NOW_MS, 40.0)])
+    fault(v2, v2.series(GOOD))
+    async with receiver() as rx:
+        got = await exchange(rx, v2.body(), HEADERS_V2)
+    assert (got[0], got[2]) == (status, written(1))
+    assert rules(rx) == [rule]
+    assert rx.samples == {OTHER: [(NOW_MS, 40.0)]}
+    assert rx.written == [Written(samples=1)]
+    assert list(rx.metadata_of) == [OTHER]
+
+
+async def test_v2_sample_rules_keep_the_rest_of_the_series() -> None:
+    async with receiver() as rx:
+        samples = [(NOW_MS, 1.0), (NOW_MS - 1, 2.0), (NOW_MS + 1, 3.0)]
+        status, _, got = await exchange(rx, v2_request((GOOD, samples)), HEADERS_V2)
+    assert (status, got) == (409, written(2))
+    assert rules(rx) == ["sample-out-of-order"]
+    assert rx.samples[GOOD] == [(NOW_MS, 1.0), (NOW_MS + 1, 3.0)]
+
+
+@pytest.mark.parametrize(
+    ("flavour", "body"),
+    [
+        ("thanos", "add 1 series: v2-labels-refs-odd: labels_refs has 13 refs, not pairs"),
+        ("mimir", "labels_refs has 13 refs, not pairs series: '{DCGM_FI_DRIVER_VERSION="),
+    ],
+)
+async def test_v2_rules_in_each_flavour(flavour: str, body: str) -> None:
+    v2 = V2()
+    _odd(v2, v2.series(GOOD))
+    async with receiver(flavour=flavour) as rx:
+        status, text, got = await exchange(rx, v2.body(), HEADERS_V2)
+    assert (status, got) == (400, written(0))
+    assert text.startswith(body)
+    assert text.endswith("(conformance-v2-labels-refs-odd)") == (flavour == "mimir")
+
+
+@pytest.mark.parametrize("first", ["x", None])
+async def test_v2_symbols_must_start_with_the_empty_string(first: str | None) -> None:
+    v2 = V2()
+    v2.series(GOOD, unit="W")  # no ref to symbol 0, so only the table itself is wrong
+    v2.series(OTHER, help_="Temperature.", unit="C")
+    if first is None:
+        v2.req.ClearField("symbols")
+    else:
+        v2.req.symbols[0] = first
+    async with receiver() as rx:
+        status, text, got = await exchange(rx, v2.body(), HEADERS_V2)
+    assert (status, got) == (400, written(0))
+    assert text.startswith("v2-symbols-first-not-empty: ")
+    assert rules(rx) == ["v2-symbols-first-not-empty"]
+    assert rx.samples == {}
+
+
+@pytest.mark.parametrize(
+    ("version", "status"),
+    [("2.0.0", 204), ("2.1.0", 204), ("0.1.0", 400), ("2.0", 400), (None, 400)],
+)
+async def test_v2_version_header(version: str | None, status: int) -> None:
+    headers = {k: v for k, v in HEADERS_V2.items() if k != "X-Prometheus-Remote-Write-Version"}
+    if version is not None:
+        headers["X-Prometheus-Remote-Write-Version"] = version
+    async with receiver() as rx:
+        got, _, counts = await exchange(rx, v2_request((GOOD, [(NOW_MS, 1.0)])), headers)
+    assert (got, counts) == (status, written(1 if status == 204 else 0))
+    assert rules(rx) == ([] if status == 204 else ["header-version"])
+
+
+@pytest.mark.parametrize("require", [False, True])
+async def test_v2_metadata_on_every_series(require: bool) -> None:
+    v2 = V2()
+    v2.series(GOOD).ClearField("metadata")
+    typeless = Metadata.METRIC_TYPE_UNSPECIFIED
+    v2.series(OTHER, help_="Temperature (in C).", unit="celsius", kind=typeless)
+    async with receiver(require_metadata=require) as rx:
+        status, text, got = await exchange(rx, v2.body(), HEADERS_V2)
+    assert rules(rx) == ["v2-metadata-missing", "v2-metadata-missing"]
+    assert [v.message for v in rx.violations] == [
+        "no metadata: want type, help and unit",
+        "metadata without a type: want type, help and unit",
+    ]
+    if require:  # a receiver MAY reject them
+        assert (status, got) == (400, written(0))
+        assert rx.samples == {}
+        assert [v.samples for v in rx.violations] == [1, 1]
+        return
+    assert (status, text, got) == (204, "", written(2))  # a SHOULD: stored, and only recorded
+    assert set(rx.samples) == {GOOD, OTHER}
+    assert rx.metadata_of == {OTHER: ("unknown", "Temperature (in C).", "celsius")}
+    with pytest.raises(AssertionError, match="request 1: v2-metadata-missing: no metadata"):
+        rx.assert_conformant()
+    rx.assert_conformant(ignore=["v2-metadata-missing"])
+
+
+async def test_v2_histograms_and_exemplars_are_stored_and_counted() -> None:
+    latency = (("__name__", "hfsampler_push_seconds"), ("shard", "0"))
+    v2 = V2()
+    hist = v2.series(latency, [], kind=Metadata.METRIC_TYPE_HISTOGRAM, unit="seconds")
+    hist.histograms.add(timestamp=NOW_MS, count_int=3, sum=1.5, start_timestamp=NOW_MS - 5000)
+    power = v2.series(GOOD)
+    power.exemplars.add(
+        labels_refs=[v2.ref("trace_id"), v2.ref("ab12")], value=1.0, timestamp=NOW_MS
+    )
+    power.exemplars.add(value=2.0)  # no timestamp
+    async with receiver() as rx:
+        status, text, got = await exchange(rx, v2.body(), HEADERS_V2)
+    assert (status, got) == (400, written(1, 1, 1))
+    assert (
+        text
+        == "add 1 exemplars: v2-exemplar-timestamp-missing: exemplar of value 2.0 has no timestamp"
+    )
+    assert rules(rx) == ["v2-exemplar-timestamp-missing"]
+    assert rx.histograms == {latency: [(NOW_MS, hist.histograms[0].SerializeToString())]}
+    assert rx.exemplars == {GOOD: [((("trace_id", "ab12"),), 1.0, NOW_MS)]}
+    assert rx.samples == {GOOD: [(NOW_MS, 1.0)]}
+    assert rx.start_timestamps == {latency: {NOW_MS - 5000}}
+    assert rx.metadata_of[latency] == ("histogram", "Power draw (in W).", "seconds")
+
+
+async def test_v2_wire_details_a_runtime_accepts_and_invalid_utf8() -> None:
+    unpacked = b"".join(varint(1 << 3) + varint(ref) for ref in (1, 2))  # refs as single varints
+    packed = ld(1, bytes([1, 2, 3, 4]))  # __name__="up", gpu=b"\xff"
+    sample, meta = raw_sample(NOW_MS, 1.0), ld(5, b"\x08\x02")  # a gauge
+    symbols = b"".join(ld(4, s) for s in (b"", b"__name__", b"up", b"gpu", b"\xff"))
+    body = ld(5, unpacked + sample + meta) + ld(5, packed + sample + meta) + symbols
+    async with receiver() as rx:
+        status, _, got = await exchange(rx, snappy.compress(body), HEADERS_V2)
+    assert (status, got) == (400, written(1))  # symbols last, refs unpacked: both fine
+    assert rx.samples == {(("__name__", "up"),): [(NOW_MS, 1.0)]}
+    assert rules(rx) == ["label-value-invalid-utf8"]
+
+
+async def test_a_body_of_the_other_message_is_named() -> None:
+    async with receiver() as rx:
+        v1_as_v2 = await exchange(rx, request((GOOD, [(NOW_MS, 1.0)])), HEADERS_V2)
+        v2_as_v1 = await exchange(rx, v2_request((GOOD, [(NOW_MS, 1.0)])), HEADERS)
+    assert v1_as_v2 == (
+        400,
+        "add 1 requests: proto-unknown-field: Request has fields [1] (a 1.0 WriteRequest body?)",
+        written(0),
+    )
+    assert v2_as_v1 == (
+        400,
+        "add 1 requests: proto-unknown-field: WriteRequest has fields [4, 5] (a 2.0 Request body?)",
+        {},
+    )
+    assert rx.samples == {}
+
+
+async def test_timestamp_order_spans_1_0_and_2_0_requests() -> None:
+    async with receiver() as rx:
+        assert await post(rx, request((GOOD, [(NOW_MS, 1.0)]))) == (200, "")
+        older = await exchange(rx, v2_request((GOOD, [(NOW_MS - 1000, 2.0)])), HEADERS_V2)
+        again = await exchange(rx, v2_request((GOOD, [(NOW_MS, 1.0)])), HEADERS_V2)
+        newer = await exchange(rx, v2_request((GOOD, [(NOW_MS + 1000, 3.0)])), HEADERS_V2)
+        late = await post(rx, request((GOOD, [(NOW_MS + 500, 4.0)])))
+    assert older == (409, "add 1 samples: out of order sample", written(0))
+    assert again == (
+        409,
+        "add 1 samples: duplicate sample for timestamp (identical resend)",
+        written(0),
+    )
+    assert newer == (204, "", written(1))
+    assert late == (409, "add 1 samples: out of order sample")
+    assert rules(rx) == ["sample-out-of-order", "sample-duplicate", "sample-out-of-order"]
+    assert rx.samples == {GOOD: [(NOW_MS, 1.0), (NOW_MS + 1000, 3.0)]}
+    assert rx.protocols == ["1.0", "2.0", "2.0", "2.0", "1.0"]
+    assert rx.written == [None, Written(), Written(), Written(samples=1), None]
+    assert rx.report()["protocols"] == {"1.0": 2, "2.0": 3}
+
+
+@pytest.mark.parametrize(
+    ("accept", "refused"),
+    [(["prometheus.WriteRequest"], "2.0"), (["io.prometheus.write.v2.Request"], "1.0")],
+)
+async def test_a_message_the_receiver_does_not_accept_is_415(
+    accept: list[str], refused: str
+) -> None:
+    v1 = (request((GOOD, [(NOW_MS, 1.0)])), HEADERS)
+    v2 = (v2_request((GOOD, [(NOW_MS, 1.0)])), HEADERS_V2)
+    first, then = (v2, v1) if refused == "2.0" else (v1, v2)
+    async with receiver(accept=accept) as rx:
+        status, text, got = await exchange(rx, *first)
+        fallback = await exchange(rx, *then)
+    assert (status, got) == (415, {})
+    assert "is not accepted here" in text
+    assert fallback[0] in (200, 204)
+    assert rx.violations == []  # trying 2.0 and falling back on 415 is what the spec asks
+    assert rx.samples == {GOOD: [(NOW_MS, 1.0)]}
+    assert rx.protocols == [refused, {"1.0": "2.0", "2.0": "1.0"}[refused]]
+    assert rx.written[0] is None
+
+
+async def test_no_written_headers_where_2_0_is_not_negotiated() -> None:
+    body = v2_request((GOOD, [(NOW_MS, 1.0)]))
+    gzip = {**HEADERS_V2, "Content-Encoding": "gzip"}
+    async with receiver(
+        accept=["prometheus.WriteRequest"], tenant_header=THANOS_TENANT_HEADER
+    ) as rx:
+        no_tenant = await exchange(rx, body, HEADERS_V2)
+    async with receiver() as rx2:
+        gzipped = await exchange(rx2, body, gzip)
+        get = await exchange(rx2, body, HEADERS_V2, method="PUT")
+    assert (no_tenant[0], no_tenant[2]) == (400, {})  # 2.0 not accepted: never the headers
+    assert (gzipped[0], gzipped[2]) == (415, {})  # negotiation failed
+    assert (get[0], get[2]) == (405, written(0))  # negotiated, then refused: all zero
+
+
+async def test_legacy_receiver_reads_a_v2_body_as_an_empty_v1_request() -> None:
+    async with receiver(legacy_v1_only=True) as rx:
+        v2 = await exchange(rx, v2_request((GOOD, [(NOW_MS, 1.0)])), HEADERS_V2)
+        v1 = await exchange(rx, request((GOOD, [(NOW_MS, 1.0)])))
+        naive = await exchange(rx, request((NAIVE, [(NOW_MS, 1.0)])))
+    assert v2 == (204, "", {})  # no Written headers: how a sender tells it met a 1.x receiver
+    assert v1 == (204, "", {})
+    assert naive == (409, "add 1 series: out of order labels", {})  # 1.0's rules still hold
+    assert rules(rx) == ["labels-not-sorted"]
+    assert rx.samples == {GOOD: [(NOW_MS, 1.0)]}  # from the 1.0 request only
+    assert rx.protocols == ["2.0", "1.0", "1.0"]
+    assert rx.written == [None, None, None]
+
+
 def test_bad_configuration_names_the_key() -> None:
     with pytest.raises(ValueError, match=r"Limits\.max_label_value_bytes must be positive"):
         Limits(max_label_value_bytes=0)
     with pytest.raises(ValueError, match="flavour must be 'thanos' or 'mimir'"):
         ConformanceReceiver(flavour="cortex")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="accept must name some of"):
+        ConformanceReceiver(accept=["io.prometheus.write.v3.Request"])
+    with pytest.raises(ValueError, match="accept must name some of"):
+        ConformanceReceiver(accept=[])
+    with pytest.raises(ValueError, match="accept has no effect with legacy_v1_only"):
+        ConformanceReceiver(accept=["prometheus.WriteRequest"], legacy_v1_only=True)

@@ -56,6 +56,11 @@ class PrometheusBuild:
     how_to_get: str
 
 
+# Prometheus 3 takes Remote-Write 1.0 and 2.0 by default (3.5.3); with this flag, 1.0 only.
+ACCEPT_RW1_ONLY_FLAG = (
+    "--web.remote-write-receiver.accepted-protobuf-messages=prometheus.WriteRequest"
+)
+
 PROMETHEUS_BUILDS = {
     build.name: build
     for build in (
@@ -436,6 +441,7 @@ class Prometheus(Receiver):
     scrape_configs: list[dict[str, Any]] = field(default_factory=list)
     ready_path: str = "/-/ready"
     binary: str = PROMETHEUS_BIN
+    extra_flags: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
         config = self.data_dir / "prometheus.yml"
@@ -453,6 +459,7 @@ class Prometheus(Receiver):
             "--web.enable-remote-write-receiver",
             "--storage.tsdb.retention.time=1d",
             "--log.level=info",
+            *self.extra_flags,
         ]
 
     def version(self) -> str:
@@ -533,6 +540,7 @@ def start_prometheus(
     *,
     name: str = "prometheus",
     binary: str = PROMETHEUS_BIN,
+    extra_flags: Sequence[str] = (),
 ) -> Prometheus:
     """Start a Prometheus under ``root`` (its config, data and log live there)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -543,6 +551,7 @@ def start_prometheus(
         log_path=root / "prometheus.log",
         scrape_configs=scrape_configs or [],
         binary=binary,
+        extra_flags=list(extra_flags),
     )
     _start(prom)
     return prom

@@ -20,7 +20,7 @@ import yaml
 from hfsampler import fields as catalogue
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
-from hfsampler.metrics import DEFAULT_INSTANCE_PORT
+from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
 from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
 from hfsampler.series import LABEL_NAME_RE
 
@@ -47,6 +47,38 @@ def _check_label(name: str, value: str, key: str) -> None:
         )
     if value == "":
         raise ConfigError(key, f"label {name!r} has an empty value", "give it a value or drop it")
+    _check_utf8(value, key)
+
+
+def _check_utf8(value: str, key: str) -> None:
+    """Label values go out as UTF-8: bytes that are not (from argv, say) are refused here."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(key, "is not valid UTF-8 text", "use UTF-8 characters only") from None
+
+
+# Labels hfsampler's own series and attribution add: a host label of one of these names would
+# be overwritten, or overwrite them.
+_RESERVED_LABELS = (
+    *GPU_LABEL_NAMES,
+    "instance",
+    "field",
+    "group",
+    "rail",
+    "zone",
+    "pod",
+    "namespace",
+    "container",
+    "hpc_job",
+    "remote_name",
+    "url",
+    "reason",
+    "status",
+)
+# Mimir's default limits, which refuse whole series: warn before a run finds out.
+MIMIR_MAX_LABEL_NAMES = 30
+MIMIR_MAX_LABEL_VALUE_BYTES = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +175,41 @@ class Config:
             raise ConfigError(
                 "host_label", f"{self.host_label!r} is not a label name", "Hostname or hostname"
             )
-        if self.host_label == "instance":
-            raise ConfigError("host_label", "cannot be instance", "set instance: instead")
-        if self.instance is not None and "\n" in self.instance:
-            raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
+        if self.host_label in _RESERVED_LABELS:
+            raise ConfigError(
+                "host_label",
+                f"{self.host_label!r} is a label hfsampler sets itself",
+                "Hostname or hostname",
+            )
+        if self.instance is not None:
+            if "\n" in self.instance or "\r" in self.instance:
+                raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
+            _check_utf8(self.instance, "instance")
         self.selected_fields()  # unknown names fail here, at load time
+
+    def label_warnings(self) -> list[str]:
+        """What a strict receiver (Mimir's defaults) would refuse in this config's series."""
+        names = (
+            1 + len(GPU_LABEL_NAMES) + 1 + (self.instance != "")
+        )  # __name__, GPU, host, instance
+        names += 1  # `field` on hfsampler_field_refresh_seconds
+        names += 3 if self.pod_resources_socket else 0  # pod, namespace, container
+        names += 1 if self.hpc_job_mapping_dir else 0
+        names += len(set(self.external_labels) - {self.host_label, "instance", *GPU_LABEL_NAMES})
+        out = []
+        if names > MIMIR_MAX_LABEL_NAMES:
+            out.append(
+                f"series will carry up to {names} labels; Mimir refuses more than "
+                f"{MIMIR_MAX_LABEL_NAMES} by default (max_label_names_per_series): drop some "
+                "external_labels or a labeldrop in write_relabel_configs"
+            )
+        for name, value in sorted(self.external_labels.items()):
+            if len(value.encode()) > MIMIR_MAX_LABEL_VALUE_BYTES:
+                out.append(
+                    f"external_labels.{name} is {len(value.encode())} bytes; Mimir refuses values "
+                    f"over {MIMIR_MAX_LABEL_VALUE_BYTES} (max_label_value_length)"
+                )
+        return out
 
     @property
     def instance_port(self) -> int:

@@ -8,6 +8,9 @@ from collections import defaultdict
 from hfsampler.series import Series, Snapshot, is_stale
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Labels pushes carry because no scrape adds them; a scrape of /metrics adds its own (and a
+# second one would come back as exported_instance), so /metrics leaves them off.
+SCRAPE_ADDED_LABELS = frozenset({"instance"})
 
 
 def _escape_label(value: str) -> str:
@@ -29,14 +32,16 @@ def format_value(value: float) -> str:
 
 
 def _series_text(s: Series) -> str:
-    if not s.labels:
+    labels = [(k, v) for k, v in s.labels if k not in SCRAPE_ADDED_LABELS]
+    if not labels:
         return s.name
-    inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in s.labels)
+    inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
     return f"{s.name}{{{inner}}}"
 
 
 def render(snapshot: Snapshot | None) -> str:
-    """The snapshot's series grouped by family with HELP and TYPE; stale markers left out."""
+    """The snapshot's series grouped by family with HELP and TYPE; stale markers left out, and
+    the labels a scrape adds itself (``instance``)."""
     if snapshot is None:
         return ""
     by_name: dict[str, list[tuple[Series, float]]] = defaultdict(list)

@@ -64,6 +64,10 @@ def host_labels(
     return labels
 
 
+# The labels gpu_labels gives every GPU series besides the host's.
+GPU_LABEL_NAMES = ("gpu", "UUID", "device", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")
+
+
 def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
     """dcgm-exporter's per-GPU labels, with the host's (``host_labels``)."""
     return {

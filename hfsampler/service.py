@@ -123,6 +123,8 @@ class Service:
 
     async def run(self) -> int:
         """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""
+        for warning in self.config.label_warnings():
+            log.warning("%s", warning)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):

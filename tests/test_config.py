@@ -134,3 +134,32 @@ def test_instance_and_host_label_keys() -> None:
             from_mapping(bad)
     with pytest.raises(ConfigError, match="instance"):
         from_mapping({"instance": 5})
+
+
+def test_host_label_cannot_take_a_label_hfsampler_sets() -> None:
+    for name in ("gpu", "UUID", "device", "group", "field", "pod"):
+        with pytest.raises(ConfigError, match=r"host_label: .* is a label hfsampler sets itself"):
+            from_mapping({"host_label": name})
+
+
+def test_label_values_must_be_utf8() -> None:
+    bad = "node\udcff"  # what Python makes of a non-UTF-8 byte in argv
+    with pytest.raises(ConfigError, match="instance: is not valid UTF-8"):
+        from_mapping({"instance": bad})
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+        parse_label(f"site={bad}")
+    with pytest.raises(ConfigError, match="instance"):
+        from_mapping({"instance": "a\rb"})
+
+
+def test_label_warnings_name_mimirs_limits() -> None:
+    assert from_mapping({"external_labels": {"cluster": "a"}}).label_warnings() == []
+    many = {f"l{i}": "x" for i in range(22)}
+    (warning,) = from_mapping({"external_labels": many}).label_warnings()
+    assert "Mimir refuses more than 30" in warning
+    assert "max_label_names_per_series" in warning
+    long = from_mapping({"external_labels": {"note": "x" * 3000}}).label_warnings()
+    assert long == [
+        "external_labels.note is 3000 bytes; Mimir refuses values over 2048 "
+        "(max_label_value_length)"
+    ]

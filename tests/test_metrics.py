@@ -217,3 +217,18 @@ def test_per_instance_fields_are_one_series_each_with_their_label() -> None:
         ("p1", "VDD_CPU_CV"),
         ("p1", "VDD_GPU_SOC"),
     ]
+
+
+def test_metrics_page_leaves_instance_to_the_scrape() -> None:
+    """A scrape adds its own instance: one in the page would come back as exported_instance."""
+    from hfsampler.exposition import render
+
+    model = _model()
+    up = np.array([True, True])
+    snap = model.snapshot(
+        {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}, up, 2_500_000_000
+    )
+    assert any(dict(s.labels).get("instance") for s in snap.series)  # pushes carry it
+    text = render(snap)
+    assert "instance=" not in text
+    assert 'Hostname="node1"' in text

@@ -61,6 +61,9 @@ class Receiver:
     ) -> None:
         self.script = deque(script or [])
         self.max_body_bytes = max_body_bytes  # decoded bodies above this get 413
+        self.too_large_status = 413
+        self.too_large_text = "request body too large"
+        self.delay_s = 0.0  # every answer waits this long
         self.received: list[Received] = []
         self.release = asyncio.Event()
         app = web.Application()
@@ -83,7 +86,7 @@ class Receiver:
         body = snappy.uncompress(await request.read())
         reply = self.script.popleft() if self.script else Reply()
         if self.max_body_bytes is not None and len(body) > self.max_body_bytes:
-            reply = Reply(413, "request body too large")
+            reply = Reply(self.too_large_status, self.too_large_text)
         self.received.append(
             Received(
                 time.monotonic(),
@@ -95,6 +98,8 @@ class Receiver:
         )
         if reply.hang:
             await self.release.wait()
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
         return web.Response(status=reply.status, text=reply.body, headers=reply.headers)
 
     def accepted(self) -> list[tuple[str, int, float]]:

@@ -7,6 +7,8 @@ halves, down to one series; only a single series that still gets 413 is dropped 
 
 from __future__ import annotations
 
+import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,3 +115,81 @@ def test_max_request_bytes_is_validated() -> None:
     for bad in ("1KiB", "1GiB", -5, "lots", True):
         with pytest.raises(ConfigError, match=r"queue_config\.max_request_bytes"):
             parse_remote_write([{"url": "http://r/w", "queue_config": {"max_request_bytes": bad}}])
+
+
+async def test_prometheus3_400_for_a_decoded_body_too_large_splits_like_413() -> None:
+    """Prometheus 3 answers 400 "decoded length N exceeds limit M": split, never drop."""
+    async with Receiver(max_body_bytes=6 << 10) as rx:
+        rx.too_large_status = 400
+        rx.too_large_text = "snappy: decoded length 38235231 exceeds limit 33554432"
+        queue = replace(FAST, max_samples_per_send=SERIES * WINDOWS)
+        cfg = EndpointConfig(rx.url, name="t", queue=queue)
+        m = await push_windows(cfg, rx)
+    assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))
+    assert 400 in [r.status for r in rx.received]
+    assert m.total(DROPPED) == 0
+
+
+async def test_after_a_413_later_batches_fit_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The size a receiver took is remembered: one window's 413s, not every window's."""
+    caplog.set_level(logging.INFO)
+    async with Receiver(max_body_bytes=6 << 10) as rx:
+        cfg = EndpointConfig(rx.url, name="t", queue=replace(FAST, max_samples_per_send=SERIES))
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        series = make_series(SERIES)
+        for t in range(WINDOWS):
+            writer.push(snap(series, 1000 * (t + 1)))
+            await eventually(lambda t=t: metrics.total(SAMPLES) >= SERIES * (t + 1))  # type: ignore[misc]
+        await writer.close(5)
+    statuses = [r.status for r in rx.received]
+    first_window_413s = statuses.count(413)
+    assert 0 < first_window_413s <= 4, statuses  # a halving per 413, the rest cut to fit
+    assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))
+    lowered = [r for r in caplog.records if "from now on" in r.getMessage()]
+    assert len(lowered) == len({r.getMessage() for r in lowered}) <= 3
+
+
+async def test_a_receiver_refusing_everything_as_too_large_costs_one_line_per_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with Receiver(max_body_bytes=0) as rx:
+        cfg = EndpointConfig(rx.url, name="t", queue=replace(FAST, max_samples_per_send=1000))
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        series = make_series(20)
+        for t in range(3):
+            writer.push(snap(series, 1000 * (t + 1)))
+        await eventually(lambda: metrics.total(DROPPED) >= 60)
+        await writer.close(5)
+    assert metrics.get(DROPPED, labels_of(cfg, reason="too_large")) == 60
+    assert metrics.total(SAMPLES) == 0
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) <= 3, [r.getMessage() for r in errors]  # one per batch, not per series
+    counts = [re.search(r"refused (\d+) series", r.getMessage()) for r in errors]
+    assert sum(int(m.group(1)) for m in counts if m) == 60
+    assert len(rx.received) <= 3 * (2 * 20 + 2)
+
+
+async def test_shutdown_during_a_split_batch_counts_each_sample_once() -> None:
+    """Delivered + dropped is exactly what was pushed, however far a batch got."""
+    async with Receiver() as rx:
+        rx.delay_s = 0.05
+        queue = replace(FAST, max_samples_per_send=SERIES * WINDOWS, max_request_bytes=4 << 10)
+        cfg = EndpointConfig(rx.url, name="t", queue=queue)
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        series = make_series(SERIES)
+        for t in range(WINDOWS):
+            writer.push(snap(series, 1000 * (t + 1)))
+        await eventually(lambda: metrics.total(SAMPLES) > 0)
+        await writer.close(0.2)
+    sent = len(delivered(rx))
+    counted = metrics.get(SAMPLES, labels_of(cfg))
+    assert 0 < counted < SERIES * WINDOWS
+    assert counted + metrics.get(DROPPED, labels_of(cfg, reason="shutdown")) == SERIES * WINDOWS
+    # the request cut off by the shutdown may have reached the receiver, unanswered
+    assert counted <= sent <= counted + SERIES

@@ -11,6 +11,7 @@ texts may quote the URL with its credentials, so only error classes and OS reaso
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import time
 
@@ -44,6 +45,12 @@ PROTOCOL_HEADERS_V2 = {
     "X-Prometheus-Remote-Write-Version": VERSION_V2,
 }
 WRITTEN_HEADER = "X-Prometheus-Remote-Write-Samples-Written"
+# How a 400 says the body was too big ("snappy: decoded length N exceeds limit M").
+BODY_TOO_LARGE = re.compile(
+    r"decoded length \d+ exceeds limit|(?:body|message|request) (?:is )?too large|"
+    r"larger than max",
+    re.IGNORECASE,
+)
 
 
 class RemoteClient:
@@ -139,6 +146,8 @@ class RemoteClient:
         finally:
             self._metrics.set(sm.RW_SEND_DURATION, time.monotonic() - started, self._labels)
         outcome = classify(status, self.config.queue.retry_on_http_429)
+        if outcome is Outcome.REFUSED and status == 400 and BODY_TOO_LARGE.search(text):
+            outcome = Outcome.TOO_LARGE  # Prometheus 3 answers 400, not 413, past 32 MiB
         if outcome is Outcome.RETRY:
             raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
         if outcome is Outcome.TOO_LARGE:

@@ -127,7 +127,11 @@ def _parse_rule(raw: object, key: str) -> RelabelRule:
         if isinstance(modulus, bool) or not isinstance(modulus, int):
             raise ConfigError(f"{key}.modulus", "must be a whole number", "e.g. modulus: 4")
         if not 0 < modulus <= MAX_MODULUS:
-            raise ConfigError(f"{key}.modulus", "is required for hashmod and must be above 0")
+            raise ConfigError(
+                f"{key}.modulus",
+                "is required for hashmod and must be between 1 and 2^64-1",
+                "e.g. modulus: 4",
+            )
     elif "modulus" in raw:
         raise ConfigError(f"{key}.modulus", f"applies to hashmod only, not {action}", "remove it")
     return RelabelRule(action, tuple(sources), separator, target, regex, replacement, modulus)

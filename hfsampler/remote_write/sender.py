@@ -35,7 +35,7 @@ from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
-from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
+from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress
 from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
@@ -99,6 +99,21 @@ class _Request:
         return cls(raw, compress(raw), count, body_v2)
 
 
+@dataclass(slots=True)
+class _Flight:
+    """A shard's batch in flight: what of it is settled (delivered or dropped, counted)."""
+
+    batch: Batch
+    settled: int = 0
+    too_large_series: int = 0
+    too_large_samples: int = 0
+    too_large_other: int = 0  # metadata entries: no samples, refused even alone
+
+    @property
+    def unsettled(self) -> int:
+        return self.batch.count - self.settled
+
+
 class _Negotiation:
     """Which protocol an endpoint gets now: 2.0 unless a fallback put it on 1.0 for a while."""
 
@@ -141,7 +156,9 @@ class RemoteWriter:
                 )
                 for i in range(self._n_shards)
             ]
-        self._inflight: list[Batch | None] = [None] * self._n_shards
+        self._inflight: list[_Flight | None] = [None] * self._n_shards
+        # Lowered after a 413, so that later batches go in pieces the receiver takes at once.
+        self._request_limit = config.queue.max_request_bytes
         self._client = RemoteClient(config, metrics, self._n_shards)
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
         self._families: dict[str, Family] = {}
@@ -225,10 +242,10 @@ class RemoteWriter:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         left = 0
-        for q, batch in zip(self._queues, self._inflight, strict=True):
+        for q, flight in zip(self._queues, self._inflight, strict=True):
             left += await q.close()
-            if batch is not None and not q.persistent:
-                left += batch.count  # a spooled batch stays on disk until acknowledged
+            if flight is not None and not q.persistent:
+                left += flight.unsettled  # a spooled batch stays on disk until acknowledged
         self._inflight = [None] * self._n_shards
         if left:
             log.warning(
@@ -261,13 +278,13 @@ class RemoteWriter:
             self._metrics.set(QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
             if not batch.blocks:
                 return
-            self._inflight[index] = batch
+            flight = self._inflight[index] = _Flight(batch)
             try:
-                await self._send_batch(batch)
+                await self._send_batch(flight)
             except Exception:
                 # A bug must not silently stop the shard: count the batch and keep going.
                 log.exception("remote write %s: unexpected error", self.config.remote_name)
-                self._drop(len(batch), "error")
+                self._drop(flight.unsettled, "error")
             queue.ack(batch)
             self._inflight[index] = None
 
@@ -276,53 +293,91 @@ class RemoteWriter:
             return work()
         return await asyncio.get_running_loop().run_in_executor(None, work)
 
-    async def _send_batch(self, batch: Batch) -> None:
+    async def _send_batch(self, flight: _Flight) -> None:
+        batch = flight.batch
         parts = [await block.data() for block in batch.blocks]
         large = len(batch) > self.executor_threshold or len(parts) > 1
         requests = await self._off_loop(partial(self._requests, parts, batch.count), large)
         for request in requests:
-            await self._send_request(request)
+            await self._send_request(request, flight)
+        if flight.too_large_series or flight.too_large_other:
+            log.error(
+                "remote write %s (%s) refused %d series (%d samples)%s as too large even alone "
+                "(HTTP 413 for %d bytes or fewer): dropped",
+                self.config.remote_name,
+                self.config.display_url,
+                flight.too_large_series,
+                flight.too_large_samples,
+                f" and {flight.too_large_other} metadata entries" if flight.too_large_other else "",
+                self._request_limit,
+            )
 
     def _requests(self, parts: list[bytes], samples: int) -> list[_Request]:
         """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed."""
         raw = b"".join(parts)
-        chunks = wire.split(raw, self.config.queue.max_request_bytes)
+        chunks = wire.split(raw, self._request_limit)
         v2 = self._v2 if self._negotiation.v2 else None
         if len(chunks) == 1:
             return [_Request.of(raw, samples, v2)]
         return [_Request.of(c, v2=v2) for c in chunks]
 
-    async def _send_request(self, request: _Request) -> None:
-        """Send until delivered; a 413 splits the request in two, down to one series."""
-        try:
-            await self._deliver(request)
-        except RequestTooLargeError as err:
-            halves = wire.halve(request.raw)
-            if halves is None:
-                log.error(
-                    "remote write %s (%s) refused one series of %d samples (%d bytes) as too "
-                    "large, dropping it: %s",
-                    self.config.remote_name,
-                    self.config.display_url,
-                    request.samples,
-                    len(request.raw),
-                    err,
-                )
-                self._drop(request.samples, "too_large")
-                return
-            log.info(
-                "remote write %s: HTTP 413 for %d bytes; sending it as two requests",
-                self.config.remote_name,
-                len(request.raw),
-            )
-            v2 = self._v2 if self._negotiation.v2 else None
-            for half in halves:
-                part = await self._off_loop(
-                    partial(_Request.of, half, None, v2), len(half) > EXECUTOR_THRESHOLD_BYTES
-                )
-                await self._send_request(part)
+    async def _send_request(self, request: _Request, flight: _Flight) -> None:
+        """Send until delivered. A 413 lowers the request size for good and the rest of the
+        request goes in pieces under it; a single series still refused is dropped, counted."""
+        pending = [request]
+        while pending:
+            piece = pending.pop(0)
+            try:
+                await self._deliver(piece, flight)
+                continue
+            except RequestTooLargeError:
+                self._lower_request_limit(len(piece.raw))
+            chunks = wire.split(piece.raw, self._request_limit)
+            if len(chunks) == 1:
+                halves = wire.halve(piece.raw)
+                if halves is None:
+                    self._too_large(piece, flight)
+                    continue
+                chunks = list(halves)
+            large = len(piece.raw) > EXECUTOR_THRESHOLD_BYTES
+            pending = await self._off_loop(partial(self._cut, chunks, pending), large)
 
-    async def _deliver(self, request: _Request) -> None:
+    def _cut(self, chunks: list[bytes], rest: list[_Request]) -> list[_Request]:
+        """Requests for ``chunks``, then ``rest`` cut again for the (lowered) size limit."""
+        v2 = self._v2 if self._negotiation.v2 else None
+        out = [_Request.of(c, v2=v2) for c in chunks]
+        for piece in rest:
+            if len(piece.raw) <= self._request_limit:
+                out.append(piece)
+            else:
+                out += [_Request.of(c, v2=v2) for c in wire.split(piece.raw, self._request_limit)]
+        return out
+
+    def _too_large(self, piece: _Request, flight: _Flight) -> None:
+        if piece.samples:
+            flight.too_large_series += 1
+            flight.too_large_samples += piece.samples
+        else:
+            flight.too_large_other += 1
+        flight.settled += piece.samples
+        self._drop(piece.samples, "too_large")
+
+    def _lower_request_limit(self, refused_bytes: int) -> None:
+        """A 413 for ``refused_bytes``: later requests stay under half of it, said once."""
+        limit = max(MIN_MAX_REQUEST_BYTES, refused_bytes // 2)
+        if limit < self._request_limit:
+            self._request_limit = limit
+            log.warning(
+                "remote write %s (%s): HTTP 413 for %d bytes; sending requests of at most %d "
+                "bytes from now on (max_request_bytes is %d)",
+                self.config.remote_name,
+                self.config.display_url,
+                refused_bytes,
+                limit,
+                self.config.queue.max_request_bytes,
+            )
+
+    async def _deliver(self, request: _Request, flight: _Flight) -> None:
         """Post one request, retrying what the spec calls recoverable."""
         qc = self.config.queue
         backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s)
@@ -353,15 +408,34 @@ class RemoteWriter:
                     self._fall_back(f"HTTP {err.status}: {err.text[:200]}")
                     continue
                 self._refused(request, err, v2)
+                flight.settled += request.samples
                 return
             if v2 and written is None:
                 # A 1.x receiver decodes a 2.0 body as an empty 1.0 message: nothing was stored.
                 self._fall_back("2xx without X-Prometheus-Remote-Write-Samples-Written")
                 continue
-            self._metrics.inc(SAMPLES, request.samples, self._labels)
+            stored = request.samples
+            if v2 and written is not None and written < request.samples:
+                stored = max(written, 0)
+                self._partial(request, stored, "2xx")
+            self._metrics.inc(SAMPLES, stored, self._labels)
             self._metrics.inc(BYTES, len(request.raw), self._labels)
             self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
+            flight.settled += request.samples
             return
+
+    def _partial(self, request: _Request, written: int, answer: str) -> None:
+        """A 2.0 receiver wrote fewer samples than sent: the rest are counted as not written."""
+        self._metrics.inc(PARTIAL_WRITES, 1, self._labels)
+        self._drop(request.samples - written, "not_written")
+        log.warning(
+            "remote write %s (%s): a partial write: %d of %d samples written (%s)",
+            self.config.remote_name,
+            self.config.display_url,
+            written,
+            request.samples,
+            answer,
+        )
 
     def _refused(self, request: _Request, err: NonRecoverableSendError, v2: bool) -> None:
         """A refusal for good: the samples not written are dropped, counted, logged once."""

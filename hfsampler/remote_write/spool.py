@@ -221,7 +221,8 @@ def _block(path: Path, seq: int, count: int, payload: bytes, legacy: bool) -> Bl
     except (wire.WireError, snappy.UncompressError) as exc:
         if not legacy:
             raise  # a CRC-valid record of our own that does not decode: a bug, not damage
-        log.error("spool: %s: record %d cannot be repaired (%s); dropping it", path, seq, exc)
+        why = str(exc) or type(exc).__name__
+        log.error("spool: %s: record %d cannot be repaired (%s); dropping it", path, seq, why)
         return None
     return Block.ready(raw, count)
 

@@ -159,3 +159,53 @@ def test_413_receiver_gets_every_sample_in_more_requests(tmp_path: Path) -> None
     assert {dict(k)["gpu"] for k in power} == {str(g) for g in range(8)}
     windows = {len(samples) for samples in power.values()}
     assert len(windows) == 1, windows  # every GPU's series has every window: nothing lost
+
+
+def _rw2_config(tmp_path: Path, url: str) -> list[str]:
+    config = {"remote_write": [{"url": url, "protobuf_message": "io.prometheus.write.v2.Request"}]}
+    path = tmp_path / "rw2.yml"
+    path.write_text(yaml.safe_dump(config))
+    return ["--config", str(path)]
+
+
+def test_run_as_rw2_metadata_on_every_series(tmp_path: Path) -> None:
+    with ConformanceReceiver() as receiver:
+        args = [*rx.sim_run_args([], duration="4s"), *_rw2_config(tmp_path, receiver.url)]
+        rx.run_cli(args, timeout_s=60).check()
+    receiver.assert_conformant()  # v2-metadata-missing included: every series has its type
+    report = receiver.report()
+    assert report["protocols"] == {"1.0": 0, "2.0": report["requests"]}, report
+    stored = sum(len(s) for s in receiver.samples.values())
+    assert sum(w.samples for w in receiver.written if w is not None) == stored
+    from hfsampler.fields import BY_NAME
+
+    for labels in receiver.samples:
+        name = dict(labels)["__name__"]
+        metric_type, help_text, unit = receiver.metadata_of[labels]
+        assert metric_type in ("gauge", "counter"), (name, metric_type)
+        assert help_text, name
+        field = BY_NAME.get(name.removesuffix("_min").removesuffix("_max").removesuffix("_p99"))
+        if field is not None:
+            assert unit == field.unit, name
+            assert metric_type == field.prometheus_type, name
+    counters = [k for k in receiver.samples if dict(k)["__name__"].startswith("hfsampler_")
+                and receiver.metadata_of[k][0] == "counter"]  # fmt: skip
+    assert counters
+    assert all(receiver.start_timestamps.get(k) for k in counters)  # process start
+
+
+@pytest.mark.parametrize("old", ["legacy", "415"])
+def test_rw2_falls_back_to_1_0_and_loses_nothing(tmp_path: Path, old: str) -> None:
+    options: dict[str, object] = (
+        {"legacy_v1_only": True} if old == "legacy" else {"accept": ("prometheus.WriteRequest",)}
+    )
+    with ConformanceReceiver(**options) as receiver:  # type: ignore[arg-type]
+        args = [*rx.sim_run_args([], duration="4s"), *_rw2_config(tmp_path, receiver.url)]
+        run = rx.run_cli(args, timeout_s=60).check()
+    receiver.assert_conformant()
+    lines = [ln for ln in run.stderr.splitlines() if "does not take Remote-Write 2.0" in ln]
+    assert len(lines) == 1, run.stderr[-2000:]
+    power = receiver.series_named(POWER_MAX)
+    assert len(power) == 2
+    assert len({len(s) for s in power.values()}) == 1  # every window of both GPUs
+    assert min(len(s) for s in power.values()) >= 3

@@ -20,7 +20,7 @@ from hfsampler import fields as catalogue
 from hfsampler.config import Config, load_file, parse_label, with_remote_write_urls
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError, HfsamplerError
-from hfsampler.sources import SourceSpec
+from hfsampler.sources.resolve import resolve_source
 
 log = logging.getLogger("hfsampler")
 
@@ -178,34 +178,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
         changes["log_format"] = args.log_format
     config = replace(config, **changes) if changes else config
     return with_remote_write_urls(config, args.remote_write)
-
-
-def resolve_source(config: Config) -> SourceSpec:
-    """The source to use; `auto` falls back to sim, with a warning, when there is no driver."""
-    kind = config.source
-    if kind == "auto":
-        from hfsampler.sources.nvml import probe_driver
-
-        reason = probe_driver()
-        if reason is None:
-            kind = "nvml"
-        else:
-            log.warning(
-                "no usable NVIDIA driver (%s): sampling %d SIMULATED GPUs instead "
-                "(pass --source sim to silence this, --source nvml to insist on real GPUs)",
-                reason,
-                config.sim_gpus,
-            )
-            kind = "sim"
-    return SourceSpec(
-        kind=kind,
-        gpus=config.sim_gpus,
-        seed=config.seed,
-        indices=config.devices,
-        dcgm_path=config.dcgm_path,
-        dcgm_host=config.dcgm_host,
-        dcgm_interval_s=config.dcgm_interval_s,
-    )
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, int]]) -> int:

@@ -26,6 +26,7 @@ from hfsampler import fields as catalogue
 from hfsampler.config import MIN_INTERVAL_S
 from hfsampler.fields import Field
 from hfsampler.sources import Source, SourceSpec, open_source
+from hfsampler.sources.resolve import resolve_source
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,6 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from hfsampler.cli import resolve_source
     from hfsampler.config import Config
     from hfsampler.durations import parse_duration
 

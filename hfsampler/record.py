@@ -37,6 +37,7 @@ from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
+from hfsampler.sources.resolve import resolve_source
 from hfsampler.window import WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
@@ -398,7 +399,6 @@ def options(args: argparse.Namespace) -> RecordOptions:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from hfsampler.cli import resolve_source
     from hfsampler.service import discover
 
     opts = options(args)

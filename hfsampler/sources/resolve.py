@@ -1,0 +1,43 @@
+"""Which source a ``Config`` asks for, as the ``SourceSpec`` the sampler opens.
+
+The one place ``source: auto`` is decided (nvml where a driver answers, else sim with a warning),
+shared by every command that samples; it lives beside the sources rather than in the CLI, so
+`probe` and `record` need not import the CLI that registers them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hfsampler.config import Config
+from hfsampler.sources import SourceSpec
+
+log = logging.getLogger("hfsampler")
+
+
+def resolve_source(config: Config) -> SourceSpec:
+    """The source to use; `auto` falls back to sim, with a warning, when there is no driver."""
+    kind = config.source
+    if kind == "auto":
+        from hfsampler.sources.nvml import probe_driver  # pynvml loads only when it is wanted
+
+        reason = probe_driver()
+        if reason is None:
+            kind = "nvml"
+        else:
+            log.warning(
+                "no usable NVIDIA driver (%s): sampling %d SIMULATED GPUs instead "
+                "(pass --source sim to silence this, --source nvml to insist on real GPUs)",
+                reason,
+                config.sim_gpus,
+            )
+            kind = "sim"
+    return SourceSpec(
+        kind=kind,
+        gpus=config.sim_gpus,
+        seed=config.seed,
+        indices=config.devices,
+        dcgm_path=config.dcgm_path,
+        dcgm_host=config.dcgm_host,
+        dcgm_interval_s=config.dcgm_interval_s,
+    )

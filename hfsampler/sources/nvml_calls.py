@@ -89,7 +89,7 @@ def translate(err: pynvml.NVMLError, context: str) -> SourceError:
     return error_class(code)(f"{context}: {error_text(code)} (NVML code {code})")
 
 
-# -- the library: what the nvml source, its GPM and XID parts, and gpu_check call -------------
+# -- the library: what the nvml source, its GPM and XID parts, and gpu_check call ------------------
 
 
 def init() -> None:
@@ -145,7 +145,7 @@ def c_function(name: str) -> Any:
     return pynvml._nvmlGetFunctionPointer(name)
 
 
-# -- XID events ---------------------------------------------------------------------------------
+# -- XID events ------------------------------------------------------------------------------------
 
 XID_CRITICAL: int = pynvml.nvmlEventTypeXidCriticalError
 
@@ -167,7 +167,7 @@ def free_event_set(events: Any) -> None:
     pynvml.nvmlEventSetFree(events)
 
 
-# -- GPM (Hopper and newer) -------------------------------------------------------------------
+# -- GPM (Hopper and newer) ------------------------------------------------------------------------
 
 
 def gpm_metric_id(constant: str) -> int | None:
@@ -205,6 +205,9 @@ def gpm_metrics_request(metric_ids: Sequence[int]) -> Any:
     for i, metric in enumerate(metric_ids):
         request.metrics[i].metricId = metric
     return request
+
+
+# -- the catalogue's per-device calls --------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Read-only: it never sets clocks, power limits or modes. Runs in well under 5 min
 7. ``hfsampler probe``: every catalogue field's read latency and true refresh period, and the
    sampling groups it recommends; its table is also written as ``probe-HOST-TIME.txt``.
 
-Prints a table, writes JSON into the directory given as the first argument.
+Prints a table, writes JSON into the directory given as the first argument. Its NVML calls go
+through ``hfsampler.sources.nvml_calls`` like the source's own, so both meet the same pynvml.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pynvml
 
 from hfsampler import fields as F
 from hfsampler.fields import Field
@@ -57,9 +57,9 @@ def stats_us(samples_ns: Sequence[int] | np.ndarray) -> dict[str, Any]:
 
 def open_handles(indices: Sequence[int] | None = None) -> list[Any]:
     """nvmlInit and the device handles (the caller shuts NVML down)."""
-    pynvml.nvmlInit()
-    count = pynvml.nvmlDeviceGetCount()
-    return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in (indices or range(count))]
+    calls.init()
+    count = calls.device_count()
+    return [calls.device_handle(i) for i in (indices or range(count))]
 
 
 def catalogue_field_ids() -> dict[str, int]:
@@ -79,7 +79,7 @@ def _timed(fn: Callable[[], Any], repeats: int, budget_s: float) -> tuple[list[i
         t0 = time.perf_counter_ns()
         try:
             fn()
-        except pynvml.NVMLError as e:
+        except calls.NvmlError as e:
             return took, calls.error_text(int(e.value))
         took.append(time.perf_counter_ns() - t0)
         if time.perf_counter() > end:
@@ -92,7 +92,7 @@ def _working_reader(handle: Any, reader_key: str) -> tuple[calls.Reader | None, 
     for candidate in calls.READERS[reader_key]:
         try:
             candidate(handle)
-        except pynvml.NVMLError as e:
+        except calls.NvmlError as e:
             error = calls.error_text(int(e.value))
             continue
         return candidate, None
@@ -122,15 +122,15 @@ class _Batched:
 
     def __init__(self, ids: Sequence[int]) -> None:
         self.n = len(ids)
-        self.values = (pynvml.c_nvmlFieldValue_t * self.n)()
+        self.values = (calls.FieldValue * self.n)()
         for k, fid in enumerate(ids):
             self.values[k].fieldId = fid
-        self.fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+        self.fn = calls.c_function("nvmlDeviceGetFieldValues")
 
     def __call__(self, handle: Any) -> None:
         ret = self.fn(handle, self.n, self.values)
-        if ret != pynvml.NVML_SUCCESS:
-            raise pynvml.NVMLError(ret)
+        if ret != calls.SUCCESS:
+            raise calls.NvmlError(ret)
 
 
 def batched_latency(
@@ -159,7 +159,7 @@ def field_refresh(handle: Any, ids: dict[str, int], duration_s: float = 3.0) -> 
         reads += 1
         for k in range(batch.n):
             e = batch.values[k]
-            if e.nvmlReturn == pynvml.NVML_SUCCESS:
+            if e.nvmlReturn == calls.SUCCESS:
                 seen[k].add(int(e.timestamp))
     elapsed = time.perf_counter() - t0
     out: dict[str, Any] = {"reads": reads, "elapsed_s": elapsed}
@@ -195,7 +195,7 @@ def call_refresh(
         while time.perf_counter() < end:
             try:
                 v = spec.extract(reader(handle))
-            except pynvml.NVMLError:
+            except calls.NvmlError:
                 continue
             n += 1
             if last is not None and v != last:
@@ -314,13 +314,13 @@ def run(scale: float = 1.0) -> dict[str, Any]:
     result: dict[str, Any] = {
         "host": socket.gethostname(),
         "python": platform.python_version(),
-        "pynvml": getattr(pynvml, "__version__", "?"),
+        "pynvml": calls.PYNVML_VERSION,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     handles = open_handles()
     try:
-        result["driver"] = calls.text(pynvml.nvmlSystemGetDriverVersion())
-        result["gpus"] = [calls.text(pynvml.nvmlDeviceGetName(h)) for h in handles]
+        result["driver"] = calls.driver_version()
+        result["gpus"] = [calls.device_name(h) for h in handles]
         ids = catalogue_field_ids()
         print(f"{len(handles)} GPU(s), driver {result['driver']}: measuring call latency...")
         result["call_latency"] = call_latency(handles, budget_s=0.1 * scale + 0.01)
@@ -332,7 +332,7 @@ def run(scale: float = 1.0) -> dict[str, Any]:
         result["field_refresh"] = field_refresh(handles[0], ids, duration_s=3.0 * scale)
         result["call_refresh"] = call_refresh(handles[0], duration_s=2.0 * scale)
     finally:
-        pynvml.nvmlShutdown()
+        calls.shutdown()
     fast = fast_fields()
     print("maximum tick rate of the fast group...")
     result["max_tick_rate"] = max_tick_rate(fast, duration_s=2.0 * scale)
@@ -348,7 +348,7 @@ def run(scale: float = 1.0) -> dict[str, Any]:
     try:
         result["gpm"] = gpm_check(handles, repeats=max(1, int(3 * scale)))
     finally:
-        pynvml.nvmlShutdown()
+        calls.shutdown()
     print(f"hfsampler probe over {3.0 * scale:g} s (every catalogue field, through NvmlSource)...")
     from hfsampler.probe import probe
 
@@ -366,18 +366,15 @@ def gpm_check(handles: Sequence[Any], repeats: int = 3) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for handle in handles:
         try:
-            supported = bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except pynvml.NVMLError as e:
+            supported = calls.gpm_supported(handle)
+        except calls.NvmlError as e:
             out.append({"supported": False, "error": calls.error_text(int(e.value))})
             continue
         if not supported:
             out.append({"supported": False, "error": "not a GPM device"})
             continue
-        s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = 1
-        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        s1, s2 = calls.gpm_sample_alloc(), calls.gpm_sample_alloc()
+        request = calls.gpm_metrics_request([calls.gpm_metric_id("NVML_GPM_METRIC_SM_UTIL") or 0])
         request.sample1, request.sample2 = s1, s2
         sample_ns: list[int] = []
         metrics_ns: list[int] = []
@@ -387,14 +384,14 @@ def gpm_check(handles: Sequence[Any], repeats: int = 3) -> list[dict[str, Any]]:
                 ok, values = 0, []
                 for _ in range(repeats):
                     t0 = time.perf_counter_ns()
-                    pynvml.nvmlGpmSampleGet(handle, s1)
+                    calls.gpm_sample_get(handle, s1)
                     sample_ns.append(time.perf_counter_ns() - t0)
                     time.sleep(ms / 1000)
-                    pynvml.nvmlGpmSampleGet(handle, s2)
+                    calls.gpm_sample_get(handle, s2)
                     t0 = time.perf_counter_ns()
                     try:
-                        pynvml.nvmlGpmMetricsGet(request)
-                    except pynvml.NVMLError:
+                        calls.gpm_metrics_get(request)
+                    except calls.NvmlError:
                         continue
                     metrics_ns.append(time.perf_counter_ns() - t0)
                     if int(request.metrics[0].nvmlReturn) == 0:
@@ -403,7 +400,7 @@ def gpm_check(handles: Sequence[Any], repeats: int = 3) -> list[dict[str, Any]]:
                 spacing[f"{ms}ms"] = {"pairs": repeats, "valid": ok, "sm_util": values}
         finally:
             for s in (s1, s2):
-                pynvml.nvmlGpmSampleFree(s)
+                calls.gpm_sample_free(s)
         finest = next(
             (ms for ms in GPM_SPACINGS_MS if spacing[f"{ms}ms"]["valid"] == repeats), None
         )

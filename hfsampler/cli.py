@@ -12,15 +12,15 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from hfsampler import __version__, logs
 from hfsampler import fields as catalogue
-from hfsampler.config import Config, load_file, parse_label, with_remote_write_urls
-from hfsampler.durations import parse_duration
+from hfsampler.config import load_file
 from hfsampler.errors import ConfigError, HfsamplerError
-from hfsampler.sources import SourceSpec
+from hfsampler.flags import add_sampling_flags, config_from_args
+from hfsampler.probe import apply_recommendation, probe
+from hfsampler.sources.resolve import resolve_source
 
 log = logging.getLogger("hfsampler")
 
@@ -54,70 +54,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser("run", help="sample GPUs, serve /metrics, push window series")
-    run.add_argument(
-        "--config",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="YAML config file (repeatable: a later file's keys replace an earlier's, e.g. a "
-        "Secret's remote_write over a ConfigMap's; flags override both)",
-    )
-    run.add_argument(
-        "--source",
-        choices=("auto", "nvml", "sim", "dcgm", "jetson"),
-        help="default: auto (NVML; on a Jetson without NVML, jetson; else sim)",
-    )
-    run.add_argument("--gpus", type=int, metavar="N", help="simulated GPUs (sim source)")
-    run.add_argument("--seed", type=int, help="seed of the simulated GPUs")
-    run.add_argument("--interval", metavar="DUR", help="the fast group's interval, e.g. 1ms")
-    run.add_argument(
-        "--intervals",
-        choices=("auto",),
-        help="auto: measure refresh periods at start (hfsampler probe) and group fields by them",
-    )
-    run.add_argument("--window", metavar="DUR", help="window length, e.g. 1s (default)")
-    run.add_argument("--listen", metavar="HOST:PORT", help="/metrics address; '' turns it off")
-    run.add_argument("--duration", metavar="DUR", help="stop after this long, e.g. 10s")
-    run.add_argument(
-        "--label", action="append", default=[], metavar="K=V", help="external label (repeatable)"
-    )
-    run.add_argument(
-        "--fields",
-        action="append",
-        default=[],
-        metavar="LIST",
-        help="comma-separated field names or groups (fast, slow, all)",
-    )
-    run.add_argument(
-        "--remote-write", action="append", default=[], metavar="URL", help="push to (repeatable)"
-    )
-    run.add_argument(
-        "--realtime-priority",
-        type=int,
-        metavar="N",
-        help="the sampler's SCHED_FIFO priority when allowed (default 1; 0: normal scheduler)",
-    )
-    run.add_argument(
-        "--pod-resources-socket",
-        metavar="PATH",
-        help="kubelet pod-resources socket: add pod, namespace, container labels",
-    )
-    run.add_argument(
-        "--hostname", metavar="NAME", help="the Hostname label (in Kubernetes: the node's name)"
-    )
-    run.add_argument(
-        "--instance",
-        metavar="VALUE",
-        help="the instance label (default HOST:PORT, as a scrape would add; '' for none)",
-    )
-    run.add_argument(
-        "--hpc-job-mapping-dir", metavar="DIR", help="one file per GPU naming its jobs: hpc_job"
-    )
-    run.add_argument(
-        "--queue-dir", metavar="DIR", help="spool Remote-Write queues here (survives restarts)"
-    )
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    run.add_argument("--log-format", choices=("text", "json"))
+    add_sampling_flags(run)
 
     check = sub.add_parser("check-config", help="validate a config file and print it")
     check.add_argument("file", metavar="FILE")
@@ -131,93 +68,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     for name in COMMAND_MODULES:
         handlers.update(importlib.import_module(name).register(sub))
     return parser, handlers
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    """The file's config with every given flag applied on top."""
-    config = Config()
-    for path in args.config:
-        config = load_file(path, config)
-    changes: dict[str, Any] = {}
-    if args.source is not None:
-        changes["source"] = args.source
-    if args.gpus is not None:
-        changes["sim_gpus"] = args.gpus
-    if args.seed is not None:
-        changes["seed"] = args.seed
-    if getattr(args, "intervals", None) == "auto":
-        changes["auto_intervals"] = True
-    if args.interval is not None:
-        intervals = dict(config.intervals_s)
-        intervals[catalogue.FAST] = parse_duration(args.interval, "--interval")
-        changes["intervals_s"] = intervals
-    if args.window is not None:
-        changes["window_s"] = parse_duration(args.window, "--window")
-    if args.duration is not None:
-        changes["duration_s"] = parse_duration(args.duration, "--duration")
-    if args.listen is not None:
-        changes["listen"] = args.listen or None
-    if args.label:
-        changes["external_labels"] = {
-            **config.external_labels,
-            **dict(map(parse_label, args.label)),
-        }
-    if args.fields:
-        changes["fields"] = tuple(t for item in args.fields for t in item.split(",") if t.strip())
-    if args.realtime_priority is not None:
-        changes["realtime_priority"] = args.realtime_priority
-    if args.pod_resources_socket is not None:
-        changes["pod_resources_socket"] = args.pod_resources_socket or None
-    if args.hostname is not None:
-        changes["hostname"] = args.hostname or None
-    if args.instance is not None:
-        changes["instance"] = args.instance
-    if args.hpc_job_mapping_dir is not None:
-        changes["hpc_job_mapping_dir"] = args.hpc_job_mapping_dir or None
-    if args.queue_dir is not None:
-        changes["queue_dir"] = args.queue_dir or None
-    if args.log_level is not None:
-        changes["log_level"] = args.log_level
-    if args.log_format is not None:
-        changes["log_format"] = args.log_format
-    config = replace(config, **changes) if changes else config
-    return with_remote_write_urls(config, args.remote_write)
-
-
-def resolve_source(config: Config) -> SourceSpec:
-    """The source to use. `auto`: NVML when it is usable; else, on a Jetson (a Tegra), its sysfs;
-    else the sim, with a warning."""
-    kind = config.source
-    root = config.jetson_sysfs_root or "/"
-    if kind == "auto":
-        from hfsampler.sources.jetson_sysfs import is_tegra
-        from hfsampler.sources.nvml import probe_driver
-
-        reason = probe_driver()
-        if reason is None:
-            kind = "nvml"
-        elif is_tegra(root):
-            log.info("no usable NVML (%s) on this Jetson: reading its sysfs (--source jetson)",
-                     reason)  # fmt: skip
-            kind = "jetson"
-        else:
-            log.warning(
-                "no usable NVIDIA driver (%s): sampling %d SIMULATED GPUs instead "
-                "(pass --source sim to silence this, --source nvml to insist on real GPUs)",
-                reason,
-                config.sim_gpus,
-            )
-            kind = "sim"
-    return SourceSpec(
-        kind=kind,
-        gpus=config.sim_gpus,
-        seed=config.seed,
-        indices=config.devices,
-        dcgm_path=config.dcgm_path,
-        dcgm_host=config.dcgm_host,
-        dcgm_interval_s=config.dcgm_interval_s,
-        jetson_root=root,
-    )
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
@@ -241,8 +91,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     logs.setup(config.log_level, config.log_format)
     spec = resolve_source(config)
     if config.auto_intervals:
-        from hfsampler.probe import apply_recommendation, probe
-
         log.info("measuring refresh periods for --intervals auto (a few seconds)...")
         result = probe(spec, config.selected_fields(), window_s=config.window_s)
         config = apply_recommendation(config, result)

@@ -25,13 +25,16 @@ import numpy as np
 from hfsampler import fields as catalogue
 from hfsampler.config import MIN_INTERVAL_S
 from hfsampler.fields import Field
+from hfsampler.flags import add_sampling_flags, config_from_args
 from hfsampler.sources import Source, SourceSpec, open_source
+from hfsampler.sources.resolve import resolve_source
 
 log = logging.getLogger(__name__)
 
 LADDER_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 TICK_BUDGET = 0.5  # a group's read may take at most this share of its interval
 LATENCY_READS = 20
+DURATION_S = 3.0  # how long refresh periods are measured unless --duration says
 SNAP = 1.05
 
 Clock = Callable[[], int]
@@ -211,7 +214,7 @@ def recommend(
 def probe(
     spec: SourceSpec,
     fields: Sequence[Field] | None = None,
-    duration_s: float = 3.0,
+    duration_s: float = DURATION_S,
     *,
     clock_ns: Clock = time.time_ns,
     pace: Callable[[], None] = lambda: None,
@@ -328,23 +331,21 @@ def format_table(r: ProbeResult) -> str:
 def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Add `hfsampler probe` to the CLI (see ``hfsampler.cli.COMMAND_MODULES``)."""
     p = sub.add_parser("probe", help="measure field latency and refresh periods, recommend groups")
-    p.add_argument("--source", choices=("auto", "nvml", "sim", "jetson"), default="auto")
-    p.add_argument("--gpus", type=int, default=2, metavar="N", help="simulated GPUs (sim source)")
-    p.add_argument("--duration", default="3s", metavar="DUR", help="refresh measurement length")
-    p.add_argument("--fields", action="append", default=[], metavar="LIST")
+    add_sampling_flags(
+        p,
+        ("--source", "--gpus", "--duration", "--fields"),
+        wording={"--source": None, "--duration": "refresh measurement length", "--fields": None},
+        sources=("auto", "nvml", "sim", "jetson"),
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     return {"probe": cmd_probe}
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from hfsampler.cli import resolve_source
-    from hfsampler.config import Config
-    from hfsampler.durations import parse_duration
-
-    fields = tuple(t for item in args.fields for t in item.split(",") if t.strip()) or None
-    config = Config(source=args.source, sim_gpus=args.gpus, fields=fields)
+    config = config_from_args(args)
     spec = resolve_source(config)
-    result = probe(spec, config.selected_fields(), parse_duration(args.duration, "--duration"))
+    duration_s = config.duration_s if config.duration_s is not None else DURATION_S
+    result = probe(spec, config.selected_fields(), duration_s)
     print(json.dumps(result.to_json(), indent=2) if args.json else format_table(result))
     return 0
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
@@ -29,14 +29,15 @@ import numpy as np
 
 import hfsampler
 from hfsampler import logs
-from hfsampler.config import Config, parse_label
-from hfsampler.durations import parse_duration
+from hfsampler.config import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, Kind
+from hfsampler.flags import add_sampling_flags, config_from_args
 from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
+from hfsampler.sources.resolve import resolve_source
 from hfsampler.window import WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
@@ -353,17 +354,25 @@ def register(sub: Any) -> dict[str, Any]:
         help="record every GPU sample while a command runs: hfsampler record -- CMD ARGS",
         description="Run CMD as a child and record the GPUs it may use for exactly its life.",
     )
+    wording = {
+        "--interval": "the fast group's interval (default 1ms)",
+        "--window": "window length for the statistics (1s)",
+        "--label": "job label",
+        "--duration": "without a command: record this long",
+        "--source": None,
+        "--fields": "field names or groups (default all)",
+    }
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
-    p.add_argument("--interval", metavar="DUR", help="the fast group's interval (default 1ms)")
-    p.add_argument("--window", metavar="DUR", help="window length for the statistics (1s)")
-    p.add_argument("--gpus", metavar="LIST", help="GPU indices or UUIDs (default: "
-                   "CUDA_VISIBLE_DEVICES, else all)")  # fmt: skip
-    p.add_argument("--label", action="append", default=[], metavar="K=V", help="job label")
-    p.add_argument("--duration", metavar="DUR", help="without a command: record this long")
-    p.add_argument("--source", choices=("auto", "nvml", "sim", "jetson"), default="auto")
-    p.add_argument("--seed", type=int, default=0, help="seed of the simulated GPUs")
-    p.add_argument("--fields", action="append", default=[], metavar="LIST",
-                   help="field names or groups (default all)")  # fmt: skip
+    add_sampling_flags(p, ("--interval", "--window"), wording=wording)
+    # Not the sampling --gpus (how many simulated GPUs): which of this node's GPUs to record.
+    gpus_help = "GPU indices or UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
+    p.add_argument("--gpus", dest="gpu_list", metavar="LIST", help=gpus_help)
+    add_sampling_flags(
+        p,
+        ("--label", "--duration", "--source", "--seed", "--fields"),
+        wording=wording,
+        sources=("auto", "nvml", "sim", "jetson"),
+    )
     p.add_argument("--quiet", action="store_true", help="no status line")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     return {"record": cmd_record}
@@ -371,34 +380,19 @@ def register(sub: Any) -> dict[str, Any]:
 
 def options(args: argparse.Namespace) -> RecordOptions:
     command = tuple(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
-    duration = parse_duration(args.duration, "--duration") if args.duration else None
-    if not command and duration is None:
+    config = config_from_args(args, Config(intervals_s={FAST: 0.001, "slow": 0.1}, listen=None))
+    if not command and config.duration_s is None:
         raise ConfigError("record", "nothing to record", "give -- CMD ARGS or --duration 10s")
-    intervals = {FAST: 0.001, "slow": 0.1}
-    if args.interval:
-        intervals[FAST] = parse_duration(args.interval, "--interval")
-    wanted = visible_gpus(args.gpus, os.environ)
-    sim_gpus = 2
-    if wanted and args.source == "sim" and all(t.isdigit() for t in wanted):
-        sim_gpus = max(int(t) for t in wanted) + 1
-    config = Config(
-        source=args.source,
-        sim_gpus=sim_gpus,
-        seed=args.seed,
-        intervals_s=intervals,
-        window_s=parse_duration(args.window, "--window") if args.window else 1.0,
-        listen=None,
-        external_labels=dict(map(parse_label, args.label)),
-        fields=tuple(t for item in args.fields for t in item.split(",") if t.strip()) or None,
-    )
+    wanted = visible_gpus(args.gpu_list, os.environ)
+    if wanted and config.source == "sim" and all(t.isdigit() for t in wanted):
+        config = replace(config, sim_gpus=max(int(t) for t in wanted) + 1)
     return RecordOptions(
-        Path(args.output), command, duration, config, tuple(wanted) if wanted else None,
-        status=not args.quiet,
+        Path(args.output), command, config.duration_s, config,
+        tuple(wanted) if wanted else None, status=not args.quiet,
     )  # fmt: skip
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from hfsampler.cli import resolve_source
     from hfsampler.service import discover
 
     opts = options(args)

@@ -35,7 +35,7 @@ def test_gpm_finest_valid_spacing(
     try:
         result = gpu_check.gpm_check(handles, repeats=1)
     finally:
-        gpu_check.pynvml.nvmlShutdown()
+        gpu_check.calls.shutdown()
     assert result[1] == {"supported": False, "error": "not a GPM device"}
     g0 = result[0]
     # the fake's counters refresh every 100 ms: shorter pairs fall inside one refresh

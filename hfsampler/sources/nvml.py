@@ -1,7 +1,6 @@
 """The real-GPU source: reads the catalogue's fields from NVML, batched, for every GPU.
 
-The one module (with its table of calls, ``nvml_calls``, and GPM, ``nvml_gpm``) that imports
-``pynvml``. ``open``
+Every NVML call goes through ``nvml_calls``, the only module that imports ``pynvml``. ``open``
 probes each field on each device once and picks how to read it (batched field id, or a per-device
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pynvml
 
 from hfsampler.errors import ConfigError, DriverNotFoundError, SourceError
 from hfsampler.fields import Field
@@ -32,8 +30,8 @@ UNKNOWN_LIMIT = 10  # consecutive NVML_ERROR_UNKNOWN answers before a GPU is tak
 _MAX_PLANS = 64  # a caller that builds a new tuple per tick must not grow the identity cache
 
 _NONE, _FIELD, _CALL, _GPM = 0, 1, 2, 3
-_SUCCESS: int = pynvml.NVML_SUCCESS
-_NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED  # how a (gpu, field) cell is read
+_SUCCESS = calls.SUCCESS
+_NOT_SUPPORTED = calls.NOT_SUPPORTED  # how a (gpu, field) cell is read
 
 _FV_SIZE = calls.FIELD_VALUE_SIZE
 _TYPES = calls.VALUE_TYPES
@@ -43,26 +41,26 @@ _FV_DTYPE = calls.FIELD_VALUE_DTYPE
 def probe_driver() -> str | None:
     """None when an NVIDIA driver is usable here; otherwise a short reason why not."""
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
+        calls.init()
+    except calls.NvmlError as e:
         code = int(e.value)
-        if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+        if code == calls.LIBRARY_NOT_FOUND:
             return "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver installed"
-        if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+        if code == calls.DRIVER_NOT_LOADED:
             return "NVIDIA driver not loaded"
-        if code == pynvml.NVML_ERROR_NO_PERMISSION:
+        if code == calls.NO_PERMISSION:
             return "no permission to open the NVIDIA driver"
         return f"NVML init failed: {calls.error_text(code)}"
     except OSError as e:  # pragma: no cover - pynvml maps its CDLL failure, other OSErrors remain
         return f"NVML library could not be loaded: {e}"
     try:
-        if pynvml.nvmlDeviceGetCount() == 0:
+        if calls.device_count() == 0:
             return "NVIDIA driver loaded but it sees no GPU"
-    except pynvml.NVMLError as e:
+    except calls.NvmlError as e:
         return f"NVML device count failed: {calls.error_text(int(e.value))}"
     finally:
-        with contextlib.suppress(pynvml.NVMLError):
-            pynvml.nvmlShutdown()
+        with contextlib.suppress(calls.NvmlError):
+            calls.shutdown()
     return None
 
 
@@ -124,8 +122,8 @@ class NvmlSource:
 
     def open(self, fields: Sequence[Field]) -> Inventory:
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as e:
+            calls.init()
+        except calls.NvmlError as e:
             raise DriverNotFoundError(f"NVML init failed: {calls.error_text(int(e.value))}") from e
         self._open = True
         try:
@@ -136,7 +134,7 @@ class NvmlSource:
 
     def _discover(self, fields: tuple[Field, ...]) -> Inventory:
         try:
-            count = int(pynvml.nvmlDeviceGetCount())
+            count = calls.device_count()
             if count == 0:
                 raise SourceError("NVML sees no GPU")
             indices = self._indices if self._indices is not None else tuple(range(count))
@@ -145,12 +143,12 @@ class NvmlSource:
                     raise ConfigError(
                         "gpus", f"GPU index {i} not present", f"this node has GPUs 0..{count - 1}"
                     )
-            driver = calls.text(pynvml.nvmlSystemGetDriverVersion())
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            driver = calls.driver_version()
+            self._handles = [calls.device_handle(i) for i in indices]
             self._devices = tuple(
                 self._device_info(i, h, driver) for i, h in zip(indices, self._handles, strict=True)
             )
-        except pynvml.NVMLError as e:
+        except calls.NvmlError as e:
             raise calls.translate(e, "NVML device discovery") from e
         gpus = len(self._handles)
         self._fields = fields
@@ -161,24 +159,23 @@ class NvmlSource:
         try:
             # The C entry point itself, called with arrays built once: pynvml's wrapper builds a
             # new ctypes array and sets every field id on every call.
-            self._fn = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-        except pynvml.NVMLError:
+            self._fn = calls.c_function("nvmlDeviceGetFieldValues")
+        except calls.NvmlError:
             self._fn = None  # a driver before field values: the probe finds every id unsupported
         self._probe(fields)
         return Inventory(self._devices, fields, self._mode != _NONE)
 
     @staticmethod
     def _device_info(index: int, handle: Any, driver: str) -> DeviceInfo:
-        pci = pynvml.nvmlDeviceGetPciInfo(handle)
-        bus = calls.text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+        bus = calls.pci_bus_id(handle)
         try:
-            minor = int(pynvml.nvmlDeviceGetMinorNumber(handle))
-        except pynvml.NVMLError:
+            minor = calls.minor_number(handle)
+        except calls.NvmlError:
             minor = index  # not on Windows/WSL; dcgm-exporter's device label falls back too
         return DeviceInfo(
             index=index,
-            uuid=calls.text(pynvml.nvmlDeviceGetUUID(handle)),
-            model_name=calls.text(pynvml.nvmlDeviceGetName(handle)),
+            uuid=calls.device_uuid(handle),
+            model_name=calls.device_name(handle),
             pci_bus_id=bus,
             driver_version=driver,
             minor_number=minor,
@@ -197,8 +194,8 @@ class NvmlSource:
             self._xid.close()
             self._xid = None
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
+            calls.shutdown()
+        except calls.NvmlError as e:
             log.debug("nvmlShutdown: %s", e)
 
     @property
@@ -230,10 +227,11 @@ class NvmlSource:
         for g, handle in enumerate(self._handles):
             if not self._up[g]:
                 continue
-            id_cols = [c for c, i in ids.items() if i is not None]
-            entry_codes = self._probe_ids(g, handle, id_cols, [ids[c] for c in id_cols])
+            present = {c: i for c, i in ids.items() if i is not None}
+            id_cols = list(present)
+            entry_codes = self._probe_ids(g, handle, id_cols, list(present.values()))
             for c, code in zip(id_cols, entry_codes, strict=True):
-                if code == pynvml.NVML_SUCCESS:
+                if code == _SUCCESS:
                     self._mode[g, c] = _FIELD
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
@@ -241,7 +239,7 @@ class NvmlSource:
                 if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g]:
                     continue
                 code = self._probe_call(g, handle, f.nvml_call)
-                if code == pynvml.NVML_SUCCESS:
+                if code == _SUCCESS:
                     self._mode[g, c] = _CALL
                     if f.nvml_field:
                         fallback.setdefault(c, []).append(g)
@@ -270,19 +268,19 @@ class NvmlSource:
                 fields, cols, self._handles, self._up, self._gpus, self._gpm_error
             )
             for c in cols:
-                if gpm.metric_id(fields[c].gpm_metric or "") is not None:
+                if calls.gpm_metric_id(fields[c].gpm_metric or "") is not None:
                     self._mode[gpus, c] = _GPM
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         self._errors[g] += cells
         return self._failed(g, code)
 
-    def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int | None]) -> list[int]:
+    def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int]) -> list[int]:
         if not ids:
             return []
         try:
-            entries = pynvml.nvmlDeviceGetFieldValues(handle, ids)
-        except pynvml.NVMLError as e:
+            entries = calls.field_values(handle, ids)
+        except calls.NvmlError as e:
             code = int(e.value)
             if code in calls.LOST_CODES:
                 self._mark_down(g, code)
@@ -300,12 +298,12 @@ class NvmlSource:
         if spec.reader == "xid":
             return self._xid.support(g) if self._xid is not None else _NOT_SUPPORTED
         reader = self._readers[g].get(spec.reader)
-        code: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+        code = calls.FUNCTION_NOT_FOUND
         candidates = (reader,) if reader is not None else calls.READERS[spec.reader]
         for candidate in candidates:
             try:
                 raw = candidate(handle)
-            except pynvml.NVMLError as e:
+            except calls.NvmlError as e:
                 code = int(e.value)
                 if code in calls.LOST_CODES:
                     self._mark_down(g, code)
@@ -363,8 +361,8 @@ class NvmlSource:
         self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any
     ) -> _Batch:
         gpus, n = len(self._handles), len(cols)
-        buf = (pynvml.c_nvmlFieldValue_t * (gpus * n))()
-        row_type = pynvml.c_nvmlFieldValue_t * n
+        buf = (calls.FieldValue * (gpus * n))()
+        row_type = calls.FieldValue * n
         per_gpu = [row_type.from_buffer(buf, g * n * _FV_SIZE) for g in range(gpus)]
         view = np.frombuffer(buf, dtype=_FV_DTYPE).reshape(gpus, n)
         ids = np.array([calls.field_id(fields[k].nvml_field or "") or 0 for k in cols], np.int64)
@@ -416,7 +414,7 @@ class NvmlSource:
             for key, outs in work:
                 try:
                     raw = xid_last[g] if key == "xid" else readers[key](handle)
-                except pynvml.NVMLError as e:
+                except calls.NvmlError as e:
                     self._errors[g] += len(outs)
                     if self._failed(g, int(e.value)):
                         values[g].fill(np.nan)

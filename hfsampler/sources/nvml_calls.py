@@ -1,18 +1,20 @@
-"""NVML's per-device calls and error codes, as the nvml source sees them.
+"""The one module that imports ``pynvml``: every NVML call hfsampler makes goes through here.
 
-The catalogue names a call by key (``Field.nvml_call``); this module says which pynvml function
-answers it, which older function answers it on an older driver, and how one field's number is
-taken out of what the call returns (several fields share one call: memory, utilization). It also
-holds the one table that turns an NVML return code into hfsampler's exception classes, and the
-layout of ``c_nvmlFieldValue_t`` as a numpy dtype.
-
-Only this module and ``hfsampler.sources.nvml`` import ``pynvml``.
+The other NVML modules (``nvml``, ``nvml_gpm``, ``nvml_xid``) and ``benchmarks/gpu_check.py`` ask
+this one: it wraps the library calls they make (init, discovery, field values, events, GPM) and
+re-exports the few constants and structs they need, so a pynvml version difference is met in one
+place. It holds the one table that turns an NVML return code into hfsampler's exception classes.
+The catalogue names a per-device call by key (``Field.nvml_call``); this module says which pynvml
+function answers it, which older function answers it on an older driver (tried in order at open,
+the first that answers kept for the device), and how one field's number is taken out of what the
+call returns (several fields share one call: memory, utilization). Last, the layout of
+``c_nvmlFieldValue_t`` as a numpy dtype for the batched hot path.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +52,17 @@ DRIVER_CODES = frozenset(
     }
 )
 UNKNOWN_CODE: int = pynvml.NVML_ERROR_UNKNOWN
+SUCCESS: int = pynvml.NVML_SUCCESS
+NOT_SUPPORTED: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
+
+# What every call below raises (pynvml's own class; ``int(e.value)`` is the return code). Where a
+# failure leaves the nvml source, ``translate`` turns it into one of hfsampler's exceptions.
+NvmlError: Any = pynvml.NVMLError
+PYNVML_VERSION: str = getattr(pynvml, "__version__", "?")
 
 
 def error_class(code: int) -> type[SourceError]:
@@ -74,6 +87,127 @@ def translate(err: pynvml.NVMLError, context: str) -> SourceError:
     """An ``NVMLError`` as the hfsampler exception to raise (``raise translate(e, ...) from e``)."""
     code = int(err.value)
     return error_class(code)(f"{context}: {error_text(code)} (NVML code {code})")
+
+
+# -- the library: what the nvml source, its GPM and XID parts, and gpu_check call ------------------
+
+
+def init() -> None:
+    """``nvmlInit``: load libnvidia-ml and take a reference (one ``shutdown`` per ``init``)."""
+    pynvml.nvmlInit()
+
+
+def shutdown() -> None:
+    pynvml.nvmlShutdown()
+
+
+def device_count() -> int:
+    return int(pynvml.nvmlDeviceGetCount())
+
+
+def device_handle(index: int) -> Any:
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def driver_version() -> str:
+    return text(pynvml.nvmlSystemGetDriverVersion())
+
+
+def device_name(handle: Any) -> str:
+    return text(pynvml.nvmlDeviceGetName(handle))
+
+
+def device_uuid(handle: Any) -> str:
+    return text(pynvml.nvmlDeviceGetUUID(handle))
+
+
+def pci_bus_id(handle: Any) -> str:
+    """The PCI bus id, from the v3 struct's ``busId`` or, where that is empty, the legacy one."""
+    pci = pynvml.nvmlDeviceGetPciInfo(handle)
+    return text(getattr(pci, "busId", b"") or getattr(pci, "busIdLegacy", b""))
+
+
+def minor_number(handle: Any) -> int:
+    """The /dev/nvidiaN number (raises ``NvmlError`` on Windows/WSL, where there is none)."""
+    return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+
+
+def field_values(handle: Any, ids: Sequence[int]) -> Any:
+    """pynvml's ``nvmlDeviceGetFieldValues``: a new array of entries (for probing, not per tick)."""
+    return pynvml.nvmlDeviceGetFieldValues(handle, ids)
+
+
+def c_function(name: str) -> Any:
+    """The C entry point itself, for the hot path: pynvml's wrappers allocate on every call.
+
+    Called with ctypes arguments, it returns the NVML return code instead of raising.
+    """
+    return pynvml._nvmlGetFunctionPointer(name)
+
+
+# -- XID events ------------------------------------------------------------------------------------
+
+XID_CRITICAL: int = pynvml.nvmlEventTypeXidCriticalError
+
+
+def event_set() -> Any:
+    return pynvml.nvmlEventSetCreate()
+
+
+def register_events(handle: Any, event_types: int, events: Any) -> None:
+    pynvml.nvmlDeviceRegisterEvents(handle, event_types, events)
+
+
+def wait_event(events: Any, timeout_ms: int) -> Any:
+    """The next event (``device``, ``eventType``, ``eventData``); raises on timeout."""
+    return pynvml.nvmlEventSetWait(events, timeout_ms)
+
+
+def free_event_set(events: Any) -> None:
+    pynvml.nvmlEventSetFree(events)
+
+
+# -- GPM (Hopper and newer) ------------------------------------------------------------------------
+
+
+def gpm_metric_id(constant: str) -> int | None:
+    """The value of a pynvml ``NVML_GPM_METRIC_*`` constant, or None where this pynvml lacks it."""
+    return _int_constant(constant)
+
+
+def gpm_supported(handle: Any) -> bool:
+    """Whether the device has GPM (raises ``NvmlError`` where the driver cannot say)."""
+    return bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+
+
+def gpm_sample_alloc() -> Any:
+    return pynvml.nvmlGpmSampleAlloc()
+
+
+def gpm_sample_free(sample: Any) -> None:
+    pynvml.nvmlGpmSampleFree(sample)
+
+
+def gpm_sample_get(handle: Any, sample: Any) -> None:
+    pynvml.nvmlGpmSampleGet(handle, sample)
+
+
+def gpm_metrics_get(request: Any) -> None:
+    """Compute ``request``'s metrics between its two samples (per metric ``nvmlReturn``)."""
+    pynvml.nvmlGpmMetricsGet(request)
+
+
+def gpm_metrics_request(metric_ids: Sequence[int]) -> Any:
+    """A ``c_nvmlGpmMetricsGet_t`` with its version, count and metric ids set, samples unset."""
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(metric_ids)
+    for i, metric in enumerate(metric_ids):
+        request.metrics[i].metricId = metric
+    return request
+
+
+# -- the catalogue's per-device calls --------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +294,12 @@ READERS: dict[str, tuple[Reader, ...]] = {
 
 def field_id(constant: str) -> int | None:
     """The value of a pynvml ``NVML_FI_*`` constant, or None where this pynvml lacks it."""
-    value = getattr(pynvml, constant, None)
+    return _int_constant(constant)
+
+
+def _int_constant(name: str) -> int | None:
+    # Looked up when asked, not at import: a catalogue entry may name a newer pynvml's constant.
+    value = getattr(pynvml, name, None)
     return value if isinstance(value, int) else None
 
 
@@ -171,6 +310,7 @@ def text(raw: Any) -> str:
     return str(raw)
 
 
+FieldValue: Any = pynvml.c_nvmlFieldValue_t  # one entry of a batched field-value read
 FIELD_VALUE_SIZE = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
 _VALUE_OFFSET = pynvml.c_nvmlFieldValue_t.value.offset
 _ULONG = "<u8" if ctypes.sizeof(ctypes.c_ulong) == 8 else "<u4"

@@ -9,7 +9,8 @@ computes the metrics between it and the previous one. The driver refreshes the c
 ~100 ms (NVML's documentation asks for samples at least that far apart), so a pair inside one
 refresh fails or repeats: that tick has no value and the older sample is kept.
 
-Beside ``nvml`` and ``nvml_calls``, the only module that imports ``pynvml``.
+Its NVML calls, constants and structs come from ``nvml_calls``, the only module that imports
+``pynvml``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pynvml
 
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, FloatArray, IntArray
@@ -32,12 +32,6 @@ log = logging.getLogger("hfsampler.sources.nvml")
 
 # (gpu row, NVML return code, cells affected) -> True when the GPU is now taken as lost
 OnError = Callable[[int, int, int], bool]
-
-
-def metric_id(constant: str) -> int | None:
-    """The value of a pynvml ``NVML_GPM_METRIC_*`` constant, or None where this pynvml lacks it."""
-    value = getattr(pynvml, constant, None)
-    return value if isinstance(value, int) else None
 
 
 def device_support(
@@ -51,14 +45,14 @@ def device_support(
             ok.append(False)
             continue
         try:
-            support = pynvml.nvmlGpmQueryDeviceSupport(handle)
-        except pynvml.NVMLError as e:
+            supported = calls.gpm_supported(handle)
+        except calls.NvmlError as e:
             why.setdefault(calls.error_text(int(e.value)), []).append(g)
             ok.append(False)
             continue
-        if not support.isSupportedDevice:
+        if not supported:
             why.setdefault("not a GPM device (Hopper or newer needed)", []).append(g)
-        ok.append(bool(support.isSupportedDevice))
+        ok.append(supported)
     return ok, why
 
 
@@ -80,13 +74,15 @@ def probe(
     rows = [g for g in range(len(handles)) if ok[g]]
     if not rows:
         return None, []
-    lacking = [fields[c].name for c in cols if metric_id(fields[c].gpm_metric or "") is None]
+    lacking = [
+        fields[c].name for c in cols if calls.gpm_metric_id(fields[c].gpm_metric or "") is None
+    ]
     if lacking:
         log.warning("this pynvml lacks the GPM metric of %s: skipped", ", ".join(lacking))
     reader = GpmReader(handles, on_error or (lambda g, code, cells: False))
     try:
         reader.open()
-    except pynvml.NVMLError as e:
+    except calls.NvmlError as e:
         log.warning("%s: %s; skipped", names, calls.error_text(int(e.value)))
         return None, []
     return reader, rows
@@ -119,23 +115,21 @@ class GpmReader:
 
     def open(self) -> None:
         # The C entry points, as the field-value batch does: pynvml's wrappers allocate per call.
-        self._sample = pynvml._nvmlGetFunctionPointer("nvmlGpmSampleGet")
-        self._metrics = pynvml._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
+        self._sample = calls.c_function("nvmlGpmSampleGet")
+        self._metrics = calls.c_function("nvmlGpmMetricsGet")
 
     def plan(self, fields: Sequence[Field], cols: list[int], mask: BoolArray) -> GpmPlan:
         """Buffers for reading ``fields[k] for k in cols`` where ``mask[gpu, i]``."""
         gpus = len(self._handles)
-        request = pynvml.c_nvmlGpmMetricsGet_t()
-        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(cols)
-        for i, k in enumerate(cols):
-            request.metrics[i].metricId = metric_id(fields[k].gpm_metric or "") or 0
+        request = calls.gpm_metrics_request(
+            [calls.gpm_metric_id(fields[k].gpm_metric or "") or 0 for k in cols]
+        )
         rows = [g for g in range(gpus) if mask[g].any()]
         prev: list[Any] = [None] * gpus
         cur: list[Any] = [None] * gpus
         for g in rows:
-            prev[g] = pynvml.nvmlGpmSampleAlloc()
-            cur[g] = pynvml.nvmlGpmSampleAlloc()
+            prev[g] = calls.gpm_sample_alloc()
+            cur[g] = calls.gpm_sample_alloc()
         p = GpmPlan(
             cols=cols,
             scale=np.array([fields[k].scale for k in cols], dtype=np.float64),
@@ -203,6 +197,6 @@ class GpmReader:
         for p in self._plans:
             for sample in (*p.prev, *p.cur):
                 if sample is not None:
-                    with contextlib.suppress(pynvml.NVMLError):
-                        pynvml.nvmlGpmSampleFree(sample)
+                    with contextlib.suppress(calls.NvmlError):
+                        calls.gpm_sample_free(sample)
         self._plans.clear()

@@ -1,7 +1,8 @@
 """XID errors: one NVML event set for every GPU, drained without blocking, last XID per GPU.
 
 XIDs arrive as events rather than as a value to read, so the ``xid`` field is the last code each
-GPU reported (0 until one arrives), as dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``.
+GPU reported (0 until one arrives), as dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``. The event
+calls come from ``nvml_calls``, the only module that imports ``pynvml``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-import pynvml
+from hfsampler.sources import nvml_calls as calls
 
 
 def handle_address(handle: Any) -> int | None:
@@ -28,25 +29,23 @@ class XidWatcher:
         self._gpu_of: dict[int | None, int] = {}
         self.last = [0.0] * len(handles)
         # why a GPU could not be registered (NOT_SUPPORTED until something says otherwise)
-        self._failure: int = pynvml.NVML_ERROR_NOT_SUPPORTED
+        self._failure = calls.NOT_SUPPORTED
         try:
-            self._events = pynvml.nvmlEventSetCreate()
-        except pynvml.NVMLError as e:
+            self._events = calls.event_set()
+        except calls.NvmlError as e:
             self._failure = int(e.value)
             return
         for g, handle in enumerate(handles):
             try:
-                pynvml.nvmlDeviceRegisterEvents(
-                    handle, pynvml.nvmlEventTypeXidCriticalError, self._events
-                )
-            except pynvml.NVMLError as e:
+                calls.register_events(handle, calls.XID_CRITICAL, self._events)
+            except calls.NvmlError as e:
                 self._failure = int(e.value)
                 continue
             self._gpu_of[handle_address(handle)] = g
 
     def support(self, gpu: int) -> int:
         """NVML_SUCCESS when ``gpu`` reports XIDs, else the code that said why not."""
-        return pynvml.NVML_SUCCESS if gpu in self._gpu_of.values() else self._failure
+        return calls.SUCCESS if gpu in self._gpu_of.values() else self._failure
 
     def poll(self) -> None:
         """Drain pending events; never blocks (timeout 0)."""
@@ -54,15 +53,15 @@ class XidWatcher:
             return
         while True:
             try:
-                data = pynvml.nvmlEventSetWait(self._events, 0)
-            except pynvml.NVMLError:
+                data = calls.wait_event(self._events, 0)
+            except calls.NvmlError:
                 return  # TIMEOUT: nothing pending (other codes: try again next read)
             g = self._gpu_of.get(handle_address(data.device))
-            if g is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+            if g is not None and data.eventType & calls.XID_CRITICAL:
                 self.last[g] = float(data.eventData)
 
     def close(self) -> None:
         if self._events is not None:
-            with contextlib.suppress(pynvml.NVMLError):
-                pynvml.nvmlEventSetFree(self._events)
+            with contextlib.suppress(calls.NvmlError):
+                calls.free_event_set(self._events)
             self._events = None

@@ -113,7 +113,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_file(args.file)
     fields = config.selected_fields()
     print(f"{args.file}: OK")
-    for warning in config.label_warnings():
+    for warning in config.warnings():
         print(f"  warning: {warning}")
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {config.listen}")
     groups = sorted({f.group for f in fields})

@@ -21,7 +21,12 @@ from hfsampler import fields as catalogue
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
-from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
+from hfsampler.remote_write.config import (
+    EndpointConfig,
+    QueueConfig,
+    endpoint_from_url,
+    parse_remote_write,
+)
 from hfsampler.series import LABEL_NAME_RE
 
 SOURCES = ("auto", "nvml", "sim", "dcgm", "jetson")
@@ -186,6 +191,18 @@ class Config:
                 raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
             _check_utf8(self.instance, "instance")
         self.selected_fields()  # unknown names fail here, at load time
+
+    def warnings(self) -> list[str]:
+        """What is accepted but will not do what it might seem to: said at check and at start."""
+        out = self.label_warnings()
+        default_max = QueueConfig().max_shards
+        for i, ep in enumerate(self.remote_write):
+            if ep.queue.max_shards != default_max:
+                out.append(
+                    f"remote_write[{i}].queue_config.max_shards is not used: hfsampler runs "
+                    f"min_shards ({ep.queue.min_shards}) shards and does not reshard"
+                )
+        return out
 
     def label_warnings(self) -> list[str]:
         """What a strict receiver (Mimir's defaults) would refuse in this config's series."""

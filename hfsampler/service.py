@@ -123,7 +123,7 @@ class Service:
 
     async def run(self) -> int:
         """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""
-        for warning in self.config.label_warnings():
+        for warning in self.config.warnings():
             log.warning("%s", warning)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

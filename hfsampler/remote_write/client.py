@@ -29,8 +29,10 @@ from hfsampler.selfmetrics import SelfMetrics
 
 log = logging.getLogger(__name__)
 
-# How much of a receiver's error body goes into the log.
+# How much of a receiver's error body is read, and how much of it goes into the log.
+BODY_READ_LIMIT = 4096
 BODY_LOG_LIMIT = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 PROTOCOL_HEADERS = {
     "Content-Encoding": "snappy",
@@ -101,14 +103,17 @@ class RemoteClient:
                 proxy=self.config.proxy_url or None,
                 server_hostname=(tls.server_name or None) if tls is not None else None,
             ) as resp:
-                status = resp.status
-                self._count_request(str(status))
                 written = _written(resp.headers.get(WRITTEN_HEADER))
-                if 200 <= status < 300:
+                if 200 <= resp.status < 300:
                     await resp.read()
+                    status = resp.status
+                    self._count_request(str(status))
                     return written
-                text = (await resp.content.read(BODY_LOG_LIMIT)).decode("utf-8", "replace")
+                raw_text = await resp.content.read(BODY_READ_LIMIT)
+                status = resp.status
+                text = self._printable(raw_text.decode("utf-8", "replace"), headers)
                 retry_after = parse_retry_after(resp.headers.get("Retry-After"))
+                self._count_request(str(status))
         except TimeoutError:
             self._count_request("timeout")
             raise RecoverableSendError(
@@ -154,8 +159,26 @@ class RemoteClient:
             raise RequestTooLargeError(f"HTTP 413: {text}", status)
         raise NonRecoverableSendError(f"HTTP {status}: {text}", status, text, written)
 
+    def _printable(self, text: str, headers: dict[str, str]) -> str:
+        """A receiver's text as one log-safe line: every secret sent replaced by ``<secret>``
+        (a receiver may echo the request's headers), control characters escaped, truncated."""
+        secrets = list(self.config.secrets())
+        sent_auth = headers.get("Authorization", "")
+        if sent_auth:
+            secrets += [sent_auth, *sent_auth.split(" ", 1)[1:]]
+        for secret in sorted(set(secrets), key=len, reverse=True):
+            text = text.replace(secret, "<secret>")
+        text = _CONTROL.sub(lambda m: _escape(m.group()), text)
+        if len(text) > BODY_LOG_LIMIT:
+            text = text[:BODY_LOG_LIMIT] + "...(truncated)"
+        return text
+
     def _count_request(self, status: str) -> None:
         self._metrics.inc(sm.RW_REQUESTS, 1, {**self._labels, "status": status})
+
+
+def _escape(char: str) -> str:
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}")
 
 
 def _written(value: str | None) -> int | None:

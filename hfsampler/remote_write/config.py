@@ -48,6 +48,7 @@ _QUEUE_KEYS = (
     "retry_on_http_429",
     "max_disk_bytes",
     "max_request_bytes",
+    "max_retry_after",
 )
 _QUEUE_UNSUPPORTED = ("sample_age_limit",)
 _ENDPOINT_KEYS = (
@@ -84,6 +85,12 @@ _ENDPOINT_UNSUPPORTED = (
     "http_headers",
 )
 
+# RFC 9110: a field name is a token; a value has no control characters but horizontal tab.
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_HEADER_VALUE_BAD_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# Header names whose values are secrets: kept out of every log line, like passwords.
+SECRET_HEADER_RE = re.compile(r"auth|token|key|secret|password|cookie|session", re.IGNORECASE)
+
 # Receiver flavours: (default path when the URL has none, tenant header or None).
 FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
     {
@@ -94,6 +101,10 @@ FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
     }
 )
 DEFAULT_MAX_DISK_BYTES = 1 << 30
+# Each shard is one connection and one request in flight; a window is sent at once. hfsampler
+# runs min_shards shards and does not reshard: max_shards (Prometheus's resharding bound) is
+# validated, so that a pasted block keeps working, and said to be unused (QueueConfig.notes).
+MAX_SHARDS = 200
 # Prometheus's values for protobuf_message: Remote-Write 1.0 and 2.0.
 PROTOBUF_V1 = "prometheus.WriteRequest"
 PROTOBUF_V2 = "io.prometheus.write.v2.Request"
@@ -161,19 +172,28 @@ class QueueConfig:
     max_disk_bytes: int = DEFAULT_MAX_DISK_BYTES  # with a queue_dir: the spool's bound
     # hfsampler's own: a request's uncompressed size; a larger batch goes as several requests
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # hfsampler's own: the longest Retry-After honoured (a longer one is capped, and logged)
+    max_retry_after_s: float = 300.0
 
     def __post_init__(self) -> None:
         for key in ("capacity", "max_shards", "min_shards", "max_samples_per_send"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(key, "must be a whole number of at least 1")
+        for key in ("min_shards", "max_shards"):
+            if getattr(self, key) > MAX_SHARDS:
+                raise ConfigError(
+                    key,
+                    f"is {getattr(self, key)}; at most {MAX_SHARDS} (one connection each)",
+                    "a window's samples go at once: a few shards are plenty",
+                )
         if self.min_shards > self.max_shards:
             raise ConfigError(
                 "min_shards",
                 f"is {self.min_shards}, more than max_shards {self.max_shards}",
                 "make min_shards <= max_shards",
             )
-        for key in ("batch_send_deadline", "min_backoff", "max_backoff"):
+        for key in ("batch_send_deadline", "min_backoff", "max_backoff", "max_retry_after"):
             value = getattr(self, key + "_s")
             least = 0 if key == "batch_send_deadline" else 1e-9
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= least:
@@ -243,6 +263,19 @@ class EndpointConfig:
             if not isinstance(hname, str) or not isinstance(hvalue, str):
                 # The value may be a secret: say only which header is wrong.
                 raise ConfigError(f"headers.{hname}", "name and value must both be strings")
+            if not _HEADER_NAME_RE.match(hname):
+                raise ConfigError(
+                    f"headers.{hname!r}",
+                    "is not a valid header name (RFC 9110 token)",
+                    "use letters, digits and -",
+                )
+            if _HEADER_VALUE_BAD_RE.search(hvalue):
+                # never the value itself: it may be a secret
+                raise ConfigError(
+                    f"headers.{hname}",
+                    "has a control character (CR, LF, NUL, ...) in its value",
+                    "put the value on one line, without control characters",
+                )
             if hname.lower() in RESERVED_HEADERS:
                 raise ConfigError(
                     f"headers.{hname}",
@@ -261,6 +294,19 @@ class EndpointConfig:
                 _check_url(self.proxy_url)
             except ConfigError as err:
                 raise ConfigError("proxy_url", err.problem, err.fix) from None
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every configured string that must never reach a log line (inline ones: file-held
+        secrets are added by whoever reads them)."""
+        out: list[str] = []
+        if self.auth is not None and self.auth.secret:
+            out.append(self.auth.secret)
+        out += [v for k, v in self.headers.items() if SECRET_HEADER_RE.search(k)]
+        with contextlib.suppress(ValueError):
+            parts = urlsplit(self.url)
+            out += [p for p in (parts.password, parts.username) if p]
+            out += [v for _, v in parse_qsl(parts.query, True) if v]
+        return tuple(s for s in out if len(s) >= 3)
 
     @property
     def display_url(self) -> str:
@@ -417,7 +463,7 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
     _check_keys(raw, path, _QUEUE_KEYS, _QUEUE_UNSUPPORTED)
     kwargs: dict[str, object] = {}
     for k, v in raw.items():
-        if k in ("batch_send_deadline", "min_backoff", "max_backoff"):
+        if k in ("batch_send_deadline", "min_backoff", "max_backoff", "max_retry_after"):
             kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
         elif k in ("max_disk_bytes", "max_request_bytes"):
             kwargs[k] = parse_size(v, f"{path}.{k}")

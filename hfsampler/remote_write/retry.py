@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from datetime import UTC
+from typing import NamedTuple
 
 # Statuses retried like 429 when retry_on_http_429 is on: Mimir's "too many requests" variant.
 RATE_LIMIT_STATUSES = frozenset((429, 529))
@@ -62,18 +63,44 @@ def backoff_delay(backoff_s: float) -> float:
     return backoff_s * (0.75 + 0.25 * random.random())
 
 
-class Backoff:
-    """One request's waits between tries: doubling from ``min_s`` to ``max_s``."""
+class Delay(NamedTuple):
+    """How long to wait, and why a receiver's ``Retry-After`` was not taken as it was ("")."""
 
-    def __init__(self, min_s: float, max_s: float) -> None:
+    seconds: float
+    adjusted: str = ""
+
+
+class Backoff:
+    """One request's waits between tries: doubling from ``min_s`` to ``max_s``.
+
+    A receiver's ``Retry-After`` is honoured between two bounds: never sooner than the current
+    backoff step (``Retry-After: 0`` would make a hot loop) and never later than
+    ``max_retry_after_s`` (``Retry-After: 999999`` would stop delivery for days while the queue
+    overflows).
+    """
+
+    def __init__(self, min_s: float, max_s: float, max_retry_after_s: float = 300.0) -> None:
         self.min_s = min_s
         self.max_s = max_s
+        self.max_retry_after_s = max_retry_after_s
         self.current_s = min_s
 
-    def next_delay(self, retry_after_s: float | None = None, slowest: bool = False) -> float:
+    def next_delay(self, retry_after_s: float | None = None, slowest: bool = False) -> Delay:
         """The wait before the next try; ``slowest`` for faults that take long to clear (TLS)."""
         if slowest:
             self.current_s = self.max_s
-        delay = backoff_delay(self.current_s) if retry_after_s is None else retry_after_s
+        step = backoff_delay(self.current_s)
         self.current_s = min(self.current_s * 2, self.max_s)
-        return delay
+        if retry_after_s is None:
+            return Delay(step)
+        if retry_after_s < step:
+            return Delay(
+                step, f"Retry-After {retry_after_s:g} s raised to the backoff's {step:.3f} s"
+            )
+        if retry_after_s > self.max_retry_after_s:
+            return Delay(
+                self.max_retry_after_s,
+                f"Retry-After {retry_after_s:g} s capped at max_retry_after "
+                f"{self.max_retry_after_s:g} s",
+            )
+        return Delay(retry_after_s)

@@ -380,7 +380,7 @@ class RemoteWriter:
     async def _deliver(self, request: _Request, flight: _Flight) -> None:
         """Post one request, retrying what the spec calls recoverable."""
         qc = self.config.queue
-        backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s)
+        backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s, qc.max_retry_after_s)
         while True:
             v2 = bool(request.body_v2) and self._negotiation.v2
             body = request.body_v2 if v2 else request.body
@@ -390,13 +390,14 @@ class RemoteWriter:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(RETRIES, 1, self._labels)
                 log.warning(
-                    "remote write %s (%s): %s; retrying in %.3f s",
+                    "remote write %s (%s): %s; retrying in %.3f s%s",
                     self.config.remote_name,
                     self.config.display_url,
                     err,
-                    delay,
+                    delay.seconds,
+                    f" ({delay.adjusted})" if delay.adjusted else "",
                 )
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay.seconds)
                 continue
             except RequestTooLargeError:
                 raise

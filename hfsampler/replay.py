@@ -4,7 +4,8 @@ The window series go through the same ``MetricModel`` and ``RemoteWriter`` (enco
 sender, retries) as a live ``hfsampler run``, with the recording's own timestamps, its devices'
 labels, and its job labels (``--label`` at record time, Slurm and Kubernetes identifiers) as
 external labels. ``--raw`` pushes every distinct millisecond sample instead, as ``NAME_raw``
-series. The queue is drained as it fills rather than let overflow: a replay has no live data to
+series. A replay gives up after ``--timeout`` (default 2 minutes, pushing and flushing together)
+with a summary of what was not sent, exit 1; Ctrl-C flushes for at most 5 s more, then exits 130. The queue is drained as it fills rather than let overflow: a replay has no live data to
 favour over old.
 
 Receivers differ on old samples: Prometheus refuses samples older than its head block (about the
@@ -16,11 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import signal
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from hfsampler.config import parse_label
+from hfsampler.durations import parse_duration
 from hfsampler.fields import Kind
 from hfsampler.metrics import MetricModel, gpu_labels, host_labels
 from hfsampler.recording import Recording
@@ -30,7 +35,10 @@ from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
 RAW_SUFFIX = "_raw"
-FLUSH_DEADLINE_S = 120.0
+# How long a replay may take, pushing and flushing together, before it gives up (--timeout).
+TIMEOUT_S = 120.0
+# After Ctrl-C: how long what is queued may still be sent.
+INTERRUPT_FLUSH_S = 5.0
 
 
 def replay_labels(rec: Recording, extra: dict[str, str]) -> dict[str, str]:
@@ -38,11 +46,47 @@ def replay_labels(rec: Recording, extra: dict[str, str]) -> dict[str, str]:
     return {**rec.header.get("labels", {}), **rec.header.get("job", {}), **extra}
 
 
-async def _backpressure(writer: RemoteWriter) -> None:
-    """Wait while the queue is over half full, so nothing is dropped for lack of room."""
+async def _backpressure(writer: RemoteWriter, stop: asyncio.Event, deadline: float) -> None:
+    """Wait while the queue is over half full, so nothing is dropped for lack of room; not past
+    the deadline, nor once stopped."""
     limit = writer.config.queue.capacity // 2
-    while writer.queued() > limit:  # noqa: ASYNC110 (the writer offers no event to wait on)
+    loop = asyncio.get_running_loop()
+    while writer.queued() > limit and not stop.is_set() and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.005)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """What a replay did: samples accepted and dropped (refused, or not sent in time), and
+    whether it stopped early (``gave_up`` at the deadline, ``interrupted`` by Ctrl-C)."""
+
+    sent: int
+    dropped: int
+    pushed: int  # samples of the recording handed to the writer
+    gave_up: bool = False
+    interrupted: bool = False
+    stopped_at_ms: int | None = None  # the recording's time where pushing stopped early
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return 130
+        return 1 if self.gave_up or self.dropped else 0
+
+    def summary(self, path: str, timeout_s: float) -> str:
+        text = f"replayed {self.sent} samples from {path}"
+        if self.dropped:
+            text += f"; {self.dropped} refused or not sent (see the log)"
+        if self.stopped_at_ms is not None:
+            why = "interrupted" if self.interrupted else f"gave up after {timeout_s:g} s"
+            text += (
+                f"; {why}: the recording from {self.stopped_at_ms} ms (epoch) on was not replayed"
+            )
+        elif self.interrupted:
+            text += "; interrupted"
+        elif self.gave_up:
+            text += f"; gave up after {timeout_s:g} s"
+        return text
 
 
 def window_snapshots(rec: Recording, labels: dict[str, str]) -> list[Snapshot]:
@@ -94,20 +138,50 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
                                values[idx].tolist(), registry.families)  # fmt: skip
 
 
-async def replay(rec: Recording, url: str, raw: bool, extra: dict[str, str]) -> tuple[int, int]:
-    """Push the recording; returns (samples accepted, samples dropped)."""
+async def replay(
+    rec: Recording,
+    url: str,
+    raw: bool,
+    extra: dict[str, str],
+    timeout_s: float = TIMEOUT_S,
+    stop: asyncio.Event | None = None,
+) -> ReplayResult:
+    """Push the recording within ``timeout_s``; ``stop`` (set by Ctrl-C) ends it early, after
+    flushing for at most ``INTERRUPT_FLUSH_S``."""
     metrics = SelfMetrics()
     writer = RemoteWriter(endpoint_from_url(url), metrics)
     labels = replay_labels(rec, extra)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    stop = stop if stop is not None else asyncio.Event()
+    pushed = 0
+    stopped_at: int | None = None
     await writer.start()
     try:
         snapshots = raw_snapshots(rec, labels) if raw else window_snapshots(rec, labels)
         for snap in snapshots:
+            if stop.is_set() or loop.time() >= deadline:
+                stopped_at = snap.timestamp_ms
+                break
             writer.push(snap)
-            await _backpressure(writer)
+            pushed += len(snap)
+            await _backpressure(writer, stop, deadline)
     finally:
-        await writer.close(FLUSH_DEADLINE_S)
-    return int(metrics.total(SAMPLES)), int(metrics.total(DROPPED))
+        left = INTERRUPT_FLUSH_S if stop.is_set() else max(0.0, deadline - loop.time())
+        await writer.close(left, stop, INTERRUPT_FLUSH_S)
+    gave_up = (
+        not stop.is_set()
+        and loop.time() >= deadline
+        and (stopped_at is not None or metrics.total(SAMPLES) < pushed)
+    )
+    return ReplayResult(
+        int(metrics.total(SAMPLES)),
+        int(metrics.total(DROPPED)),
+        pushed,
+        gave_up=gave_up,
+        interrupted=stop.is_set(),
+        stopped_at_ms=stopped_at,
+    )
 
 
 def register(sub: Any) -> dict[str, Any]:
@@ -116,6 +190,13 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("--remote-write", required=True, metavar="URL", help="receiver's write URL")
     p.add_argument("--raw", action="store_true", help="every raw sample (NAME_raw series)")
     p.add_argument("--label", action="append", default=[], metavar="K=V", help="extra label")
+    p.add_argument(
+        "--timeout",
+        default=f"{TIMEOUT_S:g}s",
+        metavar="DUR",
+        help=f"give up after this long, with a summary of what was not sent (default "
+        f"{TIMEOUT_S:g}s)",
+    )
     return {"replay": cmd_replay}
 
 
@@ -124,11 +205,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     rec = Recording(args.recording)
     extra = dict(parse_label(t) for t in args.label)
+    timeout_s = parse_duration(args.timeout, "--timeout")
 
     async def main() -> int:
-        sent, dropped = await replay(rec, args.remote_write, args.raw, extra)
-        print(f"replayed {sent} samples from {args.recording}"
-              + (f"; {dropped} refused or dropped (see the log)" if dropped else ""))  # fmt: skip
-        return 1 if dropped else 0
+        stop = asyncio.Event()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        result = await replay(rec, args.remote_write, args.raw, extra, timeout_s, stop)
+        print(result.summary(args.recording, timeout_s))
+        return result.exit_code
 
     return run_async(main)

@@ -231,13 +231,25 @@ class RemoteWriter:
             self._drop(dropped, "queue_full")
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
 
-    async def close(self, deadline_s: float) -> None:
-        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped."""
+    async def close(
+        self, deadline_s: float, stop: asyncio.Event | None = None, grace_s: float = 0.0
+    ) -> None:
+        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped.
+
+        Once ``stop`` is set (Ctrl-C during a long flush) at most ``grace_s`` more is waited."""
         self._closed = True
         for q in self._queues:
             q.start_flush()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=max(0.0, deadline_s))
+            loop = asyncio.get_running_loop()
+            end = loop.time() + max(0.0, deadline_s)
+            pending = set(self._tasks)
+            while pending and (left := end - loop.time()) > 0:
+                if stop is not None and stop.is_set():
+                    end = min(end, loop.time() + grace_s)
+                    stop = None
+                    continue
+                _, pending = await asyncio.wait(pending, timeout=min(left, 0.1))
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

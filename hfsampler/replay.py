@@ -5,7 +5,8 @@ sender, retries) as a live ``hfsampler run``, with the recording's own timestamp
 labels, and its job labels (``--label`` at record time, Slurm and Kubernetes identifiers) as
 external labels. ``--raw`` pushes every distinct millisecond sample instead, as ``NAME_raw``
 series. A replay gives up after ``--timeout`` (default 2 minutes, pushing and flushing together)
-with a summary of what was not sent, exit 1; Ctrl-C flushes for at most 5 s more, then exits 130. The queue is drained as it fills rather than let overflow: a replay has no live data to
+with a summary of what was not sent, exit 1; Ctrl-C flushes for at most 5 s more, then exits
+130. The queue is drained as it fills rather than let overflow: a replay has no live data to
 favour over old.
 
 Receivers differ on old samples: Prometheus refuses samples older than its head block (about the

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hfsampler.remote_write import wire
-from hfsampler.remote_write.encoder import METRIC_TYPES, varint
+from hfsampler.remote_write.encoder import _SMALL_LIMIT as _SMALL
+from hfsampler.remote_write.encoder import _SMALL_VARINTS, METRIC_TYPES, varint
 from hfsampler.series import Family
 
 # 2.0 tags: (field << 3) | wire type
@@ -44,13 +45,13 @@ MAX_CACHED_SERIES = 1 << 17
 
 @dataclass(frozen=True, slots=True)
 class _Series:
-    """What a series needs in every request: its strings, its metric type and its start."""
+    """What a series needs in every request: its strings, its metadata and its start."""
 
     strings: tuple[str, ...]  # name, value, name, value, ... in byte order of name
-    metric_type: int
+    meta_type: bytes  # the Metadata.type field, b"" when unknown
     help: str
     unit: str
-    start_ms: int  # 0: unknown
+    start_tail: bytes  # the Sample.start_timestamp field, b"" when unknown
 
 
 class RequestEncoderV2:
@@ -75,46 +76,52 @@ class RequestEncoderV2:
         1.0 metadata entries are left out: 2.0 carries metadata on every series.
         """
         symbols: dict[str, int] = {"": 0}
-        series_out: list[bytes] = []
+        out: list[bytes] = []
+        append = out.append
         samples_total = 0
         families = self._families()
-        for f in wire.fields(raw_v1):
-            if f.number != 1 or f.wire_type != 2:
-                continue  # metadata entries (and nothing else hfsampler writes)
-            labels_end, samples = _split_series(raw_v1, f.payload, f.end)
-            key = raw_v1[f.payload : labels_end]
-            info = self._series.get(key)
+        cache = self._series
+        small = _SMALL_VARINTS
+        for start, end in _series_spans(raw_v1):
+            # A 1.0 TimeSeries as hfsampler writes it: its Label fields (tag 0x0a) first, then
+            # its Sample fields (tag 0x12).
+            pos = start
+            while pos < end and raw_v1[pos] == 0x0A:
+                length, pos = _varint_at(raw_v1, pos + 1)
+                pos += length
+            key = raw_v1[start:pos]
+            info = cache.get(key)
             if info is None:
                 info = self._learn(key, families)
-            refs = bytearray()
+            refs = []
             for text in info.strings:
                 ref = symbols.get(text)
                 if ref is None:
                     ref = symbols[text] = len(symbols)
-                refs += varint(ref)
-            body = [_TAG_LABELS_REFS, varint(len(refs)), bytes(refs)]
-            start = _TAG_START_TS + varint(info.start_ms) if info.start_ms else b""
-            for sample in samples:
-                sample += start
-                body += (_TAG_SAMPLE, varint(len(sample)), sample)
-            samples_total += len(samples)
-            meta = b""
-            if info.metric_type:
-                meta += _TAG_META_TYPE + varint(info.metric_type)
+                refs.append(small[ref] if ref < _SMALL else varint(ref))
+            packed = b"".join(refs)
+            body = [_TAG_LABELS_REFS, varint(len(packed)), packed]
+            start_ts = info.start_tail
+            n = 0
+            while pos < end:
+                length, pos = _varint_at(raw_v1, pos + 1)
+                sample = raw_v1[pos : pos + length] + start_ts
+                pos += length
+                body += (_TAG_SAMPLE, small[len(sample)], sample)
+                n += 1
+            samples_total += n
+            meta = info.meta_type
             for tag, text in ((_TAG_META_HELP, info.help), (_TAG_META_UNIT, info.unit)):
                 if text:
                     ref = symbols.get(text)
                     if ref is None:
                         ref = symbols[text] = len(symbols)
                     meta += tag + varint(ref)
-            body += (_TAG_METADATA, varint(len(meta)), meta)
+            body += (_TAG_METADATA, small[len(meta)], meta)
             series = b"".join(body)
-            series_out.append(_TAG_TIMESERIES + varint(len(series)) + series)
-        head = []
-        for text in symbols:  # dicts keep insertion order: index order
-            data = text.encode()
-            head.append(_TAG_SYMBOLS + varint(len(data)) + data)
-        return b"".join(head) + b"".join(series_out), samples_total
+            append(_TAG_TIMESERIES + varint(len(series)) + series)
+        head = [_TAG_SYMBOLS + varint(len(d)) + d for d in map(str.encode, symbols)]
+        return b"".join(head) + b"".join(out), samples_total
 
     def _learn(self, label_bytes: bytes, families: Mapping[str, Family]) -> _Series:
         strings: list[str] = []
@@ -133,8 +140,13 @@ class RequestEncoderV2:
                 name = label_value
         family = families.get(name, _UNKNOWN)
         start = self._start_ms(family) if family.type == "counter" else 0
+        metric_type = METRIC_TYPES.get(family.type, 0)
         info = _Series(
-            tuple(strings), METRIC_TYPES.get(family.type, 0), family.help, family.unit, start
+            tuple(strings),
+            _TAG_META_TYPE + varint(metric_type) if metric_type else b"",
+            family.help,
+            family.unit,
+            _TAG_START_TS + varint(start) if start else b"",
         )
         if len(self._series) >= MAX_CACHED_SERIES:
             self._series.clear()
@@ -142,14 +154,22 @@ class RequestEncoderV2:
         return info
 
 
-def _split_series(raw: bytes, start: int, end: int) -> tuple[int, list[bytes]]:
-    """Where a 1.0 TimeSeries' labels end (they come first), and its sample messages."""
-    body = raw[start:end]
-    labels_end = start
-    samples: list[bytes] = []
-    for f in wire.fields(body):
-        if f.number == 1:
-            labels_end = start + f.end
-        elif f.number == 2:
-            samples.append(body[f.payload : f.end])
-    return labels_end, samples
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    byte = data[pos]
+    if byte < 0x80:  # lengths of labels and samples almost always fit one byte
+        return byte, pos + 1
+    value = byte & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _series_spans(raw: bytes) -> list[tuple[int, int]]:
+    """Where each ``TimeSeries`` body of a 1.0 request lies; other fields are skipped."""
+    return [(f.payload, f.end) for f in wire.fields(raw) if f.number == 1 and f.wire_type == 2]

@@ -308,7 +308,8 @@ class RemoteWriter:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = [await block.data() for block in batch.blocks]
-        large = len(batch) > self.executor_threshold or len(parts) > 1
+        # 2.0 requests cost ~10 us a sample to make: never on the event loop
+        large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
         requests = await self._off_loop(partial(self._requests, parts, batch.count), large)
         for request in requests:
             await self._send_request(request, flight)

@@ -10,7 +10,8 @@ sample. It writes the wire format directly, like the 1.0 encoder; what it learns
 dictionary lookup per series plus the references. 1.0 sample messages are valid 2.0 ones
 (``value = 1``, ``timestamp = 2``), so samples are copied, with the start timestamp appended.
 
-Not thread-safe: each writer's sender uses its own, from one thread at a time.
+Shards build their requests in executor threads at once: that is safe, since each request's
+symbol table is its own and the cache only ever gains whole entries (or is cleared).
 """
 
 from __future__ import annotations

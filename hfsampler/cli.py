@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 from hfsampler import __version__, logs
 from hfsampler import fields as catalogue
-from hfsampler.config import load_file
+from hfsampler.config import Config, load_file
 from hfsampler.errors import ConfigError, HfsamplerError
 from hfsampler.flags import add_sampling_flags, config_from_args
 from hfsampler.probe import apply_recommendation, probe
@@ -106,7 +106,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("none of the selected fields is supported by these GPUs")
         return EXIT_FAILURE
     service_config = config
-    return run_async(lambda: Service(service_config, spec, inventory).run())
+
+    def reload() -> Config:
+        return config_from_args(args)  # the same files and flags, read again (SIGHUP)
+
+    return run_async(lambda: Service(service_config, spec, inventory, loader=reload).run())
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -35,3 +35,8 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def set_level(level: str) -> None:
+    """Change the level of a running process (a configuration reload)."""
+    logging.getLogger().setLevel(level.upper())

@@ -269,6 +269,7 @@ def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
     # systemd's control-group kill) must not end sampling before the parent has finished.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the parent's; a hangup too
     # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect

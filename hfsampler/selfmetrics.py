@@ -55,6 +55,17 @@ RING_OVERWRITTEN = MetricDef(
 GPU_UP = MetricDef("hfsampler_gpu_up", "1 while the GPU answers, 0 once it is lost.", "gauge")
 WINDOWS = MetricDef("hfsampler_windows_total", "Windows reduced and exported.", "counter")
 
+CONFIG_RELOAD_OK = MetricDef(
+    "hfsampler_config_last_reload_successful",
+    "1 if the last configuration reload (SIGHUP) was applied, 0 if it was refused.",
+    "gauge",
+)
+CONFIG_RELOAD_TIME = MetricDef(
+    "hfsampler_config_last_reload_success_timestamp_seconds",
+    "When the configuration was last reloaded successfully.",
+    "gauge",
+)
+
 # -- Remote-Write, per endpoint (remote_write/) -------------------------------------------------
 RW_SAMPLES = MetricDef(
     "hfsampler_remote_write_samples_total", "Samples accepted by the receiver.", "counter"

@@ -22,12 +22,14 @@ import numpy as np
 import numpy.typing as npt
 from aiohttp import web
 
-from hfsampler import exposition
+from hfsampler import exposition, logs
 from hfsampler import selfmetrics as sm
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
+from hfsampler.errors import ConfigError
 from hfsampler.fields import Field
 from hfsampler.metrics import MetricModel
+from hfsampler.reload import plan_reload
 from hfsampler.remote_write import RemoteWriter
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
@@ -88,30 +90,27 @@ class Service:
         *,
         out: TextIO | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        loader: Callable[[], Config] | None = None,
     ) -> None:
+        """``loader`` builds the configuration again from its files and flags (SIGHUP)."""
         self.config = config
         self.spec = spec
         self.inventory = inventory
         self.metrics = SelfMetrics()
         self.plans = plan_groups(inventory.fields, dict(config.intervals_s))
-        self.model = MetricModel(
-            inventory.devices,
-            {p.name: p.fields for p in self.plans},
-            self.metrics,
-            config.external_labels,
-            hostname=config.hostname,
-            stale_after_windows=config.stale_after_windows,
-            host_label=config.host_label,
-            instance=config.instance,
-            instance_port=config.instance_port,
-        )
+        self.model = self._build_model(config)
         self.latest: Snapshot | None = None
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
         self._clock_ns = clock_ns
         self._stop = asyncio.Event()
-        queue_dir = Path(config.queue_dir) if config.queue_dir else None
-        self._writers = [RemoteWriter(ep, self.metrics, queue_dir) for ep in config.remote_write]
+        self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
+        self._writers = [
+            RemoteWriter(ep, self.metrics, self._queue_dir) for ep in config.remote_write
+        ]
+        self._loader = loader
+        self._reloading: asyncio.Task[None] | None = None
+        self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
         self._sampler: Sampler | None = None
         self._groups: list[_Group] = []
         self._labeller: Labeller | None = build_labeller(
@@ -121,6 +120,68 @@ class Service:
     def stop(self) -> None:
         self._stop.set()
 
+    def _build_model(self, config: Config) -> MetricModel:
+        return MetricModel(
+            self.inventory.devices,
+            {p.name: p.fields for p in self.plans},
+            self.metrics,
+            config.external_labels,
+            hostname=config.hostname,
+            stale_after_windows=config.stale_after_windows,
+            host_label=config.host_label,
+            instance=config.instance,
+            instance_port=config.instance_port,
+        )
+
+    def request_reload(self) -> None:
+        """SIGHUP: load the configuration again and apply it (one reload at a time)."""
+        if self._loader is None:
+            log.warning("SIGHUP: this run has no configuration to reload; ignored")
+            return
+        if self._reloading is None or self._reloading.done():
+            self._reloading = asyncio.get_running_loop().create_task(self._reload(self._loader))
+
+    async def _reload(self, loader: Callable[[], Config]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            new = await loop.run_in_executor(None, loader)
+        except (ConfigError, OSError) as err:
+            log.error("configuration reload refused, the running one stays: %s", err)
+            self.metrics.set(sm.CONFIG_RELOAD_OK, 0.0)
+            return
+        plan = plan_reload(self.config, new)
+        if plan.needs_restart:
+            log.warning(
+                "configuration reload: %s changed, which takes a restart; running with the old "
+                "values of those",
+                ", ".join(plan.needs_restart),
+            )
+        stopping = {ep.remote_name for ep in plan.stop}
+        leaving = [w for w in self._writers if w.config.remote_name in stopping]
+        self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
+        started = [RemoteWriter(ep, self.metrics, self._queue_dir) for ep in plan.start]
+        if plan.labels_changed:
+            # the old series end here, the new ones start with the next window
+            final = self.model.final_snapshot(self._clock_ns())
+            for w in [*self._writers, *leaving]:
+                w.push(final)
+            self.model = self._build_model(plan.config)
+        # a changed endpoint's queue is flushed (or stays spooled) before its new writer starts
+        await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in leaving))
+        for w in started:
+            await w.start()
+        self._writers += started
+        self.config = plan.config
+        logs.set_level(plan.config.log_level)
+        self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
+        self.metrics.set(sm.CONFIG_RELOAD_TIME, time.time())
+        log.info(
+            "configuration reloaded: %d endpoint(s) started, %d stopped%s",
+            len(started),
+            len(leaving),
+            "; labels changed" if plan.labels_changed else "",
+        )
+
     async def run(self) -> int:
         """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""
         for warning in self.config.warnings():
@@ -129,6 +190,8 @@ class Service:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         sampler = Sampler(
             self.spec,
             self.inventory,

@@ -21,13 +21,20 @@ from hfsampler import fields as catalogue
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
-from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url, parse_remote_write
+from hfsampler.remote_write.config import (
+    EndpointConfig,
+    endpoint_from_url,
+    parse_remote_write,
+    parse_size,
+)
+from hfsampler.ring import DEFAULT_MAX_RING_BYTES
 from hfsampler.series import LABEL_NAME_RE
 
 SOURCES = ("auto", "nvml", "sim", "dcgm", "jetson")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
+MIN_MAX_RING_BYTES = 1 << 20
 
 
 def parse_label(text: str, key: str = "--label") -> tuple[str, str]:
@@ -115,6 +122,7 @@ class Config:
     host_label: str = "Hostname"  # the host label's name: dcgm-exporter's, or newer `hostname`
     instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
+    max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -156,6 +164,12 @@ class Config:
         if not MIN_INTERVAL_S <= self.dcgm_interval_s <= self.window_s:
             raise ConfigError(
                 "dcgm.interval", f"{self.dcgm_interval_s}s is out of range", "use 100us to --window"
+            )
+        if isinstance(self.max_ring_bytes, bool) or not isinstance(self.max_ring_bytes, int):
+            raise ConfigError("max_ring_bytes", "must be a size", "e.g. 256MiB")
+        if self.max_ring_bytes < MIN_MAX_RING_BYTES:
+            raise ConfigError(
+                "max_ring_bytes", f"{self.max_ring_bytes} bytes is too small", "give 1MiB or more"
             )
         if self.stale_after_windows < 1:
             raise ConfigError("stale_after_windows", "must be at least 1", "e.g. 5")
@@ -264,6 +278,7 @@ _FILE_KEYS = (
     "remote_write",
     "stale_after_windows",
     "queue_dir",
+    "max_ring_bytes",
     "realtime_priority",
     "dcgm",
     "jetson",
@@ -352,6 +367,8 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
             kw["remote_write"] = parse_remote_write(value, "remote_write")
         elif key == "stale_after_windows":
             kw["stale_after_windows"] = _expect(value, int, key, "5")
+        elif key == "max_ring_bytes":
+            kw[key] = parse_size(value, key)
         elif key == "queue_dir":
             kw[key] = _expect(value, str, key, "/var/lib/hfsampler/queue") or None
         elif key == "dcgm":

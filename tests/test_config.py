@@ -163,3 +163,15 @@ def test_label_warnings_name_mimirs_limits() -> None:
         "external_labels.note is 3000 bytes; Mimir refuses values over 2048 "
         "(max_label_value_length)"
     ]
+
+
+def test_max_ring_bytes() -> None:
+    assert Config().max_ring_bytes == 256 << 20
+    assert from_mapping({"max_ring_bytes": "64MiB"}).max_ring_bytes == 64 << 20
+    assert from_mapping({"max_ring_bytes": 2_000_000}).max_ring_bytes == 2_000_000
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: 'lots' is not a size"):
+        from_mapping({"max_ring_bytes": "lots"})
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: 4096 bytes is too small"):
+        from_mapping({"max_ring_bytes": "4KiB"})
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: "):
+        from_mapping({"max_ring_bytes": True})

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from hfsampler import fields as catalogue
-from hfsampler.durations import parse_duration
+from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError
 from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
 from hfsampler.remote_write.config import (
@@ -34,6 +34,8 @@ SOURCES = ("auto", "nvml", "sim", "dcgm", "jetson")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
+# Compared in whole nanoseconds, so that no spelling of 100us falls a float's hair short of it.
+_MIN_INTERVAL_NS = to_ns(MIN_INTERVAL_S)
 MIN_MAX_RING_BYTES = 1 << 20
 
 
@@ -132,9 +134,9 @@ class Config:
         if self.window_s < 0.01 or self.window_s > 3600:
             raise ConfigError("window", f"{self.window_s}s is out of range", "use 10ms to 1h")
         for group, interval in self.intervals_s.items():
-            if interval < MIN_INTERVAL_S:
+            if to_ns(interval) < _MIN_INTERVAL_NS:
                 raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")
-            if interval > self.window_s:
+            if to_ns(interval) > to_ns(self.window_s):
                 raise ConfigError(
                     f"intervals.{group}",
                     f"{interval}s is longer than the window ({self.window_s}s)",
@@ -161,7 +163,7 @@ class Config:
             raise ConfigError(
                 "realtime_priority", f"{self.realtime_priority} is out of range", "use 0 to 99"
             )
-        if not MIN_INTERVAL_S <= self.dcgm_interval_s <= self.window_s:
+        if not _MIN_INTERVAL_NS <= to_ns(self.dcgm_interval_s) <= to_ns(self.window_s):
             raise ConfigError(
                 "dcgm.interval", f"{self.dcgm_interval_s}s is out of range", "use 100us to --window"
             )

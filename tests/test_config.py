@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from hfsampler.cli import build_parser
 from hfsampler.config import Config, from_mapping, load_file, parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
+from hfsampler.flags import config_from_args
 
 
 @pytest.mark.parametrize(
@@ -175,3 +177,20 @@ def test_max_ring_bytes() -> None:
         from_mapping({"max_ring_bytes": "4KiB"})
     with pytest.raises(ConfigError, match=r"^max_ring_bytes: "):
         from_mapping({"max_ring_bytes": True})
+
+
+@pytest.mark.parametrize("text", ["100us", "100µs", "0.1ms", "0.0001s"])
+def test_the_shortest_interval_is_accepted_however_written(text: str) -> None:
+    """100 * 1e-6 is a hair under 1e-4 in floating point: '100us' was refused, '0.1ms' not."""
+    assert parse_duration("100us", "k") == 1e-4
+    config = from_mapping({"intervals": {"fast": text}, "dcgm": {"interval": text}})
+    assert config.intervals_s["fast"] == pytest.approx(1e-4)
+    assert config.dcgm_interval_s == pytest.approx(1e-4)
+    with pytest.raises(ConfigError, match=r"^intervals.fast: shorter than 100us"):
+        from_mapping({"intervals": {"fast": "99us"}})
+
+
+def test_interval_flag_takes_100us() -> None:
+    parser, _ = build_parser()
+    args = parser.parse_args(["run", "--interval", "100us"])
+    assert config_from_args(args).intervals_s["fast"] == pytest.approx(1e-4)

@@ -412,6 +412,39 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
     return replace(base or Config(), **kw)
 
 
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: object, first_line: int, line: int) -> None:
+        super().__init__(f"{key}: given twice")
+        self.key = key
+        self.first_line = first_line
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last value without a word; Prometheus (Go's strict YAML) refuses the file,
+    so a block pasted between the two must mean the same in both. A merge key (``<<``) may still
+    be overridden: only keys written in the mapping itself count.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKeyError(key, seen[key], line)
+                seen[key] = line
+            except TypeError:
+                continue  # an unhashable key: the safe loader names that problem itself
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
+        return mapping
+
+
 def load_file(path: str | Path, base: Config | None = None) -> Config:
     """Read and validate a config file; its keys replace those of ``base`` (an earlier file)."""
     p = Path(path)
@@ -424,7 +457,14 @@ def load_file(path: str | Path, base: Config | None = None) -> Config:
     except UnicodeDecodeError:
         raise ConfigError("--config", f"{p} is not UTF-8 text", "save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKeyError as exc:
+        where = (
+            f"on line {exc.line}"
+            if exc.line == exc.first_line
+            else f"at lines {exc.first_line} and {exc.line}"
+        )
+        raise ConfigError(str(p), f"{exc.key}: given twice, {where}", "keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

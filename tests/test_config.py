@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,31 @@ def test_interval_flag_takes_100us() -> None:
     parser, _ = build_parser()
     args = parser.parse_args(["run", "--interval", "100us"])
     assert config_from_args(args).intervals_s["fast"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("window: 1s\nlisten: ':9400'\nwindow: 2s\n", r"window: given twice, at lines 1 and 3"),
+        (
+            "remote_write:\n  - url: http://a/api/v1/write\n    name: a\n    name: b\n",
+            r"name: given twice, at lines 3 and 4",
+        ),
+        ("external_labels: {cluster: a, cluster: b}\n", r"cluster: given twice, on line 1"),
+    ],
+)
+def test_duplicate_keys_are_refused(tmp_path: Path, yaml_text: str, message: str) -> None:
+    """Prometheus refuses a repeated key; YAML loaders keep the last one without a word."""
+    path = tmp_path / "c.yml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message} \(keep one\)$"):
+        load_file(path)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("base: &b {cluster: a, site: x}\nexternal_labels: {<<: *b, cluster: c}\n")
+    with pytest.raises(ConfigError, match=r"^base: unknown key"):  # not a duplicate
+        load_file(path)
+    path.write_text("external_labels: {<<: {cluster: a, site: x}, cluster: c}\n")
+    assert load_file(path).external_labels == {"cluster": "c", "site": "x"}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from hfsampler.cli import build_parser
+from hfsampler.cli import build_parser, main
 from hfsampler.config import Config, from_mapping, load_file, parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
@@ -223,3 +224,63 @@ def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
         load_file(path)
     path.write_text("external_labels: {<<: {cluster: a, site: x}, cluster: c}\n")
     assert load_file(path).external_labels == {"cluster": "c", "site": "x"}
+
+
+def _endpoint(**keys: object) -> dict[str, object]:
+    return {"remote_write": [{"url": "https://rx:9090/api/v1/write", **keys}]}
+
+
+_SECRET_KEYS = [
+    ("basic_auth.password_file", lambda f: {"basic_auth": {"username": "u", "password_file": f}}),
+    ("authorization.credentials_file", lambda f: {"authorization": {"credentials_file": f}}),
+    ("bearer_token_file", lambda f: {"bearer_token_file": f}),
+    ("tls_config.ca_file", lambda f: {"tls_config": {"ca_file": f}}),
+    ("tls_config.cert_file", lambda f: {"tls_config": {"cert_file": f, "key_file": f}}),
+]
+
+
+@pytest.mark.parametrize(("key", "block"), _SECRET_KEYS)
+def test_files_named_by_remote_write_are_checked_at_load(
+    tmp_path: Path, key: str, block: Any
+) -> None:
+    """A missing secret file passed check-config, then failed every send for good."""
+    prefix = re.escape(f"remote_write[0].{key}: ")
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError, match=rf"^{prefix}cannot read {missing}: No such file"):
+        from_mapping(_endpoint(**block(str(missing))))
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    with pytest.raises(ConfigError, match=rf"^{prefix}{empty} is empty \("):
+        from_mapping(_endpoint(**block(str(empty))))
+    with pytest.raises(ConfigError, match=rf"^{prefix}{tmp_path} is not a regular file \("):
+        from_mapping(_endpoint(**block(str(tmp_path))))
+
+
+@pytest.mark.parametrize(("key", "block"), _SECRET_KEYS[:3])
+def test_a_secret_file_is_never_shown(tmp_path: Path, key: str, block: Any) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cr3t-\xff\n")
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(_endpoint(**block(str(secret))))
+    assert str(caught.value).startswith(f"remote_write[0].{key}: {secret} is not UTF-8 text")
+    assert "s3cr3t" not in str(caught.value)
+    secret.write_text("s3cr3t\n")
+    (endpoint,) = from_mapping(_endpoint(**block(str(secret)))).remote_write
+    assert endpoint.auth is not None
+    assert endpoint.auth.secret_file == str(secret)
+
+
+def test_check_config_names_a_missing_password_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(
+        "remote_write:\n  - url: https://rx/api/v1/write\n"
+        "    basic_auth: {username: u, password_file: /nonexistent/pw}\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "hfsampler: error: remote_write[0].basic_auth.password_file: cannot read "
+        "/nonexistent/pw: No such file or directory (check the path and permissions)"
+    ]

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from hfsampler import fields as catalogue
-from hfsampler.durations import parse_duration
+from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError
 from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
 from hfsampler.remote_write.config import (
@@ -26,13 +26,18 @@ from hfsampler.remote_write.config import (
     QueueConfig,
     endpoint_from_url,
     parse_remote_write,
+    parse_size,
 )
+from hfsampler.ring import DEFAULT_MAX_RING_BYTES
 from hfsampler.series import LABEL_NAME_RE
 
 SOURCES = ("auto", "nvml", "sim", "dcgm", "jetson")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
+# Compared in whole nanoseconds, so that no spelling of 100us falls a float's hair short of it.
+_MIN_INTERVAL_NS = to_ns(MIN_INTERVAL_S)
+MIN_MAX_RING_BYTES = 1 << 20
 
 
 def parse_label(text: str, key: str = "--label") -> tuple[str, str]:
@@ -120,6 +125,7 @@ class Config:
     host_label: str = "Hostname"  # the host label's name: dcgm-exporter's, or newer `hostname`
     instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
+    max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -129,9 +135,9 @@ class Config:
         if self.window_s < 0.01 or self.window_s > 3600:
             raise ConfigError("window", f"{self.window_s}s is out of range", "use 10ms to 1h")
         for group, interval in self.intervals_s.items():
-            if interval < MIN_INTERVAL_S:
+            if to_ns(interval) < _MIN_INTERVAL_NS:
                 raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")
-            if interval > self.window_s:
+            if to_ns(interval) > to_ns(self.window_s):
                 raise ConfigError(
                     f"intervals.{group}",
                     f"{interval}s is longer than the window ({self.window_s}s)",
@@ -158,9 +164,15 @@ class Config:
             raise ConfigError(
                 "realtime_priority", f"{self.realtime_priority} is out of range", "use 0 to 99"
             )
-        if not MIN_INTERVAL_S <= self.dcgm_interval_s <= self.window_s:
+        if not _MIN_INTERVAL_NS <= to_ns(self.dcgm_interval_s) <= to_ns(self.window_s):
             raise ConfigError(
                 "dcgm.interval", f"{self.dcgm_interval_s}s is out of range", "use 100us to --window"
+            )
+        if isinstance(self.max_ring_bytes, bool) or not isinstance(self.max_ring_bytes, int):
+            raise ConfigError("max_ring_bytes", "must be a size", "e.g. 256MiB")
+        if self.max_ring_bytes < MIN_MAX_RING_BYTES:
+            raise ConfigError(
+                "max_ring_bytes", f"{self.max_ring_bytes} bytes is too small", "give 1MiB or more"
             )
         if self.stale_after_windows < 1:
             raise ConfigError("stale_after_windows", "must be at least 1", "e.g. 5")
@@ -281,6 +293,7 @@ _FILE_KEYS = (
     "remote_write",
     "stale_after_windows",
     "queue_dir",
+    "max_ring_bytes",
     "realtime_priority",
     "dcgm",
     "jetson",
@@ -369,6 +382,8 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
             kw["remote_write"] = parse_remote_write(value, "remote_write")
         elif key == "stale_after_windows":
             kw["stale_after_windows"] = _expect(value, int, key, "5")
+        elif key == "max_ring_bytes":
+            kw[key] = parse_size(value, key)
         elif key == "queue_dir":
             kw[key] = _expect(value, str, key, "/var/lib/hfsampler/queue") or None
         elif key == "dcgm":
@@ -410,6 +425,39 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
     return replace(base or Config(), **kw)
 
 
+class _DuplicateKeyError(yaml.YAMLError):
+    def __init__(self, key: object, first_line: int, line: int) -> None:
+        super().__init__(f"{key}: given twice")
+        self.key = key
+        self.first_line = first_line
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping.
+
+    PyYAML keeps the last value without a word; Prometheus (Go's strict YAML) refuses the file,
+    so a block pasted between the two must mean the same in both. A merge key (``<<``) may still
+    be overridden: only keys written in the mapping itself count.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise _DuplicateKeyError(key, seen[key], line)
+                seen[key] = line
+            except TypeError:
+                continue  # an unhashable key: the safe loader names that problem itself
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
+        return mapping
+
+
 def load_file(path: str | Path, base: Config | None = None) -> Config:
     """Read and validate a config file; its keys replace those of ``base`` (an earlier file)."""
     p = Path(path)
@@ -422,7 +470,14 @@ def load_file(path: str | Path, base: Config | None = None) -> Config:
     except UnicodeDecodeError:
         raise ConfigError("--config", f"{p} is not UTF-8 text", "save it as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKeyError as exc:
+        where = (
+            f"on line {exc.line}"
+            if exc.line == exc.first_line
+            else f"at lines {exc.first_line} and {exc.line}"
+        )
+        raise ConfigError(str(p), f"{exc.key}: given twice, {where}", "keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

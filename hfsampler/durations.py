@@ -3,24 +3,28 @@
 hfsampler's own keys and flags take ``250us``, ``1ms``, ``1.5s``, ``5m``, ``1h30m``. A pasted
 ``remote_write`` block keeps Prometheus's grammar exactly (whole numbers, ``ms`` to ``y``, largest
 unit first), so a block that works here works in Prometheus too.
+
+Amounts are summed exactly, in nanoseconds, and turned into seconds once: ``100us`` is the float
+nearest 1e-4, as ``0.1ms`` is, rather than ``100 * 1e-6`` (a hair under it).
 """
 
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from hfsampler.errors import ConfigError
 
-_UNIT_S = {
-    "y": 365 * 86400.0,
-    "w": 7 * 86400.0,
-    "d": 86400.0,
-    "h": 3600.0,
-    "m": 60.0,
-    "s": 1.0,
-    "ms": 1e-3,
-    "us": 1e-6,
-    "µs": 1e-6,
+_UNIT_NS = {
+    "y": 365 * 86400 * 10**9,
+    "w": 7 * 86400 * 10**9,
+    "d": 86400 * 10**9,
+    "h": 3600 * 10**9,
+    "m": 60 * 10**9,
+    "s": 10**9,
+    "ms": 10**6,
+    "us": 10**3,
+    "µs": 10**3,
 }
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|[ywdhms])")
 _HFSAMPLER_UNITS = frozenset({"d", "h", "m", "s", "ms", "us", "µs"})
@@ -50,7 +54,7 @@ def parse_duration(value: object, key: str) -> float:
         raise ConfigError(
             key, f"cannot read {text!r} as a duration", "use units us, ms, s, m, h: 250us, 1s, 5m"
         )
-    return sum(float(amount) * _UNIT_S[unit] for amount, unit in parts)
+    return _seconds(parts)
 
 
 def parse_prometheus_duration(value: object, key: str) -> float:
@@ -72,4 +76,15 @@ def parse_prometheus_duration(value: object, key: str) -> float:
         raise ConfigError(
             key, f"{value!r} is not a duration", "use units ms, s, m, h, d, w, y, e.g. '1m30s'"
         )
-    return sum(int(amount) * _UNIT_S[unit] for amount, unit in parts)
+    return _seconds(parts)
+
+
+def _seconds(parts: list[tuple[str, str]]) -> float:
+    """The exact sum of the parts, as the nearest float number of seconds."""
+    total_ns = sum(Fraction(amount) * _UNIT_NS[unit] for amount, unit in parts)
+    return float(total_ns / 10**9)
+
+
+def to_ns(seconds: float) -> int:
+    """Seconds as whole nanoseconds, for comparing durations without float rounding."""
+    return round(seconds * 10**9)

@@ -6,23 +6,33 @@ The ring never grows: when a reader falls behind, the writer overwrites the olde
 reader counts what it lost. The writer publishes a row by bumping ``write_seq`` after the row is
 complete; a reader re-checks ``write_seq`` after copying and discards rows that may have been
 overwritten meanwhile (a seqlock without the lock).
+
+A block is a file in the shared-memory directory (``/dev/shm``, where POSIX shared memory lives),
+mapped by every process that uses it. Its pages are reserved when it is made, so a full tmpfs
+refuses the block at start with ENOSPC instead of killing the sampler with SIGBUS mid-run;
+``check_room`` says beforehand whether the directory can take the blocks at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import mmap
 import os
 import re
 import secrets
-import sys
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler.errors import ConfigError
+
 _HEADER_SLOTS = 8
+# The most shared memory the sampler's rings may take unless ``max_ring_bytes`` says otherwise.
+DEFAULT_MAX_RING_BYTES = 256 << 20
 _SEQ, _CAPACITY, _GPUS, _FIELDS = 0, 1, 2, 3
 
 
@@ -62,8 +72,66 @@ class RingRows:
         )
 
 
-_SHM_DIR = Path("/dev/shm")
+SHM_DIR = Path("/dev/shm")
+# For tests only: make the blocks in this directory instead (a small tmpfs, a read-only mount).
+SHM_DIR_ENV = "HFSAMPLER_SHM_DIR"
 _NAME_RE = re.compile(r"(?P<prefix>[a-z]+)_(?P<pid>\d+)_[0-9a-f]+\Z")
+_PAGE = mmap.PAGESIZE
+
+
+def shm_dir() -> Path:
+    """Where the blocks are made: ``/dev/shm``, or ``$HFSAMPLER_SHM_DIR`` in tests."""
+    return Path(os.environ.get(SHM_DIR_ENV) or SHM_DIR)
+
+
+def block_bytes(size: int) -> int:
+    """What a block of ``size`` bytes takes in the directory: whole pages."""
+    return -(-size // _PAGE) * _PAGE
+
+
+def check_room(nbytes: int, directory: Path | None = None) -> None:
+    """Refuse, before anything is made, blocks of ``nbytes`` in all that ``directory`` cannot take.
+
+    A ``ConfigError`` naming the directory, the bytes and the fix: a mount the operator sets up
+    (a container's ``--shm-size``, the DaemonSet's ``shm`` volume) is as much a setting as a key.
+    """
+    d = directory if directory is not None else shm_dir()
+    try:
+        st = os.statvfs(d)
+    except OSError as exc:
+        raise ConfigError(str(d), f"cannot use it: {exc.strerror}", _MOUNT_FIX) from None
+    if not d.is_dir():
+        raise ConfigError(str(d), "is not a directory", _MOUNT_FIX)
+    if st.f_flag & os.ST_RDONLY:
+        raise ConfigError(str(d), "is mounted read-only", _MOUNT_FIX)
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(str(d), "is not writable by this user", "run as a user who may write it")
+    free = st.f_bavail * st.f_frsize
+    if free < nbytes:
+        raise ConfigError(
+            str(d),
+            f"the sample rings need {format_bytes(nbytes)} ({nbytes} bytes), "
+            f"{format_bytes(free)} free",
+            ROOM_FIX,
+        )
+
+
+_MOUNT_FIX = (
+    "mount a writable tmpfs there, e.g. the DaemonSet's shm volume: an emptyDir with medium: Memory"
+)
+ROOM_FIX = (
+    "give it more room: docker run --shm-size, the DaemonSet's shm volume sizeLimit; "
+    "or shorten --window or lengthen the intervals"
+)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a person: 512 KiB, 64.0 MiB, 5.70 GiB."""
+    if n < 1 << 20:
+        return f"{n / 1024:.0f} KiB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _block_name(prefix: str) -> str:
@@ -78,10 +146,11 @@ def sweep_orphans(prefix: str = "hfs") -> list[str]:
     tracker covers a SIGKILL of the owner alone; a SIGKILL of the whole process group (the
     tracker included) would leave them in /dev/shm for good, so each new sampler sweeps.
     """
-    if not _SHM_DIR.is_dir():
+    directory = shm_dir()
+    if not directory.is_dir():
         return []
     removed = []
-    for entry in _SHM_DIR.iterdir():
+    for entry in directory.iterdir():
         m = _NAME_RE.match(entry.name)
         if m is None or m["prefix"] != prefix or _alive(int(m["pid"])):
             continue
@@ -101,30 +170,90 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _attach_untracked(name: str) -> shared_memory.SharedMemory:
-    """Attach without registering: the creator owns the block, an attacher must never unlink it."""
-    if sys.version_info >= (3, 13):
-        return shared_memory.SharedMemory(name, create=False, track=False)
-    # Before 3.13 attaching registers the block with the resource tracker, which would unlink it
-    # when this process exits and warn about a "leak"; skip that registration.
-    original = resource_tracker.register
-    resource_tracker.register = lambda *args, **kwargs: None
-    try:
-        return shared_memory.SharedMemory(name, create=False)
-    finally:
-        resource_tracker.register = original
+class _Block:
+    """One named block of shared memory: a file in the shared-memory directory, mapped here.
+
+    The same thing ``multiprocessing.shared_memory`` makes with ``shm_open``, which can only use
+    ``/dev/shm``; a file of our own can live where a test puts it, and its pages can be reserved.
+    """
+
+    def __init__(self, path: Path, mapping: mmap.mmap, owner: bool) -> None:
+        self.path = path
+        self._mmap = mapping
+        self.buf = memoryview(mapping)
+        self._owner = owner
+        # Python's resource tracker unlinks a block in /dev/shm whose owner was killed; it knows
+        # POSIX shared-memory names, which only /dev/shm's files have.
+        self._tracked = owner and path.parent == SHM_DIR
+        if self._tracked:
+            resource_tracker.register("/" + path.name, "shared_memory")
+
+    @classmethod
+    def create(cls, size: int, prefix: str) -> _Block:
+        """A new block of ``size`` bytes, its pages reserved (OSError: ENOSPC, EROFS, EACCES)."""
+        path = shm_dir() / _block_name(prefix)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, size)  # no reservation where the file system has none
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        finally:
+            os.close(fd)
+        return cls(path, mapping, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> _Block:
+        """Map an existing block; an attacher never unlinks it (FileNotFoundError if gone)."""
+        path = shm_dir() / name
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            mapping = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        return cls(path, mapping, owner=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def size(self) -> int:
+        return len(self._mmap)
+
+    def close(self) -> None:
+        """Drop this process's mapping (no array may still view it); the owner frees the block."""
+        self.buf.release()
+        self._mmap.close()
+        if self._owner:
+            self._owner = False
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            if self._tracked:
+                resource_tracker.unregister("/" + self.path.name, "shared_memory")
 
 
 def _nbytes(capacity: int, gpus: int, fields: int) -> int:
     return 8 * (_HEADER_SLOTS + 2 * capacity + 2 * capacity * gpus * fields)
 
 
+def ring_bytes(capacity: int, gpus: int, fields: int) -> int:
+    """What a ring of this size takes in the shared-memory directory."""
+    return block_bytes(_nbytes(capacity, gpus, fields))
+
+
 class Ring:
     """A fixed-size ring of ticks in one shared-memory block."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, owner: bool) -> None:
+    def __init__(self, shm: _Block) -> None:
         self._shm = shm
-        self._owner = owner
         buf = shm.buf
         header: npt.NDArray[np.int64] = np.ndarray((_HEADER_SLOTS,), np.int64, buf, 0)
         self.capacity = int(header[_CAPACITY])
@@ -146,17 +275,16 @@ class Ring:
     def create(cls, capacity: int, gpus: int, fields: int, prefix: str = "hfs") -> Ring:
         if capacity < 2 or gpus < 1 or fields < 1:
             raise ValueError("a ring needs capacity >= 2, at least one GPU and one field")
-        name = _block_name(prefix)
-        shm = shared_memory.SharedMemory(name, create=True, size=_nbytes(capacity, gpus, fields))
+        shm = _Block.create(_nbytes(capacity, gpus, fields), prefix)
         header: npt.NDArray[np.int64] = np.ndarray((_HEADER_SLOTS,), np.int64, shm.buf, 0)
         header[:] = 0
         header[_CAPACITY], header[_GPUS], header[_FIELDS] = capacity, gpus, fields
         del header  # no view may outlive close()
-        return cls(shm, owner=True)
+        return cls(shm)
 
     @classmethod
     def attach(cls, name: str) -> Ring:
-        return cls(_attach_untracked(name), owner=False)
+        return cls(_Block.attach(name))
 
     @property
     def name(self) -> str:
@@ -215,30 +343,24 @@ class Ring:
             with contextlib.suppress(AttributeError):
                 delattr(self, attr)
         self._shm.close()
-        if self._owner:
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()
 
 
 class SharedInts:
     """A small int64 array in shared memory: the sampler's counters and flags for the parent."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, owner: bool) -> None:
+    def __init__(self, shm: _Block) -> None:
         self._shm = shm
-        self._owner = owner
         self.array: npt.NDArray[np.int64] = np.ndarray((shm.size // 8,), np.int64, shm.buf, 0)
 
     @classmethod
     def create(cls, size: int, prefix: str = "hfs") -> SharedInts:
-        name = _block_name(prefix)
-        shm = shared_memory.SharedMemory(name, create=True, size=8 * size)
-        made = cls(shm, owner=True)
+        made = cls(_Block.create(8 * size, prefix))
         made.array[:] = 0
         return made
 
     @classmethod
     def attach(cls, name: str) -> SharedInts:
-        return cls(_attach_untracked(name), owner=False)
+        return cls(_Block.attach(name))
 
     @property
     def name(self) -> str:
@@ -248,6 +370,3 @@ class SharedInts:
         with contextlib.suppress(AttributeError):
             del self.array
         self._shm.close()
-        if self._owner:
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()

@@ -5,6 +5,10 @@ holds the GIL for milliseconds and the ticks would be late. Each sampling group 
 interval and ring; the loop sleeps to the earliest deadline and spins the last stretch only when a
 calibration at start shows that sleep alone overshoots too much. It counts ticks, late ticks and
 missed ticks, and keeps repeats (a driver timestamp that did not change) out of the samples.
+
+The rings are checked before they are made: no more than ``max_ring_bytes`` in all, and room for
+them in the shared-memory directory. When the process ends on its own, the parent learns why (its
+exception, sent over a pipe, or the signal or status it ended with) and says so in one line.
 """
 
 from __future__ import annotations
@@ -21,13 +25,25 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.errors import SourceError
+from hfsampler.errors import ConfigError, SourceError
 from hfsampler.fields import Field
-from hfsampler.ring import Ring, SharedInts, sweep_orphans
+from hfsampler.ring import (
+    DEFAULT_MAX_RING_BYTES,
+    ROOM_FIX,
+    Ring,
+    SharedInts,
+    block_bytes,
+    check_room,
+    format_bytes,
+    ring_bytes,
+    shm_dir,
+    sweep_orphans,
+)
 from hfsampler.sources import Inventory, Source, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
@@ -74,6 +90,50 @@ def ring_capacity(interval_s: float, window_s: float, windows: float = 4.0) -> i
     return max(16, math.ceil(windows * window_s / interval_s))
 
 
+def _status_slots(groups: int, gpus: int) -> int:
+    return _GLOBAL_SLOTS + _PER_GROUP * groups + gpus
+
+
+def shared_bytes_needed(groups: Sequence[GroupPlan], gpus: int, window_s: float) -> int:
+    """The shared memory a sampler for these groups takes: every ring and the status block."""
+    rings = sum(
+        ring_bytes(ring_capacity(g.interval_s, window_s), gpus, len(g.fields)) for g in groups
+    )
+    return rings + block_bytes(8 * _status_slots(len(groups), gpus))
+
+
+def check_ring_memory(
+    groups: Sequence[GroupPlan], gpus: int, window_s: float, max_ring_bytes: int
+) -> int:
+    """The bytes the rings need; a ``ConfigError`` naming what sized them when over the cap."""
+    need = shared_bytes_needed(groups, gpus, window_s)
+    if need > max_ring_bytes:
+        intervals = ", ".join(f"{g.name} {g.interval_s * 1e3:g}ms" for g in groups)
+        raise ConfigError(
+            "max_ring_bytes",
+            f"--window {window_s:g}s with intervals {intervals} on {gpus} GPU(s) needs "
+            f"{format_bytes(need)} ({need} bytes) of sample rings, over the "
+            f"{format_bytes(max_ring_bytes)} allowed",
+            "shorten --window, lengthen the intervals, sample fewer GPUs or fields, or raise "
+            "max_ring_bytes",
+        )
+    return need
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+_SIGNAL_HINTS: dict[int, str] = {
+    signal.SIGBUS: " (its shared memory ran out: is /dev/shm full?)",
+    signal.SIGKILL: " (the out-of-memory killer, or kill -9)",
+    signal.SIGSEGV: " (a crash in native code: the NVML library or numpy)",
+}
+
+
 class Sampler:
     """Owns the rings, the status block and the sampler process (the parent's side)."""
 
@@ -86,6 +146,7 @@ class Sampler:
         late_threshold_s: float | None = None,
         spin_s: float | None = None,
         realtime_priority: int = 0,
+        max_ring_bytes: int = DEFAULT_MAX_RING_BYTES,
     ) -> None:
         self.spec = spec
         self.inventory = inventory
@@ -93,16 +154,28 @@ class Sampler:
         gpus = len(inventory.devices)
         self.rings: dict[str, Ring] = {}
         self.status: SharedInts | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None  # the child's last word, if it had one
+        self._exit_reason: str | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
+        need = check_ring_memory(self.groups, gpus, window_s, max_ring_bytes)
         orphans = sweep_orphans()
         if orphans:
             log.info("freed %d shared-memory block(s) left by a killed run", len(orphans))
+        check_room(need)
         try:
             for g in self.groups:
                 capacity = ring_capacity(g.interval_s, window_s)
                 self.rings[g.name] = Ring.create(capacity, gpus, len(g.fields))
-            self.status = SharedInts.create(_GLOBAL_SLOTS + _PER_GROUP * len(self.groups) + gpus)
+            self.status = SharedInts.create(_status_slots(len(self.groups), gpus))
+        except OSError as exc:  # taken by someone else since the check
+            self.close()
+            raise ConfigError(
+                str(shm_dir()),
+                f"cannot make {format_bytes(need)} ({need} bytes) of sample rings: {exc.strerror}",
+                ROOM_FIX,
+            ) from None
         except BaseException:
             self.close()
             raise
@@ -116,7 +189,6 @@ class Sampler:
             spin_s,
             realtime_priority,
         )
-        self._process: multiprocessing.process.BaseProcess | None = None
 
     @property
     def shared_bytes(self) -> int:
@@ -125,24 +197,59 @@ class Sampler:
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the process and wait until it ticks (or fails)."""
         ctx = multiprocessing.get_context("spawn")
+        reader, writer = ctx.Pipe(duplex=False)
+        self._conn = reader
+        self._exit_reason = None
         self._process = ctx.Process(
-            target=_child_main, args=(self.plan, os.getpid()), name="hfsampler-sampler"
+            target=_child_main, args=(self.plan, os.getpid(), writer), name="hfsampler-sampler"
         )
         self._process.daemon = True
         self._process.start()
+        writer.close()  # the child holds its own copy: EOF here once it is gone
         deadline = time.monotonic() + timeout_s
         status = self._array()
         while status[_STATE] == STARTING:
-            if not self._process.is_alive() or time.monotonic() > deadline:
+            if not self._process.is_alive():
+                reason = self.exit_reason()
                 self.stop()
-                raise SourceError("the sampler process did not start (see its log above)")
+                raise SourceError(f"the sampler process did not start: {reason}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise SourceError(f"the sampler process did not start within {timeout_s:g}s")
             time.sleep(0.01)
         if status[_STATE] == FAILED:
+            self._process.join(timeout_s)  # it returns right after saying why
+            reason = self.exit_reason()
             self.stop()
-            raise SourceError("the sampler process failed to open the source (see its log above)")
+            raise SourceError(f"the sampler process could not open the source: {reason}")
 
     def alive(self) -> bool:
         return self._process is not None and self._process.is_alive()
+
+    def exit_reason(self) -> str | None:
+        """Why the process ended, in one line: its error, or the signal or status it ended with.
+
+        None while it runs, and before it started.
+        """
+        p = self._process
+        if self._exit_reason is not None or p is None or p.exitcode is None:
+            return self._exit_reason
+        message = ""
+        if self._conn is not None:
+            with contextlib.suppress(EOFError, OSError):
+                if self._conn.poll():
+                    message = str(self._conn.recv())
+        code = p.exitcode
+        if message:
+            reason = message
+        elif code < 0:
+            reason = f"killed by {_signal_name(-code)}{_SIGNAL_HINTS.get(-code, '')}"
+        elif code > 0:
+            reason = f"exited with status {code}"
+        else:
+            reason = "exited without an error"
+        self._exit_reason = " ".join(reason.split())  # one line, whatever the message held
+        return self._exit_reason
 
     def counters(self, group_index: int) -> GroupCounters:
         s = self._array()
@@ -177,7 +284,11 @@ class Sampler:
             if self._process.is_alive():
                 self._process.kill()
                 self._process.join(timeout_s)
+            self.exit_reason()  # kept for a caller that asks after stopping
             self._process = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def close(self) -> None:
         """Stop the process and free every shared-memory block; safe to call twice."""
@@ -263,7 +374,7 @@ def _ask_realtime(priority: int) -> int:
     return priority
 
 
-def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
+def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
     # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
     # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
     # systemd's control-group kill) must not end sampling before the parent has finished.
@@ -275,8 +386,28 @@ def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
+    try:
+        _run_child(plan, parent_pid, conn)
+    except BaseException as exc:
+        # Whatever ends us early, the parent says why in its own log.
+        _tell(conn, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        conn.close()
+
+
+def _tell(conn: Connection, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(reason)
+
+
+def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
     status = SharedInts.attach(plan.status_name)
-    rings = [Ring.attach(name) for name in plan.ring_names]
+    try:
+        rings = [Ring.attach(name) for name in plan.ring_names]
+    except BaseException:
+        status.close()
+        raise
     s = status.array
     s[_PID] = os.getpid()
     source = open_source(plan.source)
@@ -284,15 +415,16 @@ def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
         all_fields = [f for g in plan.groups for f in g.fields]
         source.open(all_fields)
     except Exception as exc:
-        log.error("cannot open the %s source: %s", plan.source.kind, exc)
+        _tell(conn, f"cannot open the {plan.source.kind} source: {exc}")  # the parent logs it
         s[_STATE] = FAILED
         _detach(rings, status)
         return
     try:
         _loop(plan, source, rings, s, parent_pid)
         s[_STATE] = STOPPED
-    except Exception:
+    except Exception as exc:
         log.exception("the sampler loop failed")
+        _tell(conn, f"the sampler loop failed: {type(exc).__name__}: {exc}")
         s[_ERROR] = 1
         s[_STATE] = FAILED
     finally:

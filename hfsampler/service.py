@@ -198,6 +198,7 @@ class Service:
             self.plans,
             self.config.window_s,
             realtime_priority=self.config.realtime_priority,
+            max_ring_bytes=self.config.max_ring_bytes,
         )
         self._sampler = sampler
         runner: web.AppRunner | None = None
@@ -242,7 +243,7 @@ class Service:
             if await self._sleep_until(t1 + int(WINDOW_GRACE_S * 1e9)):
                 return 0
             if not sampler.alive():
-                log.error("the sampler process died; stopping")
+                log.error("the sampler process died (%s); stopping", sampler.exit_reason())
                 return 1
             stats = await loop.run_in_executor(None, self._reduce_all, t0, t1)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -12,11 +13,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import shm_dirs
 
 from hfsampler.cli import main
 from hfsampler.sources.sim import SimSource
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+small_shm = shm_dirs.small_shm
+shm_dir = shm_dirs.shm_dir
 
 
 def _free_port() -> int:
@@ -31,7 +36,7 @@ def _hfsampler(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=ENV,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # as the test left it: HFSAMPLER_SHM_DIR
         check=False,
     )
 
@@ -178,3 +183,56 @@ def test_sigterm_stops_cleanly() -> None:
     finally:
         proc.kill()
     assert proc.returncode == 0, err
+
+
+def test_a_small_shm_exits_2_with_one_line(small_shm: Path) -> None:
+    result = _hfsampler("run", "--source", "sim", "--window", "10s", "--listen", "", "--duration",
+                        "1s")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"hfsampler: error: {small_shm}: the sample rings need ")
+    assert "bytes), 1.0 MiB free (give it more room: " in lines[-1]
+    assert "Traceback" not in result.stderr
+
+
+def test_an_hour_window_exits_2_naming_max_ring_bytes(shm_dir: Path) -> None:
+    result = _hfsampler("run", "--source", "sim", "--window", "1h", "--listen", "")
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hfsampler: error: max_ring_bytes: --window 3600s with intervals ")
+    assert "Traceback" not in result.stderr
+    assert list(shm_dir.iterdir()) == []
+
+
+def test_a_dead_sampler_is_reported_with_its_reason(shm_dir: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--listen", ""],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        assert proc.stderr is not None
+        seen = ""
+        while "sampling" not in seen and time.monotonic() < deadline:
+            seen += proc.stderr.readline()
+        os.kill(_sampler_pid(proc.pid), signal.SIGKILL)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    died = [line for line in (seen + err).splitlines() if "sampler process died" in line]
+    assert len(died) == 1
+    assert "the sampler process died (killed by SIGKILL" in died[0]
+    assert died[0].endswith("; stopping")
+    assert list(shm_dir.iterdir()) == []  # its rings freed all the same
+
+
+def _sampler_pid(parent: int) -> int:
+    # started from an executor thread: each thread lists its own children
+    tasks = Path(f"/proc/{parent}/task").glob("*/children")
+    children = [pid for task in tasks for pid in task.read_text().split()]
+    for pid in children:
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return int(pid)
+    raise AssertionError(f"no sampler among {children}")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hfsampler.cli import build_parser, main
 from hfsampler.config import Config, from_mapping, load_file, parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
+from hfsampler.flags import config_from_args
 
 
 @pytest.mark.parametrize(
@@ -162,4 +166,121 @@ def test_label_warnings_name_mimirs_limits() -> None:
     assert long == [
         "external_labels.note is 3000 bytes; Mimir refuses values over 2048 "
         "(max_label_value_length)"
+    ]
+
+
+def test_max_ring_bytes() -> None:
+    assert Config().max_ring_bytes == 256 << 20
+    assert from_mapping({"max_ring_bytes": "64MiB"}).max_ring_bytes == 64 << 20
+    assert from_mapping({"max_ring_bytes": 2_000_000}).max_ring_bytes == 2_000_000
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: 'lots' is not a size"):
+        from_mapping({"max_ring_bytes": "lots"})
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: 4096 bytes is too small"):
+        from_mapping({"max_ring_bytes": "4KiB"})
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: "):
+        from_mapping({"max_ring_bytes": True})
+
+
+@pytest.mark.parametrize("text", ["100us", "100µs", "0.1ms", "0.0001s"])
+def test_the_shortest_interval_is_accepted_however_written(text: str) -> None:
+    """100 * 1e-6 is a hair under 1e-4 in floating point: '100us' was refused, '0.1ms' not."""
+    assert parse_duration("100us", "k") == 1e-4
+    config = from_mapping({"intervals": {"fast": text}, "dcgm": {"interval": text}})
+    assert config.intervals_s["fast"] == pytest.approx(1e-4)
+    assert config.dcgm_interval_s == pytest.approx(1e-4)
+    with pytest.raises(ConfigError, match=r"^intervals.fast: shorter than 100us"):
+        from_mapping({"intervals": {"fast": "99us"}})
+
+
+def test_interval_flag_takes_100us() -> None:
+    parser, _ = build_parser()
+    args = parser.parse_args(["run", "--interval", "100us"])
+    assert config_from_args(args).intervals_s["fast"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("window: 1s\nlisten: ':9400'\nwindow: 2s\n", r"window: given twice, at lines 1 and 3"),
+        (
+            "remote_write:\n  - url: http://a/api/v1/write\n    name: a\n    name: b\n",
+            r"name: given twice, at lines 3 and 4",
+        ),
+        ("external_labels: {cluster: a, cluster: b}\n", r"cluster: given twice, on line 1"),
+    ],
+)
+def test_duplicate_keys_are_refused(tmp_path: Path, yaml_text: str, message: str) -> None:
+    """Prometheus refuses a repeated key; YAML loaders keep the last one without a word."""
+    path = tmp_path / "c.yml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: {message} \(keep one\)$"):
+        load_file(path)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text("base: &b {cluster: a, site: x}\nexternal_labels: {<<: *b, cluster: c}\n")
+    with pytest.raises(ConfigError, match=r"^base: unknown key"):  # not a duplicate
+        load_file(path)
+    path.write_text("external_labels: {<<: {cluster: a, site: x}, cluster: c}\n")
+    assert load_file(path).external_labels == {"cluster": "c", "site": "x"}
+
+
+def _endpoint(**keys: object) -> dict[str, object]:
+    return {"remote_write": [{"url": "https://rx:9090/api/v1/write", **keys}]}
+
+
+_SECRET_KEYS = [
+    ("basic_auth.password_file", lambda f: {"basic_auth": {"username": "u", "password_file": f}}),
+    ("authorization.credentials_file", lambda f: {"authorization": {"credentials_file": f}}),
+    ("bearer_token_file", lambda f: {"bearer_token_file": f}),
+    ("tls_config.ca_file", lambda f: {"tls_config": {"ca_file": f}}),
+    ("tls_config.cert_file", lambda f: {"tls_config": {"cert_file": f, "key_file": f}}),
+]
+
+
+@pytest.mark.parametrize(("key", "block"), _SECRET_KEYS)
+def test_files_named_by_remote_write_are_checked_at_load(
+    tmp_path: Path, key: str, block: Any
+) -> None:
+    """A missing secret file passed check-config, then failed every send for good."""
+    prefix = re.escape(f"remote_write[0].{key}: ")
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError, match=rf"^{prefix}cannot read {missing}: No such file"):
+        from_mapping(_endpoint(**block(str(missing))))
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    with pytest.raises(ConfigError, match=rf"^{prefix}{empty} is empty \("):
+        from_mapping(_endpoint(**block(str(empty))))
+    with pytest.raises(ConfigError, match=rf"^{prefix}{tmp_path} is not a regular file \("):
+        from_mapping(_endpoint(**block(str(tmp_path))))
+
+
+@pytest.mark.parametrize(("key", "block"), _SECRET_KEYS[:3])
+def test_a_secret_file_is_never_shown(tmp_path: Path, key: str, block: Any) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cr3t-\xff\n")
+    with pytest.raises(ConfigError) as caught:
+        from_mapping(_endpoint(**block(str(secret))))
+    assert str(caught.value).startswith(f"remote_write[0].{key}: {secret} is not UTF-8 text")
+    assert "s3cr3t" not in str(caught.value)
+    secret.write_text("s3cr3t\n")
+    (endpoint,) = from_mapping(_endpoint(**block(str(secret)))).remote_write
+    assert endpoint.auth is not None
+    assert endpoint.auth.secret_file == str(secret)
+
+
+def test_check_config_names_a_missing_password_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yml"
+    path.write_text(
+        "remote_write:\n  - url: https://rx/api/v1/write\n"
+        "    basic_auth: {username: u, password_file: /nonexistent/pw}\n"
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "hfsampler: error: remote_write[0].basic_auth.password_file: cannot read "
+        "/nonexistent/pw: No such file or directory (check the path and permissions)"
     ]

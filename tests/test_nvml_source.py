@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pynvml
@@ -378,3 +380,60 @@ def test_pcie_throughput_is_the_byte_counters_rate(fake: FakeNvml, source: NvmlS
     _, ts = read(source, (tx, rx))
     assert ts[0, 0] == 5_040_000
     assert "nvmlDeviceGetPcieThroughput" not in fake.calls  # the 20 ms blocking call is never made
+
+
+def _direct_lookup_fails(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``name``'s C entry point cannot be looked up from outside pynvml, while pynvml's own
+    wrapper still reaches it (a lookup that failed at open, or a pynvml whose wrappers no longer
+    go through the private helper hfsampler calls)."""
+    real = pynvml._nvmlGetFunctionPointer
+
+    def lookup(fn_name: str) -> Any:
+        if fn_name == name and sys._getframe(1).f_globals.get("__name__") != "pynvml":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return real(fn_name)
+
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", lookup)
+
+
+def test_field_values_through_pynvml_when_the_entry_point_cannot_be_looked_up(
+    fake: FakeNvml,
+    source: NvmlSource,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """It used to crash the sampler loop: 'NoneType' object is not callable."""
+    _direct_lookup_fails(monkeypatch, "nvmlDeviceGetFieldValues")
+    fields = (INSTANT, MEM_TEMP, SM_CLOCK)
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        inv = source.open(fields)
+        fake.calls.clear()
+        for _ in range(3):
+            values, ts = read(source, fields)
+    assert inv.supported.all()
+    assert values[:, 0] == pytest.approx([310.0, 310.001, 310.002])
+    assert values[:, 1] == pytest.approx([45.0, 46.0, 47.0])
+    assert (ts[:, 0] == 5_000_000).all()
+    assert not np.isnan(values).any()
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3 * 3  # still one batched call per GPU
+    lines = [r.getMessage() for r in caplog.records if "nvmlDeviceGetFieldValues" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "pynvml" in lines[0]
+    # the driver's answers still count: an entry error, then a lost GPU
+    fake.gpus[2].fields[pynvml.NVML_FI_DEV_POWER_INSTANT].ret = pynvml.NVML_ERROR_TIMEOUT
+    values, _ = read(source, fields)
+    assert np.isnan(values[2, 0])
+    assert source.read_errors.tolist() == [0, 0, 1]
+    fake.gpus[1].lost = True
+    values, _ = read(source, fields)
+    assert source.gpu_up.tolist() == [True, False, True]
+    assert np.isnan(values[1]).all()
+
+
+def test_a_pynvml_without_the_lookup_helper_is_function_not_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(pynvml, "_nvmlGetFunctionPointer")
+    with pytest.raises(nvml_calls.NvmlError) as caught:
+        nvml_calls.c_function("nvmlDeviceGetFieldValues")
+    assert int(caught.value.value) == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import pytest
+import shm_dirs
 
-from hfsampler.ring import Ring, SharedInts
+from hfsampler.errors import ConfigError
+from hfsampler.ring import Ring, SharedInts, check_room
 
 
 def _write(ring: Ring, n: int, start: int = 0) -> None:
@@ -100,3 +104,52 @@ def test_blocks_of_a_dead_creator_are_swept() -> None:
         assert os.path.exists(f"/dev/shm/{mine.name}")  # a live owner's block stays
     finally:
         mine.close()
+
+
+small_shm = shm_dirs.small_shm
+readonly_shm = shm_dirs.readonly_shm
+shm_dir = shm_dirs.shm_dir
+
+
+def test_blocks_live_in_the_shared_memory_directory(shm_dir: Path) -> None:
+    ring = Ring.create(8, 1, 1)
+    try:
+        assert (shm_dir / ring.name).stat().st_size == ring.nbytes
+        assert not os.path.exists(f"/dev/shm/{ring.name}")
+        reader = Ring.attach(ring.name)
+        _write(ring, 3)
+        assert reader.read_since(0)[1].time_ns.tolist() == [1000, 1001, 1002]
+        reader.close()
+    finally:
+        ring.close()
+    assert list(shm_dir.iterdir()) == []
+
+
+def test_a_full_tmpfs_refuses_the_block_when_it_is_made(small_shm: Path) -> None:
+    """Without the pages reserved up front, the block is made and the writer dies of SIGBUS."""
+    with pytest.raises(OSError, match="No space left on device") as caught:
+        Ring.create(100_000, 2, 8)  # 25 MiB in a 1 MiB tmpfs
+    assert caught.value.errno == errno.ENOSPC
+    assert list(small_shm.iterdir()) == []  # nothing half-made is left
+
+
+def test_room_is_checked_before_anything_is_made(small_shm: Path) -> None:
+    check_room(512 << 10)
+    with pytest.raises(ConfigError) as caught:
+        check_room(5 << 30)
+    text = str(caught.value)
+    assert text.startswith(f"{small_shm}: the sample rings need 5.00 GiB ({5 << 30} bytes), ")
+    assert "1.0 MiB free" in text
+    assert "--shm-size" in text
+    assert "sizeLimit" in text
+    assert "\n" not in text
+
+
+def test_a_read_only_directory_is_named(readonly_shm: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"^{readonly_shm}: is mounted read-only \(mount a"):
+        check_room(4096)
+
+
+def test_a_missing_directory_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"nowhere: cannot use it: No such file or directory"):
+        check_room(4096, tmp_path / "nowhere")

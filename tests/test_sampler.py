@@ -5,23 +5,36 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+import shm_dirs
 
 from hfsampler import fields
-from hfsampler.errors import SourceError
-from hfsampler.sampler import GroupPlan, Sampler, calibrate_spin_ns, ring_capacity
+from hfsampler.errors import ConfigError, SourceError
+from hfsampler.sampler import (
+    GroupPlan,
+    Sampler,
+    calibrate_spin_ns,
+    ring_capacity,
+    shared_bytes_needed,
+)
 from hfsampler.service import discover, plan_groups
 from hfsampler.sources import SourceSpec
 
 SPEC = SourceSpec("sim", gpus=2, seed=1)
 
 
-def _sampler(spin_s: float | None = 0.0) -> Sampler:
+small_shm = shm_dirs.small_shm
+readonly_shm = shm_dirs.readonly_shm
+shm_dir = shm_dirs.shm_dir
+
+
+def _sampler(spin_s: float | None = 0.0, window_s: float = 1.0, **kwargs: int) -> Sampler:
     inventory = discover(SPEC, fields.CATALOGUE)
     groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
-    return Sampler(SPEC, inventory, groups, window_s=1.0, spin_s=spin_s)
+    return Sampler(SPEC, inventory, groups, window_s=window_s, spin_s=spin_s, **kwargs)
 
 
 def _wait(predicate: object, timeout_s: float = 20.0) -> None:
@@ -69,6 +82,7 @@ def test_dead_sampler_is_noticed_and_memory_freed() -> None:
         assert sampler.pid is not None
         os.kill(sampler.pid, signal.SIGKILL)
         _wait(lambda: not sampler.alive())
+        assert sampler.exit_reason() == "killed by SIGKILL (the out-of-memory killer, or kill -9)"
     finally:
         sampler.close()
     for name in names:
@@ -80,8 +94,12 @@ def test_a_source_that_cannot_open_fails_start() -> None:
     inventory = discover(SPEC, fields.CATALOGUE)
     bad = SourceSpec("nvml")  # no driver here: the child cannot open it
     groups = [GroupPlan("fast", 0.001, inventory.fields[:2])]
-    with Sampler(bad, inventory, groups, 1.0) as sampler, pytest.raises(SourceError):
+    with Sampler(bad, inventory, groups, 1.0) as sampler, pytest.raises(SourceError) as caught:
         sampler.start()
+    # the child's reason, in the parent's one line
+    assert str(caught.value).startswith(
+        "the sampler process could not open the source: cannot open the nvml source: NVML"
+    )
 
 
 def test_spin_calibration_is_bounded() -> None:
@@ -139,3 +157,67 @@ def test_group_signals_do_not_stop_the_sampler() -> None:
         before = sampler.counters(0).ticks
         _wait(lambda: sampler.counters(0).ticks > before + 200)
         assert sampler.alive()
+
+
+def test_an_hour_window_is_refused_before_any_memory_is_taken(shm_dir: Path) -> None:
+    """An hour of 1 ms ticks for 2 GPUs is gigabytes of rings: over max_ring_bytes, one line."""
+    with pytest.raises(ConfigError) as caught:
+        _sampler(window_s=3600.0)
+    text = str(caught.value)
+    assert text.startswith("max_ring_bytes: --window 3600s with intervals fast 1ms, slow 100ms")
+    assert "on 2 GPU(s) needs " in text
+    assert "GiB" in text
+    assert "over the 256.0 MiB allowed" in text
+    assert "shorten --window, lengthen the intervals" in text
+    assert list(shm_dir.iterdir()) == []
+
+
+def test_max_ring_bytes_is_the_cap(shm_dir: Path) -> None:
+    inventory = discover(SPEC, fields.CATALOGUE)
+    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    need = shared_bytes_needed(groups, 2, 20.0)
+    with _sampler(window_s=20.0, max_ring_bytes=need) as sampler:
+        assert sampler.shared_bytes <= need
+    with pytest.raises(ConfigError, match=r"^max_ring_bytes: "):
+        _sampler(window_s=20.0, max_ring_bytes=need - 1)
+
+
+def test_a_small_shm_is_refused_naming_it_and_the_bytes(small_shm: Path) -> None:
+    inventory = discover(SPEC, fields.CATALOGUE)
+    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    need = shared_bytes_needed(groups, 2, 10.0)
+    with pytest.raises(ConfigError) as caught:
+        _sampler(window_s=10.0)
+    text = str(caught.value)
+    assert text.startswith(f"{small_shm}: the sample rings need ")
+    assert f"({need} bytes)" in text
+    assert "--shm-size" in text
+    assert list(small_shm.iterdir()) == []
+
+
+def test_a_read_only_shm_is_refused_naming_it(readonly_shm: Path) -> None:
+    """It used to fail with an AttributeError from the half-built sampler's cleanup."""
+    with pytest.raises(ConfigError, match=rf"^{readonly_shm}: is mounted read-only"):
+        _sampler()
+
+
+def test_a_sampler_killed_by_sigbus_says_so(shm_dir: Path) -> None:
+    """Shared memory pulled from under the writer (a tmpfs that ran out) ends it with SIGBUS."""
+    with _sampler() as sampler:
+        sampler.start()
+        os.truncate(shm_dir / sampler.rings["fast"].name, 0)
+        _wait(lambda: not sampler.alive())
+        reason = sampler.exit_reason()
+    assert reason is not None
+    assert reason.startswith("killed by SIGBUS (its shared memory ran out")
+
+
+def test_an_exception_in_the_sampler_reaches_the_parent(shm_dir: Path) -> None:
+    with _sampler() as sampler:
+        (shm_dir / sampler.rings["slow"].name).unlink()  # the child cannot attach it
+        with pytest.raises(SourceError) as caught:
+            sampler.start()
+    text = str(caught.value)
+    assert text.startswith("the sampler process did not start: FileNotFoundError: ")
+    assert "No such file or directory" in text
+    assert "\n" not in text

@@ -4,7 +4,9 @@
 Secrets live only in ``AuthConfig`` (whose ``repr`` hides them) and in the ``Authorization``
 header built per request; no message here or in the sender ever includes them. Secret files are
 re-read when their size, inode or modification time changes, so a rotated token is used without
-a restart. Certificate verification is on unless ``insecure_skip_verify: true``.
+a restart. Every file named is checked at load (a readable, non-empty regular file), so a
+missing mount fails ``check-config`` rather than every send. Certificate verification is on
+unless ``insecure_skip_verify: true``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 import ssl
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +70,39 @@ def _string(raw: Mapping[object, object], key: str, path: str) -> str:
     return value
 
 
+_CHECK_LIMIT = 1 << 20  # a larger file is not read at load (no secret or PEM is that big)
+
+
+def check_file(name: str, key: str, *, secret: bool) -> None:
+    """A file the config names must be readable and not empty now, so that a typo or a missing
+    mount fails ``check-config`` and start rather than every send for good. Only its path is
+    ever shown, never what it holds; a secret file must also be UTF-8, as it is read at send.
+    """
+    try:
+        regular = stat.S_ISREG(os.stat(name).st_mode)
+        data = b""
+        if regular:  # a FIFO would block the read
+            with open(name, "rb") as f:
+                data = f.read(_CHECK_LIMIT)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = getattr(exc, "strerror", None) or "not a usable path"
+        raise ConfigError(
+            key, f"cannot read {name}: {reason}", "check the path and permissions"
+        ) from None
+    if not regular:
+        raise ConfigError(key, f"{name} is not a regular file", "name the file itself")
+    if not data.strip():
+        what = "the secret" if secret else "the PEM data"
+        raise ConfigError(key, f"{name} is empty", f"write {what} into it")
+    if secret:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(
+                key, f"{name} is not UTF-8 text", "save the secret as UTF-8"
+            ) from None
+
+
 def _mapping(raw: object, path: str, known: tuple[str, ...]) -> Mapping[object, object]:
     if not isinstance(raw, Mapping):
         raise ConfigError(path, "must be a mapping")
@@ -104,6 +140,8 @@ def parse_auth(raw: Mapping[object, object], path: str) -> AuthConfig | None:
             raise ConfigError(
                 f"{path}.basic_auth.password", "cannot be combined with password_file", "keep one"
             )
+        if secret_file:
+            check_file(secret_file, f"{path}.basic_auth.password_file", secret=True)
         return AuthConfig("basic_auth", "Basic", username, secret, secret_file)
     if key == "authorization":
         block = _mapping(raw[key] or {}, f"{path}.authorization", _AUTHZ_KEYS)
@@ -122,12 +160,15 @@ def parse_auth(raw: Mapping[object, object], path: str) -> AuthConfig | None:
             )
         if not secret and not secret_file:
             raise ConfigError(f"{path}.authorization", "needs credentials or credentials_file")
+        if secret_file:
+            check_file(secret_file, f"{path}.authorization.credentials_file", secret=True)
         return AuthConfig("authorization", scheme, "", secret, secret_file)
     value = _string(raw, key, path)
     if not value:
         raise ConfigError(f"{path}.{key}", "is empty")
     if key == "bearer_token":
         return AuthConfig("bearer_token", "Bearer", "", value, "")
+    check_file(value, f"{path}.{key}", secret=True)
     return AuthConfig("bearer_token_file", "Bearer", "", "", value)
 
 
@@ -148,8 +189,8 @@ def parse_tls(raw: object, path: str) -> TLSConfig:
     if bool(files["cert_file"]) != bool(files["key_file"]):
         raise ConfigError(f"{path}.cert_file", "and key_file must be given together")
     for k, f in files.items():
-        if f and not os.access(f, os.R_OK):
-            raise ConfigError(f"{path}.{k}", f"cannot read {f}", "check the path and permissions")
+        if f:
+            check_file(f, f"{path}.{k}", secret=False)
     tls = TLSConfig(files["ca_file"], files["cert_file"], files["key_file"], server_name, skip)
     ssl_context(tls, path)  # a bad certificate or key fails here, at load time
     return tls

@@ -160,8 +160,15 @@ class NvmlSource:
             # The C entry point itself, called with arrays built once: pynvml's wrapper builds a
             # new ctypes array and sets every field id on every call.
             self._fn = calls.c_function("nvmlDeviceGetFieldValues")
-        except calls.NvmlError:
-            self._fn = None  # a driver before field values: the probe finds every id unsupported
+        except calls.NvmlError as e:
+            # Where pynvml's own call still works, read through it, slower; on a driver from
+            # before field values it fails too, and the probe finds every id unsupported.
+            log.info(
+                "cannot look up nvmlDeviceGetFieldValues itself (%s): field values are read "
+                "through pynvml's nvmlDeviceGetFieldValues instead, which allocates per read",
+                calls.error_text(int(e.value)),
+            )
+            self._fn = calls.field_values_into
         self._probe(fields)
         return Inventory(self._devices, fields, self._mode != _NONE)
 

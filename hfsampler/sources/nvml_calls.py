@@ -140,9 +140,30 @@ def field_values(handle: Any, ids: Sequence[int]) -> Any:
 def c_function(name: str) -> Any:
     """The C entry point itself, for the hot path: pynvml's wrappers allocate on every call.
 
-    Called with ctypes arguments, it returns the NVML return code instead of raising.
+    Called with ctypes arguments, it returns the NVML return code instead of raising. Raises
+    ``NvmlError`` (FUNCTION_NOT_FOUND) where it cannot be looked up, a pynvml without the private
+    helper included.
     """
-    return pynvml._nvmlGetFunctionPointer(name)
+    lookup = getattr(pynvml, "_nvmlGetFunctionPointer", None)
+    if lookup is None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return lookup(name)
+
+
+def field_values_into(handle: Any, count: int, entries: Any) -> int:
+    """``nvmlDeviceGetFieldValues``'s C entry point, done with pynvml's public call instead.
+
+    For when ``c_function`` cannot look the entry point up: ``entries`` (``count`` FieldValue,
+    their ``fieldId`` set) are filled in place and the NVML return code returned, as the C
+    function does. Slower: pynvml builds a new array on every call.
+    """
+    ids = [int(entries[k].fieldId) for k in range(count)]
+    try:
+        out = pynvml.nvmlDeviceGetFieldValues(handle, ids)
+    except pynvml.NVMLError as e:
+        return int(e.value)
+    ctypes.memmove(entries, out, FIELD_VALUE_SIZE * count)
+    return SUCCESS
 
 
 # -- XID events ------------------------------------------------------------------------------------

@@ -205,7 +205,9 @@ def test_outage_kill9_dead_endpoint(
     assert not _problems(prom_log_2), _problems(prom_log_2)
 
     # -- the live endpoint next to the dead one ------------------------------------------------
-    assert max(vm_lag_s) < 3.5, f"vm fell behind while 'dead' was down: {vm_lag_s}"
+    # A dead endpoint that blocked the live one would leave it a whole outage (60 s) behind;
+    # a loaded 2-core runner can delay a few windows, which is not what this checks.
+    assert max(vm_lag_s) < 15, f"vm fell behind while 'dead' was down: {vm_lag_s}"
     vm_stamps = _stamps(victoria_metrics, SERIES[:-1] + ',dc="fra1"}', started_s - 1, ended_s + 1)
     vm_run2 = [ts for ts in vm_stamps if ts > kill_ms]
     assert vm_run2 == list(range(vm_run2[0], vm_run2[-1] + 1, 1000))

@@ -52,7 +52,7 @@ from hfsampler.ring import Ring
 from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
 from hfsampler.service import plan_groups
 from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import reduce
+from hfsampler.window import reduce, suffixes
 
 WINDOW_S = 1.0
 SHORT_SLICE_S = 100e-6  # the shortest slice EEVDF accepts
@@ -163,7 +163,7 @@ def _varint(value: int) -> bytes:
 
 def encode_window(gpus: int, fields: Sequence[str], t_ms: int, rng: random.Random) -> int:
     """Encode one window like the service's outputs: a JSON document and protobuf-style bytes."""
-    stats = ("", "_min", "_max", "_p99")
+    stats = suffixes(catalogue.Kind.GAUGE)
     doc: list[dict[str, Any]] = [
         {"name": name + s, "gpu": str(g), "value": rng.random() * 700.0, "t": t_ms}
         for g in range(gpus)

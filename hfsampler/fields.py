@@ -17,7 +17,7 @@ from hfsampler.errors import ConfigError
 class Kind(enum.Enum):
     """How a window reduces a field and how it is exported."""
 
-    GAUGE = "gauge"  # mean under the name; _min, _max, _p99 siblings
+    GAUGE = "gauge"  # every gauge statistic of hfsampler.window.STATS: the mean under the name
     COUNTER = "counter"  # monotonic: the window's last value, exported as a counter, never averaged
     STATE = "state"  # a code (last XID, remap failure flag): the window's last value, no siblings
     BITMASK = "bitmask"  # reason bits: OR over the window, so a 2 ms throttle is not lost
@@ -27,8 +27,6 @@ FAST = "fast"
 SLOW = "slow"
 GPM = "gpm"  # activity ratios from NVML's GPM sample pairs: NVML refreshes them every ~100 ms
 DEFAULT_GROUP_INTERVALS_S: dict[str, float] = {FAST: 0.001, SLOW: 0.1, GPM: 0.1}
-
-GAUGE_SUFFIXES = ("_min", "_max", "_p99")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +52,10 @@ class Field:
 
     @property
     def exported_names(self) -> tuple[str, ...]:
-        """Every series name this field exports: the mean first, then the window siblings."""
-        if self.kind is Kind.GAUGE:
-            return (self.name, *(self.name + s for s in GAUGE_SUFFIXES))
-        return (self.name,)
+        """Every series name this field exports: its own name first, then the window siblings."""
+        from hfsampler.window import suffixes  # the window module builds on this one
+
+        return tuple(self.name + s for s in suffixes(self.kind))
 
 
 _MIB = 1.0 / (1 << 20)

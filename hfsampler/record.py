@@ -37,7 +37,7 @@ from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
-from hfsampler.window import WindowReader, WindowStats, reduce
+from hfsampler.window import MAX, MEAN, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def store_window(
     """Write one group's window: its distinct raw samples and its statistics (kept GPUs only)."""
     writer.add_rows(group, rows, keep)
     stats = reduce(rows, plan.fields, t0_ns, t1_ns)
-    writer.add_window(group, stats, keep)
+    writer.add_window(group, stats, keep, ticks=len(rows))
     return stats
 
 
@@ -267,9 +267,9 @@ class Recorder:
             stats = store_window(writer, g, plan, reader.take(t1), t0, t1, self.keep)
             if self._power is not None and self._power[0] == g:
                 j = self._power[1]
-                now = stats.mean[self.keep, j]
+                now = stats[MEAN][self.keep, j]
                 self.power_now = np.where(np.isnan(now), self.power_now, now)
-                self.power_max = np.fmax(self.power_max, stats.max[self.keep, j])
+                self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
 
     def _side_source(self) -> Any:
         """A second handle on the source, here in the parent, for the compute-process list."""

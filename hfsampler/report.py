@@ -22,12 +22,13 @@ import numpy as np
 from hfsampler.errors import HfsamplerError
 from hfsampler.recording import Recording
 from hfsampler.summary import REASONS, Summary, summarize
+from hfsampler.window import MAX, MEAN, MIN
 
 PANELS = (
-    ("DCGM_FI_DEV_GPU_UTIL", "mean", "Utilization (%)"),
-    ("DCGM_FI_DEV_FB_USED", "max", "Memory used (MiB)"),
-    ("DCGM_FI_DEV_GPU_TEMP", "mean", "Temperature (C)"),
-    ("DCGM_FI_DEV_SM_CLOCK", "min", "SM clock (MHz)"),
+    ("DCGM_FI_DEV_GPU_UTIL", MEAN, "Utilization (%)"),
+    ("DCGM_FI_DEV_FB_USED", MAX, "Memory used (MiB)"),
+    ("DCGM_FI_DEV_GPU_TEMP", MEAN, "Temperature (C)"),
+    ("DCGM_FI_DEV_SM_CLOCK", MIN, "SM clock (MHz)"),
 )
 POWER_WINDOW = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
 
@@ -54,10 +55,10 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
         if where is None:
             continue
         w = rec.windows(where[0])
-        if not len(w.t1_ns) or not np.isfinite(w.max[:, i, where[1]]).any():
+        if not len(w.t1_ns) or not np.isfinite(w[MAX][:, i, where[1]]).any():
             continue
         t = (w.t0_ns - start) / 1e9  # a window's value holds over [t0, t1)
-        lo, hi, mean = (getattr(w, s)[:, i, where[1]] for s in ("min", "max", "mean"))
+        lo, hi, mean = (w[s][:, i, where[1]] for s in (MIN, MAX, MEAN))
         fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0}, showlegend=False,
                                  hoverinfo="skip", line_shape="hv"), row=1, col=1)  # fmt: skip
         fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0}, fill="tonexty",
@@ -79,9 +80,9 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
         if where is None:
             continue
         w = rec.windows(where[0])
-        y = getattr(w, stat)[:, i, where[1]]
+        y = w[stat][:, i, where[1]]
         fig.add_trace(go.Scatter(x=(w.t0_ns - start) / 1e9, y=y, mode="lines", line_shape="hv",
-                                 name=f"{label.split(' (')[0]} (window {stat})"),
+                                 name=f"{label.split(' (')[0]} (window {stat.name})"),
                       row=row, col=1)  # fmt: skip
     names = sorted(g.throttle_spans)
     for k, reason in enumerate(names):

@@ -32,7 +32,7 @@ from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
 from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import WindowReader, WindowStats, reduce
+from hfsampler.window import MAX, MEAN, TickStats, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +197,11 @@ class Service:
             if not sampler.alive():
                 log.error("the sampler process died; stopping")
                 return 1
-            stats = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
-            self._export(stats, t1)
+            self._export(stats, ticks, t1)
             t0, t1 = t1, t1 + window_ns
             now = self._clock_ns()
             if now > t1 + window_ns:  # the loop was stalled: skip ahead, the rows are kept
@@ -217,13 +217,18 @@ class Service:
                 await asyncio.wait_for(self._stop.wait(), delay)
         return self._stop.is_set()
 
-    def _reduce_all(self, t0: int, t1: int) -> dict[str, WindowStats]:
-        return {g.plan.name: reduce(g.reader.take(t1), g.plan.fields, t0, t1) for g in self._groups}
+    def _reduce_all(self, t0: int, t1: int) -> tuple[dict[str, WindowStats], dict[str, TickStats]]:
+        stats, ticks = {}, {}
+        for g in self._groups:
+            rows = g.reader.take(t1)
+            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1)
+            ticks[g.plan.name] = TickStats.of(rows)
+        return stats, ticks
 
-    def _export(self, stats: dict[str, WindowStats], t1: int) -> None:
+    def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
         assert self._sampler is not None
         gpu_up = self._sampler.gpu_up()
-        self._update_self_metrics(stats, gpu_up)
+        self._update_self_metrics(stats, ticks, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
         self.latest = snapshot
         self.windows += 1
@@ -233,7 +238,9 @@ class Service:
             self.out.write(status_line(self.inventory, stats, t1) + "\n")
             self.out.flush()
 
-    def _update_self_metrics(self, stats: dict[str, WindowStats], gpu_up: np.ndarray) -> None:
+    def _update_self_metrics(
+        self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], gpu_up: np.ndarray
+    ) -> None:
         assert self._sampler is not None
         m = self.metrics
         for g in self._groups:
@@ -243,10 +250,10 @@ class Service:
             m.inc("hfsampler_late_ticks_total", c.late - g.late, labels)
             m.inc("hfsampler_missed_ticks_total", c.missed - g.missed, labels)
             g.ticks, g.late, g.missed = c.ticks, c.late, c.missed
-            w = stats[g.plan.name]
-            m.set("hfsampler_tick_lateness_p99_seconds", w.lateness_p99_ns / 1e9, labels)
-            m.set("hfsampler_tick_lateness_max_seconds", w.lateness_max_ns / 1e9, labels)
-            m.inc("hfsampler_samples_total", w.ticks * w.count.size, labels)
+            w, t = stats[g.plan.name], ticks[g.plan.name]
+            m.set("hfsampler_tick_lateness_p99_seconds", t.lateness_p99_ns / 1e9, labels)
+            m.set("hfsampler_tick_lateness_max_seconds", t.lateness_max_ns / 1e9, labels)
+            m.inc("hfsampler_samples_total", t.ticks * w.count.size, labels)
             m.inc("hfsampler_distinct_samples_total", int(w.count.sum()), labels)
             m.inc("hfsampler_ring_overwritten_rows_total", g.reader.lost_rows, labels)
             g.reader.lost_rows = 0
@@ -304,12 +311,12 @@ def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int)
     for w in stats.values():
         for j, f in enumerate(w.fields):
             if f.name in wanted:
-                cells[f.name] = (w.mean[:, j], w.max[:, j])
+                cells[f.name] = (w[MEAN][:, j], w[MAX][:, j])
     if "DCGM_FI_DEV_POWER_USAGE_INSTANT" not in cells:
         for w in stats.values():
             for j, f in enumerate(w.fields):
                 if f.name == "DCGM_FI_DEV_POWER_USAGE":
-                    cells["DCGM_FI_DEV_POWER_USAGE_INSTANT"] = (w.mean[:, j], w.max[:, j])
+                    cells["DCGM_FI_DEV_POWER_USAGE_INSTANT"] = (w[MEAN][:, j], w[MAX][:, j])
     stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
     parts = [stamp]
     for i, d in enumerate(inventory.devices):

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler.recording import Recording
+from hfsampler.window import LAST, MAX
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -223,14 +224,14 @@ def _windows(rec: Recording, gpus: list[GpuSummary]) -> None:
         if len(w.t1_ns) == 0:
             continue
         with np.errstate(all="ignore"):
-            top = np.nanmax(w.max[:, :, where[1]], axis=0)
+            top = np.nanmax(w[MAX][:, :, where[1]], axis=0)
         for i, g in enumerate(gpus):
             setattr(g, attr, float(top[i]))
     where = rec.locate(ENERGY)
     if where is not None:
         w = rec.windows(where[0])
         for i, g in enumerate(gpus):
-            last = w.last[:, i, where[1]]
+            last = w[LAST][:, i, where[1]]
             last = last[np.isfinite(last)]
             if len(last) > 1:
                 g.energy_j = float(last[-1] - last[0]) / 1e3  # mJ

@@ -9,7 +9,7 @@ from hypothesis.extra import numpy as hnp
 
 from hfsampler import fields
 from hfsampler.ring import Ring, RingRows
-from hfsampler.window import WindowReader, reduce
+from hfsampler.window import LAST, MAX, MEAN, MIN, P99, TickStats, WindowReader, reduce
 
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
@@ -41,31 +41,32 @@ def test_gauge_statistics_match_numpy(values: np.ndarray) -> None:
         x = x[~np.isnan(x)]
         assert stats.count[g, 0] == len(x)
         if len(x) == 0:
-            assert np.isnan(stats.mean[g, 0])
-            assert np.isnan(stats.max[g, 0])
+            assert np.isnan(stats[MEAN][g, 0])
+            assert np.isnan(stats[MAX][g, 0])
             continue
-        assert stats.min[g, 0] == x.min()
-        assert stats.max[g, 0] == x.max()
-        assert stats.last[g, 0] == x[-1]
-        np.testing.assert_allclose(stats.mean[g, 0], x.mean(), rtol=1e-9, atol=1e-6)
-        np.testing.assert_allclose(stats.p99[g, 0], np.quantile(x, 0.99), rtol=1e-9, atol=1e-6)
+        assert stats[MIN][g, 0] == x.min()
+        assert stats[MAX][g, 0] == x.max()
+        assert stats[LAST][g, 0] == x[-1]
+        np.testing.assert_allclose(stats[MEAN][g, 0], x.mean(), rtol=1e-9, atol=1e-6)
+        np.testing.assert_allclose(stats[P99][g, 0], np.quantile(x, 0.99), rtol=1e-9, atol=1e-6)
 
 
 def test_counter_keeps_last_and_bitmask_ors_the_window() -> None:
     values = np.full((5, 1, 2), np.nan)
     values[:, 0, 0] = [10, 11, np.nan, 13, np.nan]
     values[:, 0, 1] = [0, 4, 0, 8, np.nan]
-    stats = reduce(_rows(values), [ENERGY, REASONS], 0, 1)
-    assert stats.last[0, 0] == 13
-    assert stats.last[0, 1] == 12  # 4 | 8: both reasons were active at some point
-    assert stats.ticks == 5
-    assert stats.lateness_max_ns == 40
+    rows = _rows(values)
+    stats, ticks = reduce(rows, [ENERGY, REASONS], 0, 1), TickStats.of(rows)
+    assert stats[LAST][0, 0] == 13
+    assert stats[LAST][0, 1] == 12  # 4 | 8: both reasons were active at some point
+    assert ticks.ticks == 5
+    assert ticks.lateness_max_ns == 40
 
 
 def test_empty_window_has_no_values() -> None:
     stats = reduce(_rows(np.empty((0, 2, 1))), [POWER], 0, 1)
     assert stats.count.tolist() == [[0], [0]]
-    assert np.isnan(stats.mean).all()
+    assert np.isnan(stats[MEAN]).all()
 
 
 def test_reader_hands_out_rows_by_window_end() -> None:

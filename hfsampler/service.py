@@ -1,8 +1,9 @@
 """The service: wires source, sampler, windows, metrics, /metrics and Remote-Write under uvloop.
 
-It owns the window clock (windows end on wall-clock multiples of the window length), turns each
-window into one snapshot, serves the latest on /metrics, hands it to every remote writer, and on
-a signal or at the end of ``--duration`` sends stale markers, flushes, and frees shared memory.
+It runs the window clock (``WindowClock``: windows end on wall-clock multiples of the window
+length), turns each window into one snapshot, serves the latest on /metrics, hands it to every
+remote writer, and on a signal or at the end of ``--duration`` sends stale markers, flushes, and
+frees shared memory.
 """
 
 from __future__ import annotations
@@ -32,11 +33,10 @@ from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
 from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import MAX, MEAN, TickStats, WindowReader, WindowStats, reduce
+from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
-WINDOW_GRACE_S = 0.01  # the sampler's last row of a window is committed by then
 FLUSH_DEADLINE_S = 5.0
 
 
@@ -182,17 +182,16 @@ class Service:
             sampler.close()
 
     async def _window_loop(self, sampler: Sampler) -> int:
-        window_ns = int(self.config.window_s * 1e9)
-        started = self._clock_ns()
-        end_ns = started + int(self.config.duration_s * 1e9) if self.config.duration_s else None
-        t0 = started
-        t1 = started - started % window_ns + window_ns
+        clock = WindowClock(self.config.window_s, clock_ns=self._clock_ns)
+        duration_s = self.config.duration_s
+        end_ns = clock.t0_ns + int(duration_s * 1e9) if duration_s else None
         loop = asyncio.get_running_loop()
         while True:
+            t0, t1 = clock.t0_ns, clock.t1_ns
             if end_ns is not None and t1 > end_ns:
                 await self._sleep_until(end_ns)
                 return 0
-            if await self._sleep_until(t1 + int(WINDOW_GRACE_S * 1e9)):
+            if await self._sleep_until(clock.due_ns):
                 return 0
             if not sampler.alive():
                 log.error("the sampler process died; stopping")
@@ -202,12 +201,10 @@ class Service:
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
             self._export(stats, ticks, t1)
-            t0, t1 = t1, t1 + window_ns
-            now = self._clock_ns()
-            if now > t1 + window_ns:  # the loop was stalled: skip ahead, the rows are kept
-                skipped = (now - t1) // window_ns
+            clock.advance()
+            skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
+            if skipped:
                 log.warning("window loop fell %d window(s) behind; catching up", skipped)
-                t1 += skipped * window_ns
 
     async def _sleep_until(self, t_ns: int) -> bool:
         """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""

@@ -1,4 +1,4 @@
-"""Window statistics: what each window's ring rows reduce to, per GPU and field.
+"""Windows: where each one ends, and what its ring rows reduce to per GPU and field.
 
 ``STATS`` is the one list of window statistics. The metric model, the catalogue's exported names,
 the recording and the report all iterate it, so a new statistic is one entry here. Only distinct
@@ -7,10 +7,12 @@ p99; counters and states export their last value; bitmasks are OR-ed over the wi
 reason active for 2 ms still shows. Every statistic is computed and recorded for every field.
 
 The sampler's own health over a window (ticks, lateness) is ``TickStats``, apart from the data.
+``WindowClock`` says where windows end, for ``run``, ``record`` and the benchmarks alike.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +25,8 @@ from hfsampler.ring import Ring, RingRows
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+
+WINDOW_GRACE_S = 0.01  # the sampler's last row of a window is committed by then
 
 
 # -- the statistics ------------------------------------------------------------------------------
@@ -158,6 +162,58 @@ class TickStats:
         if not len(late):
             return cls(0, 0, 0)
         return cls(len(late), int(np.percentile(late, 99)), int(late.max()))
+
+
+# -- where windows end ---------------------------------------------------------------------------
+
+
+class WindowClock:
+    """Windows end on wall-clock multiples of the window length and are read a grace later.
+
+    The first window runs from the start to the next multiple; each later one starts where the
+    one before ended. A caller that stalled may ``catch_up``: the window in progress then covers
+    every window it missed (``run`` does, to stay current; ``record`` writes each one instead).
+    """
+
+    __slots__ = ("_clock_ns", "grace_ns", "t0_ns", "t1_ns", "window_ns")
+
+    def __init__(
+        self,
+        window_s: float,
+        grace_s: float = WINDOW_GRACE_S,
+        clock_ns: Callable[[], int] = time.time_ns,
+        start_ns: int | None = None,
+    ) -> None:
+        self.window_ns = int(window_s * 1e9)
+        self.grace_ns = int(grace_s * 1e9)
+        self._clock_ns = clock_ns
+        self.t0_ns = clock_ns() if start_ns is None else start_ns
+        self.t1_ns = self.t0_ns - self.t0_ns % self.window_ns + self.window_ns
+
+    @property
+    def due_ns(self) -> int:
+        """When the window in progress can be read: its end and the grace."""
+        return self.t1_ns + self.grace_ns
+
+    def wait_s(self) -> float:
+        """Seconds until the window in progress is due (0 if it already is)."""
+        return max(0.0, (self.due_ns - self._clock_ns()) / 1e9)
+
+    def advance(self) -> None:
+        """The window in progress was read: the next one starts where it ended."""
+        self.t0_ns, self.t1_ns = self.t1_ns, self.t1_ns + self.window_ns
+
+    def catch_up(self) -> int:
+        """After a stall of more than a window, stretch the window in progress to the current one.
+
+        Returns how many window ends it skipped.
+        """
+        now = self._clock_ns()
+        if now <= self.t1_ns + self.window_ns:
+            return 0
+        skipped = (now - self.t1_ns) // self.window_ns
+        self.t1_ns += skipped * self.window_ns
+        return skipped
 
 
 class WindowReader:

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from hfsampler import fields
 from hfsampler.ring import Ring, RingRows
-from hfsampler.window import LAST, MAX, MEAN, MIN, P99, TickStats, WindowReader, reduce
+from hfsampler.window import (
+    LAST,
+    MAX,
+    MEAN,
+    MIN,
+    P99,
+    TickStats,
+    WindowClock,
+    WindowReader,
+    reduce,
+)
 
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
@@ -85,3 +96,37 @@ def test_reader_hands_out_rows_by_window_end() -> None:
         assert len(reader.take(40)) == 0
     finally:
         ring.close()
+
+
+class _Clock:
+    """A wall clock the test moves by hand."""
+
+    def __init__(self, now_ns: int) -> None:
+        self.now_ns = now_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+
+def test_clock_ends_windows_on_multiples_and_reads_them_a_grace_later() -> None:
+    now = _Clock(10_250_000_000)
+    clock = WindowClock(1.0, 0.01, now)
+    assert (clock.t0_ns, clock.t1_ns) == (10_250_000_000, 11_000_000_000)  # a short first window
+    assert clock.due_ns == 11_010_000_000
+    assert clock.wait_s() == pytest.approx(0.76)
+    now.now_ns = 11_020_000_000
+    assert clock.wait_s() == 0.0
+    clock.advance()
+    assert (clock.t0_ns, clock.t1_ns) == (11_000_000_000, 12_000_000_000)
+    assert clock.catch_up() == 0  # on time: nothing skipped
+
+
+def test_clock_catches_up_after_a_stall_without_losing_rows() -> None:
+    now = _Clock(0)
+    clock = WindowClock(1.0, clock_ns=now)
+    clock.advance()  # [1 s, 2 s) in progress
+    now.now_ns = 4_500_000_000  # stalled past its end and the next
+    assert clock.catch_up() == 2
+    assert (clock.t0_ns, clock.t1_ns) == (1_000_000_000, 4_000_000_000)  # one window, every row
+    offline = WindowClock(1.0, start_ns=7_000_000_000)
+    assert (offline.t0_ns, offline.t1_ns) == (7_000_000_000, 8_000_000_000)

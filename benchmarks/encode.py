@@ -24,31 +24,29 @@ from typing import Any
 import snappy
 
 from hfsampler.fields import CATALOGUE, Kind
+from hfsampler.metrics import gpu_labels, host_labels
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.series import Series, SeriesRegistry
+from hfsampler.sources import DeviceInfo
 from hfsampler.window import suffixes
 
 BATCH = 2000  # Prometheus's default max_samples_per_send
 MIN_TIME_S = 0.7
 REPEATS = 3
 STATS = suffixes(Kind.GAUGE)  # a gauge's series, for every field alike
-# the catalogue's device fields: 32, so 8 GPUs x 32 fields x 4 statistics (today's len(STATS))
-# = 1024 series a window
-FIELDS = [f.name for f in CATALOGUE if f.name.startswith("DCGM_FI_DEV_")]
+# the catalogue's NVML device fields (not GPM's): 32, so 8 GPUs x 32 fields x 4 statistics (today's
+# len(STATS)) = 1024 series a window
+FIELDS = [f.name for f in CATALOGUE if f.nvml_field or f.nvml_call]
 
 
 def dcgm_series(reg: SeriesRegistry) -> list[Series]:
     out = []
+    host = host_labels("dgx-h100-rack12-node07", instance="")
     for gpu in range(8):
-        labels = {
-            "gpu": str(gpu),
-            "UUID": f"GPU-{random.Random(gpu).getrandbits(128):032x}",
-            "device": f"nvidia{gpu}",
-            "modelName": "NVIDIA H100 80GB HBM3",
-            "Hostname": "dgx-h100-rack12-node07",
-            "pci_bus_id": f"00000000:{0x18 + 0x10 * gpu:02X}:00.0",
-            "DCGM_FI_DRIVER_VERSION": "550.54.15",
-        }
+        uuid = f"GPU-{random.Random(gpu).getrandbits(128):032x}"
+        pci = f"00000000:{0x18 + 0x10 * gpu:02X}:00.0"
+        device = DeviceInfo(gpu, uuid, "NVIDIA H100 80GB HBM3", pci, "550.54.15", gpu)
+        labels = gpu_labels(device, host)
         for fld in FIELDS:
             for suffix in STATS:
                 out.append(reg.series(fld + suffix, labels))

@@ -2,7 +2,8 @@
 
 Each entry names the dcgm-exporter metric, its help text and unit, how NVML gives it (a field id for
 the batched ``nvmlDeviceGetFieldValues`` hot path, or a call), the scale from NVML's unit to the
-exported unit, its kind, and the sampling group it belongs to by default.
+exported unit, its kind, and the sampling group it belongs to by default. The roles (``POWER``,
+``FB_USED``, ...) name what other stages need a field for; ``pick`` finds the field that serves one.
 """
 
 from __future__ import annotations
@@ -194,6 +195,59 @@ CATALOGUE: tuple[Field, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What another stage needs a field for, and the catalogue names that serve it, best first."""
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.names if n not in BY_NAME]
+        if unknown or not self.names:
+            raise ValueError(f"a role names catalogue fields: {unknown}")
+
+    @property
+    def name(self) -> str:
+        """The field that serves the role best (for a role of one field, that field)."""
+        return self.names[0]
+
+    def __or__(self, other: Role) -> Role:
+        """This role's fields, else the other's."""
+        return Role(self.names + other.names)
+
+
+POWER_INSTANT = Role(("DCGM_FI_DEV_POWER_USAGE_INSTANT",))
+POWER_AVERAGE = Role(("DCGM_FI_DEV_POWER_USAGE",))  # the driver's 1 s average, what a scrape sees
+POWER = POWER_INSTANT | POWER_AVERAGE  # power draw: instant power, else the 1 s average
+POWER_LIMIT = Role(("DCGM_FI_DEV_POWER_MGMT_LIMIT",))
+POWER_VIOLATION = Role(("DCGM_FI_DEV_POWER_VIOLATION",))
+ENERGY = Role(("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",))
+FB_USED = Role(("DCGM_FI_DEV_FB_USED",))
+FB_FREE = Role(("DCGM_FI_DEV_FB_FREE",))
+GPU_UTIL = Role(("DCGM_FI_DEV_GPU_UTIL",))
+GPU_TEMP = Role(("DCGM_FI_DEV_GPU_TEMP",))
+SM_CLOCK = Role(("DCGM_FI_DEV_SM_CLOCK",))
+CLOCK_EVENTS = Role(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",))  # throttle reasons, NVML's bits
+
+
+def pick(role: Role, fields: Iterable[Field]) -> Field | None:
+    """The field among ``fields`` that serves ``role``: the first of its names there, else None.
+
+    Of several fields with one name (instances), the first is picked.
+    """
+    have: dict[str, Field] = {}
+    for f in fields:
+        have.setdefault(f.name, f)
+    return next((have[n] for n in role.names if n in have), None)
+
+
+def locate(role: Role, groups: Sequence[Sequence[Field]]) -> tuple[int, int] | None:
+    """Where ``pick`` finds the role's field among several groups: (group, position), or None."""
+    field = pick(role, (f for g in groups for f in g))
+    at = ((g, j) for g, fields in enumerate(groups) for j, f in enumerate(fields) if f is field)
+    return next(at, None)
 
 
 def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:

@@ -32,7 +32,7 @@ from hfsampler import logs
 from hfsampler.config import Config, parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
-from hfsampler.fields import FAST, Kind
+from hfsampler.fields import FAST, POWER, Kind, locate
 from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
@@ -50,7 +50,6 @@ END_GRACE_S = 0.02
 # its clean-up.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 Procs = dict[int, list[dict[str, Any]]]  # per GPU index, its compute processes
-POWER_FIELDS = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
 
 
 def job_context(env: Mapping[str, str]) -> dict[str, str]:
@@ -169,12 +168,7 @@ class Recorder:
         self.out = out
         self.child: subprocess.Popen[bytes] | None = None
         self._stop = False
-        self._power: tuple[int, int] | None = None
-        for name in POWER_FIELDS:
-            for g, p in enumerate(self.plans):
-                for j, f in enumerate(p.fields):
-                    if f.name == name and self._power is None:
-                        self._power = (g, j)
+        self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
 

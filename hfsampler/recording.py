@@ -33,7 +33,7 @@ import numpy.typing as npt
 import orjson
 
 from hfsampler.errors import HfsamplerError
-from hfsampler.fields import BY_NAME, Field, Kind
+from hfsampler.fields import BY_NAME, Field, Kind, Role, locate
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
 from hfsampler.sources import DeviceInfo
@@ -343,6 +343,10 @@ class Recording:
                 if f.name == field_name:
                     return i, j
         return None
+
+    def locate_role(self, role: Role) -> tuple[int, int] | None:
+        """(group, field position) of the recorded field that serves ``role``, or None."""
+        return locate(role, [g.fields for g in self.groups])
 
     def raw_chunks(self, group: int | None = None) -> Iterator[RawChunk]:
         """Every raw chunk (of one group, if given), in file (time) order."""

@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 
 from hfsampler.errors import HfsamplerError
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, SM_CLOCK
 from hfsampler.recording import Recording
 from hfsampler.summary import REASONS, Summary, summarize
 from hfsampler.window import MAX, MEAN, MIN
 
 PANELS = (
-    ("DCGM_FI_DEV_GPU_UTIL", MEAN, "Utilization (%)"),
-    ("DCGM_FI_DEV_FB_USED", MAX, "Memory used (MiB)"),
-    ("DCGM_FI_DEV_GPU_TEMP", MEAN, "Temperature (C)"),
-    ("DCGM_FI_DEV_SM_CLOCK", MIN, "SM clock (MHz)"),
+    (GPU_UTIL, MEAN, "Utilization (%)"),
+    (FB_USED, MAX, "Memory used (MiB)"),
+    (GPU_TEMP, MEAN, "Temperature (C)"),
+    (SM_CLOCK, MIN, "SM clock (MHz)"),
 )
-POWER_WINDOW = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
 
 
 def _plotly() -> Any:
@@ -50,7 +50,8 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=titles, row_heights=[3, 1, 1, 1, 1, 1])  # fmt: skip
     start = summary.start_ns
-    for name in POWER_WINDOW:
+    # the power role's first field with windows for this GPU (not only the first recorded)
+    for name in POWER.names:
         where = rec.locate(name)
         if where is None:
             continue
@@ -75,8 +76,8 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
     if np.isfinite(g.power_limit_w):
         fig.add_hline(y=g.power_limit_w, line_dash="dash", line_color="black", row=1, col=1,
                       annotation_text="power limit")  # fmt: skip
-    for row, (name, stat, label) in enumerate(PANELS, start=2):
-        where = rec.locate(name)
+    for row, (role, stat, label) in enumerate(PANELS, start=2):
+        where = rec.locate_role(role)
         if where is None:
             continue
         w = rec.windows(where[0])

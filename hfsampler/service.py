@@ -26,7 +26,7 @@ from aiohttp import web
 from hfsampler import exposition
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
-from hfsampler.fields import Field
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, locate
 from hfsampler.metrics import MetricModel
 from hfsampler.remote_write import RemoteWriter, define_metrics
 from hfsampler.sampler import GroupPlan, Sampler
@@ -298,34 +298,28 @@ class Service:
 
 def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int) -> str:
     """One compact terminal line per window: per GPU power mean/max, util, memory, temperature."""
-    wanted = {
-        "DCGM_FI_DEV_POWER_USAGE_INSTANT": "P",
-        "DCGM_FI_DEV_GPU_UTIL": "U",
-        "DCGM_FI_DEV_FB_USED": "M",
-        "DCGM_FI_DEV_GPU_TEMP": "T",
-    }
-    cells: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for w in stats.values():
-        for j, f in enumerate(w.fields):
-            if f.name in wanted:
-                cells[f.name] = (w[MEAN][:, j], w[MAX][:, j])
-    if "DCGM_FI_DEV_POWER_USAGE_INSTANT" not in cells:
-        for w in stats.values():
-            for j, f in enumerate(w.fields):
-                if f.name == "DCGM_FI_DEV_POWER_USAGE":
-                    cells["DCGM_FI_DEV_POWER_USAGE_INSTANT"] = (w[MEAN][:, j], w[MAX][:, j])
+    windows = list(stats.values())
+
+    def cell(role: Role) -> tuple[np.ndarray, np.ndarray] | None:
+        at = locate(role, [w.fields for w in windows])
+        if at is None:
+            return None
+        w, j = windows[at[0]], at[1]
+        return w[MEAN][:, j], w[MAX][:, j]
+
+    power, util, mem, temp = cell(POWER), cell(GPU_UTIL), cell(FB_USED), cell(GPU_TEMP)
     stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
     parts = [stamp]
     for i, d in enumerate(inventory.devices):
         text = [f"gpu{d.index}"]
-        if (p := cells.get("DCGM_FI_DEV_POWER_USAGE_INSTANT")) is not None:
-            text.append(f"P {_fmt(p[0][i])}/{_fmt(p[1][i])}W")
-        if (u := cells.get("DCGM_FI_DEV_GPU_UTIL")) is not None:
-            text.append(f"U {_fmt(u[0][i])}%")
-        if (mem := cells.get("DCGM_FI_DEV_FB_USED")) is not None:
+        if power is not None:
+            text.append(f"P {_fmt(power[0][i])}/{_fmt(power[1][i])}W")
+        if util is not None:
+            text.append(f"U {_fmt(util[0][i])}%")
+        if mem is not None:
             text.append(f"M {_fmt(mem[0][i] / 1024, 1)}GiB")
-        if (t := cells.get("DCGM_FI_DEV_GPU_TEMP")) is not None:
-            text.append(f"T {_fmt(t[0][i])}C")
+        if temp is not None:
+            text.append(f"T {_fmt(temp[0][i])}C")
         parts.append(" ".join(text))
     return " | ".join(parts)
 

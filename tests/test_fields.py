@@ -96,3 +96,16 @@ def test_regroup_moves_a_field() -> None:
     assert next(f for f in moved if f.name == "DCGM_FI_DEV_GPU_TEMP").group == "fast"
     with pytest.raises(ConfigError, match="field_groups"):
         fields.regroup(CATALOGUE, {"NOPE": "fast"})
+
+
+def test_roles_pick_the_best_field_recorded() -> None:
+    power = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
+    instant = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
+    fb = fields.BY_NAME["DCGM_FI_DEV_FB_USED"]
+    assert fields.pick(fields.POWER, [power, instant]) is instant  # instant power first
+    assert fields.pick(fields.POWER, [fb, power]) is power  # else the 1 s average
+    assert fields.pick(fields.POWER, [fb]) is None
+    assert fields.locate(fields.POWER, [(fb,), (power,)]) == (1, 0)
+    assert fields.locate(fields.GPU_TEMP, [(fb,), (power,)]) is None
+    with pytest.raises(ValueError, match="catalogue"):
+        fields.Role(("DCGM_FI_DEV_NO_SUCH_FIELD",))

@@ -28,10 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 import receivers as rx  # the integration tests' receiver harness
 
 from hfsampler.config import Config
+from hfsampler.fields import GPU_TEMP
+from hfsampler.metrics import gpu_labels, host_labels
 from hfsampler.remote_write import RemoteWriter, parse_remote_write
 from hfsampler.remote_write.sender import SAMPLES
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Series, SeriesRegistry, Snapshot
+from hfsampler.sources import DeviceInfo
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -41,19 +44,13 @@ def series_for(gpus: int) -> list[Series]:
     reg = SeriesRegistry()
     fields = [f for f in Config().selected_fields() if f.nvml_readable]  # an NVML node's
     names = [n for f in fields for n in f.exported_names]
-    host = socket.gethostname()
+    host = host_labels(socket.gethostname(), instance="")
     out = []
     for g in range(gpus):
-        labels = {
-            "gpu": str(g),
-            "UUID": f"GPU-{g:08x}-5e1f-4c2b-9d7a-{g:012x}",
-            "device": f"nvidia{g}",
-            "modelName": "NVIDIA H100 80GB HBM3",
-            "Hostname": host,
-            "pci_bus_id": f"00000000:{g + 0x18:02X}:00.0",
-            "DCGM_FI_DRIVER_VERSION": "550.54.15",
-            "cluster": "bench",
-        }
+        uuid = f"GPU-{g:08x}-5e1f-4c2b-9d7a-{g:012x}"
+        device = DeviceInfo(g, uuid, "NVIDIA H100 80GB HBM3", f"00000000:{g + 0x18:02X}:00.0",
+                            "550.54.15", g)  # fmt: skip
+        labels = {**gpu_labels(device, host), "cluster": "bench"}
         out.extend(reg.series(n, labels) for n in names)
     return out
 
@@ -104,7 +101,7 @@ async def run(gpus: int, minutes: float, root: Path) -> dict[str, float]:
                 raise SystemExit("drain did not finish in 10 minutes")
         done = time.perf_counter()
         await writer.close(5)
-        stored = prom.query(f'count_over_time(DCGM_FI_DEV_GPU_TEMP{{gpu="0"}}[{windows + 60}s])')
+        stored = prom.query(f'count_over_time({GPU_TEMP.name}{{gpu="0"}}[{windows + 60}s])')
     finally:
         prom.stop()
     drain_s = done - ready

@@ -36,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 
 import receivers as rx  # the integration tests' receiver harness
 
-METRIC = "DCGM_FI_DEV_POWER_USAGE_INSTANT_max"
+from hfsampler.fields import POWER_INSTANT
+from hfsampler.window import MAX
+
+METRIC = POWER_INSTANT.name + MAX.suffix  # the series a scrape misses most: the spikes
 PULL_JOB = "hfsampler-pull"
 
 

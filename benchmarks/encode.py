@@ -1,8 +1,8 @@
 """Benchmark: Remote-Write encode + snappy samples/s, hfsampler vs prometheus-remote-writer,
 and Remote-Write 2.0 beside 1.0 (bytes per sample after snappy, encode samples/s).
 
-Both sides run in the same process on the same windows: (a) 8 GPUs x 32 fields x 4 statistics with
-dcgm-exporter labels, (b) 10 000 series. Each window is cut into requests of at most
+Both sides run in the same process on the same windows: (a) 8 GPUs x 32 fields x a gauge's
+statistics with dcgm-exporter labels, (b) 10 000 series. Each window is cut into requests of at most
 ``max_samples_per_send`` samples, encoded and snappy-compressed. Prints a table and writes JSON.
 
 prometheus-remote-writer can only build a request on its way to sending it, so its side calls the
@@ -24,31 +24,31 @@ from typing import Any
 
 import snappy
 
-from hfsampler.fields import CATALOGUE
+from hfsampler.fields import CATALOGUE, Kind
+from hfsampler.metrics import gpu_labels, host_labels
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.series import Family, Series, SeriesRegistry
+from hfsampler.sources import DeviceInfo
+from hfsampler.window import suffixes
 
 BATCH = 2000  # Prometheus's default max_samples_per_send
 MIN_TIME_S = 0.7
 REPEATS = 3
-STATS = ("", "_min", "_max", "_p99")
-# the catalogue's device fields: 32, so 8 GPUs x 32 fields x 4 statistics = 1024 series a window
-FIELDS = [f.name for f in CATALOGUE if f.name.startswith("DCGM_FI_DEV_")]
+STATS = suffixes(Kind.GAUGE)  # a gauge's series, for every field alike
+# the catalogue's NVML device fields (not GPM's): 32, so 8 GPUs x 32 fields x 4 statistics (today's
+# len(STATS)) = 1024 series a window
+FIELDS = [f.name for f in CATALOGUE if f.nvml_field or f.nvml_call]
 
 
 def dcgm_series(reg: SeriesRegistry) -> list[Series]:
     out = []
+    host = host_labels("dgx-h100-rack12-node07", instance="")
     for gpu in range(8):
-        labels = {
-            "gpu": str(gpu),
-            "UUID": f"GPU-{random.Random(gpu).getrandbits(128):032x}",
-            "device": f"nvidia{gpu}",
-            "modelName": "NVIDIA H100 80GB HBM3",
-            "Hostname": "dgx-h100-rack12-node07",
-            "pci_bus_id": f"00000000:{0x18 + 0x10 * gpu:02X}:00.0",
-            "DCGM_FI_DRIVER_VERSION": "550.54.15",
-        }
+        uuid = f"GPU-{random.Random(gpu).getrandbits(128):032x}"
+        pci = f"00000000:{0x18 + 0x10 * gpu:02X}:00.0"
+        device = DeviceInfo(gpu, uuid, "NVIDIA H100 80GB HBM3", pci, "550.54.15", gpu)
+        labels = gpu_labels(device, host)
         for fld in FIELDS:
             for suffix in STATS:
                 out.append(reg.series(fld + suffix, labels))

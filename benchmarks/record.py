@@ -35,6 +35,7 @@ from hfsampler.recording import RecordingWriter  # noqa: E402
 from hfsampler.ring import RingRows  # noqa: E402
 from hfsampler.service import plan_groups  # noqa: E402
 from hfsampler.sources.sim import SimSource  # noqa: E402
+from hfsampler.window import WindowClock  # noqa: E402
 
 
 def synthesize(
@@ -52,8 +53,10 @@ def synthesize(
     last = [np.full((gpus, len(p.fields)), -1, np.int64) for p in plans]
     g_ids = np.arange(gpus)[None, :]
     began = time.perf_counter()
-    for k in range(seconds):
-        t0, t1 = start + k * 10**9, start + (k + 1) * 10**9
+    clock = WindowClock(1.0, start_ns=start)  # offline: its windows, never its wall clock
+    for _ in range(seconds):
+        t0, t1 = clock.t0_ns, clock.t1_ns
+        clock.advance()
         for gi, plan in enumerate(plans):
             step = int(plan.interval_s * 1e9)
             ticks = np.arange(t0, t1, step, dtype=np.int64)

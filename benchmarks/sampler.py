@@ -52,7 +52,7 @@ from hfsampler.ring import Ring
 from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
 from hfsampler.service import plan_groups
 from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import reduce
+from hfsampler.window import WindowClock, reduce, suffixes
 
 WINDOW_S = 1.0
 SHORT_SLICE_S = 100e-6  # the shortest slice EEVDF accepts
@@ -163,7 +163,7 @@ def _varint(value: int) -> bytes:
 
 def encode_window(gpus: int, fields: Sequence[str], t_ms: int, rng: random.Random) -> int:
     """Encode one window like the service's outputs: a JSON document and protobuf-style bytes."""
-    stats = ("", "_min", "_max", "_p99")
+    stats = suffixes(catalogue.Kind.GAUGE)
     doc: list[dict[str, Any]] = [
         {"name": name + s, "gpu": str(g), "value": rng.random() * 700.0, "t": t_ms}
         for g in range(gpus)
@@ -314,7 +314,6 @@ async def _collect(
     """Read every ring once a second, as the service does, until ``seconds`` have passed."""
     loop = asyncio.get_running_loop()
     seqs = {name: r.write_seq for name, r in rings.items()}
-    window_ns = int(WINDOW_S * 1e9)
 
     def take(t0: int, t1: int) -> None:
         for k, g in enumerate(groups):
@@ -329,13 +328,12 @@ async def _collect(
                 out.slow_lateness_ns.append(rows.lateness_ns.copy())
 
     end = time.monotonic() + seconds
-    t0 = time.time_ns()
+    clock = WindowClock(WINDOW_S)
     while time.monotonic() < end:
-        now = time.time_ns()
-        t1 = now - now % window_ns + window_ns
-        await asyncio.sleep((t1 - now) / 1e9 + 0.01)
-        await loop.run_in_executor(None, take, t0, t1)
-        t0 = t1
+        await asyncio.sleep(clock.wait_s())
+        await loop.run_in_executor(None, take, clock.t0_ns, clock.t1_ns)
+        clock.advance()
+        clock.catch_up()
 
 
 def _counts(sampler: Sampler, group_index: int) -> tuple[int, int, int]:

@@ -6,6 +6,8 @@ exported unit, its kind, and the sampling group it belongs to by default; and ho
 source reads it from sysfs, where it can. A field that a source finds several of on a device (a
 Jetson's power rails, its thermal zones) names the label that tells them apart (``per``): the
 source expands it at open into one field per instance, each carrying that label (``labels``).
+The roles (``POWER``, ``FB_USED``, ...) name what other stages need a field for; ``pick`` finds
+the field that serves one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from hfsampler.errors import ConfigError
 class Kind(enum.Enum):
     """How a window reduces a field and how it is exported."""
 
-    GAUGE = "gauge"  # mean under the name; _min, _max, _p99 siblings
+    GAUGE = "gauge"  # every gauge statistic of hfsampler.window.STATS: the mean under the name
     COUNTER = "counter"  # monotonic: the window's last value, exported as a counter, never averaged
     STATE = "state"  # a code (last XID, remap failure flag): the window's last value, no siblings
     BITMASK = "bitmask"  # reason bits: OR over the window, so a 2 ms throttle is not lost
@@ -30,8 +32,6 @@ FAST = "fast"
 SLOW = "slow"
 GPM = "gpm"  # activity ratios from NVML's GPM sample pairs: NVML refreshes them every ~100 ms
 DEFAULT_GROUP_INTERVALS_S: dict[str, float] = {FAST: 0.001, SLOW: 0.1, GPM: 0.1}
-
-GAUGE_SUFFIXES = ("_min", "_max", "_p99")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +71,10 @@ class Field:
 
     @property
     def exported_names(self) -> tuple[str, ...]:
-        """Every series name this field exports: the mean first, then the window siblings."""
-        if self.kind is Kind.GAUGE:
-            return (self.name, *(self.name + s for s in GAUGE_SUFFIXES))
-        return (self.name,)
+        """Every series name this field exports: its own name first, then the window siblings."""
+        from hfsampler.window import suffixes  # the window module builds on this one
+
+        return tuple(self.name + s for s in suffixes(self.kind))
 
 
 _MIB = 1.0 / (1 << 20)
@@ -239,6 +239,59 @@ CATALOGUE: tuple[Field, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What another stage needs a field for, and the catalogue names that serve it, best first."""
+
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = [n for n in self.names if n not in BY_NAME]
+        if unknown or not self.names:
+            raise ValueError(f"a role names catalogue fields: {unknown}")
+
+    @property
+    def name(self) -> str:
+        """The field that serves the role best (for a role of one field, that field)."""
+        return self.names[0]
+
+    def __or__(self, other: Role) -> Role:
+        """This role's fields, else the other's."""
+        return Role(self.names + other.names)
+
+
+POWER_INSTANT = Role(("DCGM_FI_DEV_POWER_USAGE_INSTANT",))
+POWER_AVERAGE = Role(("DCGM_FI_DEV_POWER_USAGE",))  # the driver's 1 s average, what a scrape sees
+POWER = POWER_INSTANT | POWER_AVERAGE  # power draw: instant power, else the 1 s average
+POWER_LIMIT = Role(("DCGM_FI_DEV_POWER_MGMT_LIMIT",))
+POWER_VIOLATION = Role(("DCGM_FI_DEV_POWER_VIOLATION",))
+ENERGY = Role(("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",))
+FB_USED = Role(("DCGM_FI_DEV_FB_USED",))
+FB_FREE = Role(("DCGM_FI_DEV_FB_FREE",))
+GPU_UTIL = Role(("DCGM_FI_DEV_GPU_UTIL",))
+GPU_TEMP = Role(("DCGM_FI_DEV_GPU_TEMP",))
+SM_CLOCK = Role(("DCGM_FI_DEV_SM_CLOCK",))
+CLOCK_EVENTS = Role(("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",))  # throttle reasons, NVML's bits
+
+
+def pick(role: Role, fields: Iterable[Field]) -> Field | None:
+    """The field among ``fields`` that serves ``role``: the first of its names there, else None.
+
+    Of several fields with one name (instances), the first is picked.
+    """
+    have: dict[str, Field] = {}
+    for f in fields:
+        have.setdefault(f.name, f)
+    return next((have[n] for n in role.names if n in have), None)
+
+
+def locate(role: Role, groups: Sequence[Sequence[Field]]) -> tuple[int, int] | None:
+    """Where ``pick`` finds the role's field among several groups: (group, position), or None."""
+    field = pick(role, (f for g in groups for f in g))
+    at = ((g, j) for g, fields in enumerate(groups) for j, f in enumerate(fields) if f is field)
+    return next(at, None)
 
 
 def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:

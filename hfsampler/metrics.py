@@ -1,7 +1,8 @@
 """The metric model: window statistics and self-metrics become one ``Snapshot`` of named series.
 
-GPU series take dcgm-exporter's names and labels (the window mean keeps the name; ``_min``,
-``_max`` and ``_p99`` are siblings), plus a field's own labels where it has several instances
+GPU series take dcgm-exporter's names and labels, one series per statistic of
+``hfsampler.window.STATS`` that the field's kind exports (a gauge's mean keeps the name, the others
+are siblings such as ``_max``), plus a field's own labels where it has several instances
 (``rail``, ``zone``); counters, states and bitmasks export one value. Counters and
 states carry their last value into windows without a fresh sample; a gauge without samples for
 ``stale_after_windows`` windows, every series of a GPU that went down, and everything at shutdown
@@ -21,7 +22,7 @@ from hfsampler.fields import Field, Kind
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot
 from hfsampler.sources import DeviceInfo
-from hfsampler.window import WindowStats
+from hfsampler.window import STATS, Stat, WindowStats
 
 ObjArray = npt.NDArray[np.object_]
 
@@ -30,13 +31,6 @@ REFRESH_HELP = (
     "Seconds between distinct samples of the field in the window (window length / distinct "
     "samples): the real resolution of its series."
 )
-_STATS: dict[str, str] = {"": "mean", "_min": "min", "_max": "max", "_p99": "p99"}
-_STAT_HELP = {
-    "": "mean over the window",
-    "_min": "minimum over the window",
-    "_max": "maximum over the window",
-    "_p99": "99th percentile over the window",
-}
 
 
 # dcgm-exporter's port: the `instance` a scrape of it would have given the series.
@@ -83,12 +77,12 @@ def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass(slots=True)
 class _GroupSeries:
-    """A group's series per exported statistic, as ``[gpu, field]`` object arrays (None: none)."""
+    """A group's series per statistic, as ``[gpu, field]`` object arrays (None: not exported)."""
 
     fields: tuple[Field, ...]
-    by_stat: list[tuple[str, ObjArray]]  # (WindowStats attribute, series array)
+    by_stat: list[tuple[Stat, ObjArray]]
     carried: npt.NDArray[np.bool_]  # [field]: counters, states, bitmasks carry forward
-    last: npt.NDArray[np.float64]  # [gpu, field]: last exported value of carried fields
+    held: npt.NDArray[np.float64]  # [stat, gpu, field]: last exported value of carried fields
     empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
     refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
 
@@ -151,23 +145,19 @@ class MetricModel:
     def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
         g = len(self.devices)
         own = [dict(f.labels) for f in fields]
-        by_stat: list[tuple[str, ObjArray]] = []
-        for suffix, stat in _STATS.items():
+        by_stat: list[tuple[Stat, ObjArray]] = []
+        for stat in STATS:
             arr: ObjArray = np.empty((g, len(fields)), dtype=object)
             for j, f in enumerate(fields):
-                if suffix and f.kind is not Kind.GAUGE:
+                if not stat.exports(f.kind):
                     continue
-                name = f.name + suffix
-                what = _STAT_HELP[suffix] if f.kind is Kind.GAUGE else "last value in the window"
-                if f.kind is Kind.BITMASK:
-                    what = "OR over the window"
-                help_text = f"{f.help.rstrip('.')}; {what}."
+                name = f.name + stat.suffix
+                help_text = f"{f.help.rstrip('.')}; {stat.help[f.kind]}."
                 self.registry.family(name, help_text, f.prometheus_type, f.unit)
                 for i in range(g):
                     # a per-instance field (a rail, a zone) adds its own label to the GPU's
                     arr[i, j] = self.registry.series(name, {**self._base_labels[i], **own[j]})
-            stat_attr = stat if suffix else "mean"
-            by_stat.append((stat_attr, arr))
+            by_stat.append((stat, arr))
         refresh: ObjArray = np.empty((g, len(fields)), dtype=object)
         self.registry.family(REFRESH_METRIC, REFRESH_HELP, "gauge", "seconds")
         for j, f in enumerate(fields):
@@ -175,13 +165,11 @@ class MetricModel:
                 labels = {**self._base_labels[i], **own[j], "field": f.name}
                 refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
         carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
-        # counters, states and bitmasks export `last` under the plain name, not the mean
-        by_stat[0] = ("last_or_mean", by_stat[0][1])
         return _GroupSeries(
             fields,
             by_stat,
             carried,
-            np.full((g, len(fields)), np.nan),
+            np.full((len(by_stat), g, len(fields)), np.nan),
             np.zeros((g, len(fields)), dtype=np.int64),
             refresh,
         )
@@ -200,19 +188,16 @@ class MetricModel:
             group = self._groups[name]
             has = stats.count > 0
             group.empty_windows = np.where(has, 0, group.empty_windows + 1)
-            fresh = np.where(group.carried, stats.last, stats.mean)
-            group.last = np.where(has & group.carried, stats.last, group.last)
-            exists = (group.by_stat[0][1] != None) & gpu_up[:, None]  # noqa: E711
             # a gauge stays live through a few windows without samples; carried fields while known
             recent = group.empty_windows < self.stale_after_windows
-            for stat, arr in group.by_stat:
-                if stat == "last_or_mean":
-                    data = np.where(group.carried, group.last, fresh)
-                    emit = np.where(group.carried, ~np.isnan(group.last), has)
-                else:
-                    data = getattr(stats, stat)
-                    emit = has
-                present = exists & (arr != None)  # noqa: E711
+            for k, (stat, arr) in enumerate(group.by_stat):
+                fresh = stats.values.get(stat.name)
+                if fresh is None:  # a recording from before this statistic existed
+                    continue
+                held = group.held[k] = np.where(has & group.carried, fresh, group.held[k])
+                data = np.where(group.carried, held, fresh)
+                emit = np.where(group.carried, ~np.isnan(held), has)
+                present = gpu_up[:, None] & (arr != None)  # noqa: E711
                 emit = emit & present
                 live = emit | (present & ~group.carried & recent)
                 for s in arr[live]:

@@ -1,10 +1,10 @@
 """`hfsampler record`: sample the GPUs for exactly one command's life and keep it all in a file.
 
-It reuses the service's pieces (``Sampler`` in its own process, its rings, ``WindowReader``,
-``reduce``); only the ending differs: each window's distinct raw samples and its statistics go to
-a ``RecordingWriter`` instead of Remote-Write. The command runs as a child in the same process
-group (so it keeps the terminal); signals sent to the recorder are passed on to it, and the
-recorder exits with the child's exit code (128 + N when a signal N ended it).
+It reuses the service's pieces (``Sampler`` in its own process, its rings, ``WindowClock``,
+``WindowReader``, ``reduce``); only the ending differs: each window's distinct raw samples and its
+statistics go to a ``RecordingWriter`` instead of Remote-Write. The command runs as a child in the
+same process group (so it keeps the terminal); signals sent to the recorder are passed on to it,
+and the recorder exits with the child's exit code (128 + N when a signal N ended it).
 """
 
 from __future__ import annotations
@@ -31,26 +31,26 @@ import hfsampler
 from hfsampler import logs
 from hfsampler.config import Config
 from hfsampler.errors import ConfigError
-from hfsampler.fields import FAST, Kind
+from hfsampler.fields import FAST, POWER, Kind, locate
 from hfsampler.flags import add_sampling_flags, config_from_args
 from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
 from hfsampler.sources.resolve import resolve_source
-from hfsampler.window import WindowReader, WindowStats, reduce
+from hfsampler.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 PROCESS_POLL_S = 2.0
-END_GRACE_S = 0.02  # the sampler's rows up to the child's exit are committed by then
+# the sampler's rows up to the child's exit (or a window's end) are committed by then
+END_GRACE_S = 0.02
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
 # already reaches the child, which shares our process group, and a second copy would interrupt
 # its clean-up.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 Procs = dict[int, list[dict[str, Any]]]  # per GPU index, its compute processes
-POWER_FIELDS = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
 
 
 def job_context(env: Mapping[str, str]) -> dict[str, str]:
@@ -116,7 +116,7 @@ def store_window(
     """Write one group's window: its distinct raw samples and its statistics (kept GPUs only)."""
     writer.add_rows(group, rows, keep)
     stats = reduce(rows, plan.fields, t0_ns, t1_ns)
-    writer.add_window(group, stats, keep)
+    writer.add_window(group, stats, keep, ticks=len(rows))
     return stats
 
 
@@ -169,12 +169,7 @@ class Recorder:
         self.out = out
         self.child: subprocess.Popen[bytes] | None = None
         self._stop = False
-        self._power: tuple[int, int] | None = None
-        for name in POWER_FIELDS:
-            for g, p in enumerate(self.plans):
-                for j, f in enumerate(p.fields):
-                    if f.name == name and self._power is None:
-                        self._power = (g, j)
+        self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
 
@@ -229,9 +224,9 @@ class Recorder:
 
     def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
               side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip
-        window_ns = int(self.opts.config.window_s * 1e9)
+        # every window is written, however late: no catch-up as `run` does
+        clock = WindowClock(self.opts.config.window_s, END_GRACE_S, start_ns=start_ns)
         end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
-        t0, t1 = start_ns, start_ns - start_ns % window_ns + window_ns
         next_poll = 0.0
         seen: dict[int, list[dict[str, Any]]] | None = None
         sampling = True
@@ -243,20 +238,20 @@ class Recorder:
                 end_ns = min(now, end_at) if end_at is not None else now
                 time.sleep(END_GRACE_S)
                 if sampling:
-                    self._write(readers, writer, t0, end_ns)
+                    self._write(readers, writer, clock.t0_ns, end_ns)
                 if code is None:
                     return 0, end_ns
                 return (128 - code if code < 0 else code), end_ns
-            if now >= t1 + int(END_GRACE_S * 1e9):
+            if now >= clock.due_ns:
                 if sampling and not sampler.alive():
                     # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
                     log.error("the sampler process died; the recording stops here")
-                    self._write(readers, writer, t0, now)
+                    self._write(readers, writer, clock.t0_ns, now)
                     sampling = False
                 if sampling:
-                    self._write(readers, writer, t0, t1)
-                self._status(writer, start_ns, t1)
-                t0, t1 = t1, t1 + window_ns
+                    self._write(readers, writer, clock.t0_ns, clock.t1_ns)
+                self._status(writer, start_ns, clock.t1_ns)
+                clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
                 seen = self._processes(writer, side, seen)
@@ -268,9 +263,9 @@ class Recorder:
             stats = store_window(writer, g, plan, reader.take(t1), t0, t1, self.keep)
             if self._power is not None and self._power[0] == g:
                 j = self._power[1]
-                now = stats.mean[self.keep, j]
+                now = stats[MEAN][self.keep, j]
                 self.power_now = np.where(np.isnan(now), self.power_now, now)
-                self.power_max = np.fmax(self.power_max, stats.max[self.keep, j])
+                self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
 
     def _side_source(self) -> Any:
         """A second handle on the source, here in the parent, for the compute-process list."""

@@ -4,9 +4,10 @@ Layout: 8 magic bytes, then chunks. Each chunk is a 12-byte frame (4-byte tag, p
 CRC-32 of the payload) and a zlib-compressed payload; the payload is a small JSON part plus packed
 arrays. Tags: ``HEAD`` (the job's context, first), ``RAW_`` (one group's distinct samples over a
 stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU compute processes seen),
-``END_`` (end time and exit code, last). Every chunk is written with one ``write`` and flushed, so
-a ``kill -9`` loses at most the chunk being written; the reader stops at the first torn or
-corrupt frame and says so.
+``END_`` (end time and exit code, last). The header names the window statistics each ``WIN_``
+chunk holds, in order, and the reader takes them by name (format 1 named none: its chunks hold
+``FORMAT_1_STATS``). Every chunk is written with one ``write`` and flushed, so a ``kill -9`` loses
+at most the chunk being written; the reader stops at the first torn or corrupt frame and says so.
 
 Why this shape: the raw samples are most of the bytes. Driver timestamps are delta-encoded (at a
 steady refresh the deltas are one repeated number); values are XOR-ed with the previous value of
@@ -32,17 +33,17 @@ import numpy.typing as npt
 import orjson
 
 from hfsampler.errors import HfsamplerError
-from hfsampler.fields import BY_NAME, Field, Kind
+from hfsampler.fields import BY_NAME, Field, Kind, Role, locate
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
 from hfsampler.sources import DeviceInfo
-from hfsampler.window import WindowStats
+from hfsampler.window import STATS, Stat, WindowStats
 
 MAGIC = b"HFSREC\x00\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header names the window statistics
+FORMAT_1_STATS = ("min", "max", "mean", "p99", "last")  # what format 1 stored, in this order
 _FRAME = struct.Struct("<4sII")
 HEAD, RAW, WIN, PROC, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"END_"
-_STATS = ("min", "max", "mean", "p99", "last")
 ZLIB_LEVEL = 6
 
 FloatArray = npt.NDArray[np.float64]
@@ -129,19 +130,16 @@ class Windows:
 
     t0_ns: IntArray
     t1_ns: IntArray
-    min: FloatArray
-    max: FloatArray
-    mean: FloatArray
-    p99: FloatArray
-    last: FloatArray
+    values: Mapping[str, FloatArray]  # by Stat.name: every statistic the file names
     count: IntArray
+
+    def __getitem__(self, stat: Stat) -> FloatArray:
+        return self.values[stat.name]
 
     def stats(self, i: int, fields: tuple[Field, ...]) -> WindowStats:
         """Window ``i`` as the ``WindowStats`` the metric model takes."""
-        return WindowStats(
-            int(self.t0_ns[i]), int(self.t1_ns[i]), fields, self.min[i], self.max[i],
-            self.mean[i], self.p99[i], self.last[i], self.count[i], 0, 0, 0,
-        )  # fmt: skip
+        values = {name: v[i] for name, v in self.values.items()}
+        return WindowStats(int(self.t0_ns[i]), int(self.t1_ns[i]), fields, values, self.count[i])
 
 
 # -- writer --------------------------------------------------------------------------------------
@@ -167,6 +165,7 @@ class RecordingWriter:
         meta = {
             **header,
             "format_version": FORMAT_VERSION,
+            "stats": [s.name for s in STATS],
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
                  "pci_bus_id": d.pci_bus_id, "driver_version": d.driver_version,
@@ -231,11 +230,19 @@ class RecordingWriter:
         self.samples_written += len(ts)
         return len(ts)
 
-    def add_window(self, group: int, stats: WindowStats, gpus: Sequence[int] | None = None) -> None:
-        """Store one group's window statistics (only the recorded GPUs' rows)."""
+    def add_window(
+        self,
+        group: int,
+        stats: WindowStats,
+        gpus: Sequence[int] | None = None,
+        ticks: int | None = None,
+    ) -> None:
+        """Store one group's window statistics (only the recorded GPUs' rows) and its ticks."""
         sel = slice(None) if gpus is None else list(gpus)
-        meta = {"group": group, "t0_ns": stats.t0_ns, "t1_ns": stats.t1_ns, "ticks": stats.ticks}
-        blobs = [np.ascontiguousarray(getattr(stats, s)[sel], np.float64).tobytes() for s in _STATS]
+        meta = {"group": group, "t0_ns": stats.t0_ns, "t1_ns": stats.t1_ns}
+        if ticks is not None:
+            meta["ticks"] = ticks
+        blobs = [np.ascontiguousarray(stats[s][sel], np.float64).tobytes() for s in STATS]
         blobs.append(np.ascontiguousarray(stats.count[sel], np.int64).tobytes())
         self._chunk(WIN, _pack(meta, blobs))
 
@@ -344,6 +351,10 @@ class Recording:
                     return i, j
         return None
 
+    def locate_role(self, role: Role) -> tuple[int, int] | None:
+        """(group, field position) of the recorded field that serves ``role``, or None."""
+        return locate(role, [g.fields for g in self.groups])
+
     def raw_chunks(self, group: int | None = None) -> Iterator[RawChunk]:
         """Every raw chunk (of one group, if given), in file (time) order."""
         for frame in self.frames:
@@ -391,8 +402,9 @@ class Recording:
     def _read_windows(self, group: int) -> Windows:
         gpus, fields = len(self.devices), len(self.groups[group].fields)
         shape = (gpus, fields)
+        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
         t0, t1, counts = [], [], []
-        stats: dict[str, list[FloatArray]] = {s: [] for s in _STATS}
+        stats: dict[str, list[FloatArray]] = {name: [] for name in names}
         for frame in self.frames:
             if frame.tag != WIN:
                 continue
@@ -401,15 +413,15 @@ class Recording:
                 continue
             t0.append(int(meta["t0_ns"]))
             t1.append(int(meta["t1_ns"]))
-            for s, blob in zip(_STATS, blobs, strict=False):
-                stats[s].append(np.frombuffer(blob, np.float64).reshape(shape))
-            counts.append(np.frombuffer(blobs[len(_STATS)], np.int64).reshape(shape))
+            for name, blob in zip(names, blobs[: len(names)], strict=True):
+                stats[name].append(np.frombuffer(blob, np.float64).reshape(shape))
+            counts.append(np.frombuffer(blobs[len(names)], np.int64).reshape(shape))
 
         def stack(items: list[Any], dtype: type[np.generic]) -> Any:
             return np.stack(items) if items else np.empty((0, *shape), dtype)
 
-        mn, mx, mean, p99, last = (stack(stats[s], np.float64) for s in _STATS)
-        return Windows(np.array(t0, np.int64), np.array(t1, np.int64), mn, mx, mean, p99, last,
+        values = {name: stack(v, np.float64) for name, v in stats.items()}
+        return Windows(np.array(t0, np.int64), np.array(t1, np.int64), values,
                        stack(counts, np.int64))  # fmt: skip
 
     def processes(self) -> list[dict[str, Any]]:

@@ -20,16 +20,17 @@ from typing import Any
 import numpy as np
 
 from hfsampler.errors import HfsamplerError
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, SM_CLOCK
 from hfsampler.recording import Recording
 from hfsampler.summary import REASONS, Summary, summarize
+from hfsampler.window import MAX, MEAN, MIN
 
 PANELS = (
-    ("DCGM_FI_DEV_GPU_UTIL", "mean", "Utilization (%)"),
-    ("DCGM_FI_DEV_FB_USED", "max", "Memory used (MiB)"),
-    ("DCGM_FI_DEV_GPU_TEMP", "mean", "Temperature (C)"),
-    ("DCGM_FI_DEV_SM_CLOCK", "min", "SM clock (MHz)"),
+    (GPU_UTIL, MEAN, "Utilization (%)"),
+    (FB_USED, MAX, "Memory used (MiB)"),
+    (GPU_TEMP, MEAN, "Temperature (C)"),
+    (SM_CLOCK, MIN, "SM clock (MHz)"),
 )
-POWER_WINDOW = ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE")
 
 
 def _plotly() -> Any:
@@ -49,15 +50,16 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=titles, row_heights=[3, 1, 1, 1, 1, 1])  # fmt: skip
     start = summary.start_ns
-    for name in POWER_WINDOW:
+    # the power role's first field with windows for this GPU (not only the first recorded)
+    for name in POWER.names:
         where = rec.locate(name)
         if where is None:
             continue
         w = rec.windows(where[0])
-        if not len(w.t1_ns) or not np.isfinite(w.max[:, i, where[1]]).any():
+        if not len(w.t1_ns) or not np.isfinite(w[MAX][:, i, where[1]]).any():
             continue
         t = (w.t0_ns - start) / 1e9  # a window's value holds over [t0, t1)
-        lo, hi, mean = (getattr(w, s)[:, i, where[1]] for s in ("min", "max", "mean"))
+        lo, hi, mean = (w[s][:, i, where[1]] for s in (MIN, MAX, MEAN))
         fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0}, showlegend=False,
                                  hoverinfo="skip", line_shape="hv"), row=1, col=1)  # fmt: skip
         fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0}, fill="tonexty",
@@ -74,14 +76,14 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
     if np.isfinite(g.power_limit_w):
         fig.add_hline(y=g.power_limit_w, line_dash="dash", line_color="black", row=1, col=1,
                       annotation_text="power limit")  # fmt: skip
-    for row, (name, stat, label) in enumerate(PANELS, start=2):
-        where = rec.locate(name)
+    for row, (role, stat, label) in enumerate(PANELS, start=2):
+        where = rec.locate_role(role)
         if where is None:
             continue
         w = rec.windows(where[0])
-        y = getattr(w, stat)[:, i, where[1]]
+        y = w[stat][:, i, where[1]]
         fig.add_trace(go.Scatter(x=(w.t0_ns - start) / 1e9, y=y, mode="lines", line_shape="hv",
-                                 name=f"{label.split(' (')[0]} (window {stat})"),
+                                 name=f"{label.split(' (')[0]} (window {stat.name})"),
                       row=row, col=1)  # fmt: skip
     names = sorted(g.throttle_spans)
     for k, reason in enumerate(names):

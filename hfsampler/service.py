@@ -1,8 +1,9 @@
 """The service: wires source, sampler, windows, metrics, /metrics and Remote-Write under uvloop.
 
-It owns the window clock (windows end on wall-clock multiples of the window length), turns each
-window into one snapshot, serves the latest on /metrics, hands it to every remote writer, and on
-a signal or at the end of ``--duration`` sends stale markers, flushes, and frees shared memory.
+It runs the window clock (``WindowClock``: windows end on wall-clock multiples of the window
+length), turns each window into one snapshot, serves the latest on /metrics, hands it to every
+remote writer, and on a signal or at the end of ``--duration`` sends stale markers, flushes, and
+frees shared memory.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hfsampler import selfmetrics as sm
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
 from hfsampler.errors import ConfigError
-from hfsampler.fields import Field
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, locate
 from hfsampler.metrics import MetricModel
 from hfsampler.reload import plan_reload
 from hfsampler.remote_write import RemoteWriter
@@ -35,11 +36,10 @@ from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
 from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import WindowReader, WindowStats, reduce
+from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
-WINDOW_GRACE_S = 0.01  # the sampler's last row of a window is committed by then
 FLUSH_DEADLINE_S = 5.0
 
 
@@ -230,32 +230,29 @@ class Service:
             sampler.close()
 
     async def _window_loop(self, sampler: Sampler) -> int:
-        window_ns = int(self.config.window_s * 1e9)
-        started = self._clock_ns()
-        end_ns = started + int(self.config.duration_s * 1e9) if self.config.duration_s else None
-        t0 = started
-        t1 = started - started % window_ns + window_ns
+        clock = WindowClock(self.config.window_s, clock_ns=self._clock_ns)
+        duration_s = self.config.duration_s
+        end_ns = clock.t0_ns + int(duration_s * 1e9) if duration_s else None
         loop = asyncio.get_running_loop()
         while True:
+            t0, t1 = clock.t0_ns, clock.t1_ns
             if end_ns is not None and t1 > end_ns:
                 await self._sleep_until(end_ns)
                 return 0
-            if await self._sleep_until(t1 + int(WINDOW_GRACE_S * 1e9)):
+            if await self._sleep_until(clock.due_ns):
                 return 0
             if not sampler.alive():
                 log.error("the sampler process died (%s); stopping", sampler.exit_reason())
                 return 1
-            stats = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
-            self._export(stats, t1)
-            t0, t1 = t1, t1 + window_ns
-            now = self._clock_ns()
-            if now > t1 + window_ns:  # the loop was stalled: skip ahead, the rows are kept
-                skipped = (now - t1) // window_ns
+            self._export(stats, ticks, t1)
+            clock.advance()
+            skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
+            if skipped:
                 log.warning("window loop fell %d window(s) behind; catching up", skipped)
-                t1 += skipped * window_ns
 
     async def _sleep_until(self, t_ns: int) -> bool:
         """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""
@@ -265,13 +262,18 @@ class Service:
                 await asyncio.wait_for(self._stop.wait(), delay)
         return self._stop.is_set()
 
-    def _reduce_all(self, t0: int, t1: int) -> dict[str, WindowStats]:
-        return {g.plan.name: reduce(g.reader.take(t1), g.plan.fields, t0, t1) for g in self._groups}
+    def _reduce_all(self, t0: int, t1: int) -> tuple[dict[str, WindowStats], dict[str, TickStats]]:
+        stats, ticks = {}, {}
+        for g in self._groups:
+            rows = g.reader.take(t1)
+            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1)
+            ticks[g.plan.name] = TickStats.of(rows)
+        return stats, ticks
 
-    def _export(self, stats: dict[str, WindowStats], t1: int) -> None:
+    def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
         assert self._sampler is not None
         gpu_up = self._sampler.gpu_up()
-        self._update_self_metrics(stats, gpu_up)
+        self._update_self_metrics(stats, ticks, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
         self.latest = snapshot
         self.windows += 1
@@ -281,7 +283,9 @@ class Service:
             self.out.write(status_line(self.inventory, stats, t1) + "\n")
             self.out.flush()
 
-    def _update_self_metrics(self, stats: dict[str, WindowStats], gpu_up: np.ndarray) -> None:
+    def _update_self_metrics(
+        self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], gpu_up: np.ndarray
+    ) -> None:
         assert self._sampler is not None
         m = self.metrics
         for g in self._groups:
@@ -291,10 +295,10 @@ class Service:
             m.inc(sm.LATE_TICKS, c.late - g.late, labels)
             m.inc(sm.MISSED_TICKS, c.missed - g.missed, labels)
             g.ticks, g.late, g.missed = c.ticks, c.late, c.missed
-            w = stats[g.plan.name]
-            m.set(sm.TICK_LATENESS_P99, w.lateness_p99_ns / 1e9, labels)
-            m.set(sm.TICK_LATENESS_MAX, w.lateness_max_ns / 1e9, labels)
-            m.inc(sm.SAMPLES, w.ticks * w.count.size, labels)
+            w, t = stats[g.plan.name], ticks[g.plan.name]
+            m.set(sm.TICK_LATENESS_P99, t.lateness_p99_ns / 1e9, labels)
+            m.set(sm.TICK_LATENESS_MAX, t.lateness_max_ns / 1e9, labels)
+            m.inc(sm.SAMPLES, t.ticks * w.count.size, labels)
             m.inc(sm.DISTINCT_SAMPLES, int(w.count.sum()), labels)
             m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
             g.reader.lost_rows = 0
@@ -342,34 +346,28 @@ class Service:
 
 def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int) -> str:
     """One compact terminal line per window: per GPU power mean/max, util, memory, temperature."""
-    wanted = {
-        "DCGM_FI_DEV_POWER_USAGE_INSTANT": "P",
-        "DCGM_FI_DEV_GPU_UTIL": "U",
-        "DCGM_FI_DEV_FB_USED": "M",
-        "DCGM_FI_DEV_GPU_TEMP": "T",
-    }
-    cells: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for w in stats.values():
-        for j, f in enumerate(w.fields):
-            if f.name in wanted:
-                cells[f.name] = (w.mean[:, j], w.max[:, j])
-    if "DCGM_FI_DEV_POWER_USAGE_INSTANT" not in cells:
-        for w in stats.values():
-            for j, f in enumerate(w.fields):
-                if f.name == "DCGM_FI_DEV_POWER_USAGE":
-                    cells["DCGM_FI_DEV_POWER_USAGE_INSTANT"] = (w.mean[:, j], w.max[:, j])
+    windows = list(stats.values())
+
+    def cell(role: Role) -> tuple[np.ndarray, np.ndarray] | None:
+        at = locate(role, [w.fields for w in windows])
+        if at is None:
+            return None
+        w, j = windows[at[0]], at[1]
+        return w[MEAN][:, j], w[MAX][:, j]
+
+    power, util, mem, temp = cell(POWER), cell(GPU_UTIL), cell(FB_USED), cell(GPU_TEMP)
     stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
     parts = [stamp]
     for i, d in enumerate(inventory.devices):
         text = [f"gpu{d.index}"]
-        if (p := cells.get("DCGM_FI_DEV_POWER_USAGE_INSTANT")) is not None:
-            text.append(f"P {_fmt(p[0][i])}/{_fmt(p[1][i])}W")
-        if (u := cells.get("DCGM_FI_DEV_GPU_UTIL")) is not None:
-            text.append(f"U {_fmt(u[0][i])}%")
-        if (mem := cells.get("DCGM_FI_DEV_FB_USED")) is not None:
+        if power is not None:
+            text.append(f"P {_fmt(power[0][i])}/{_fmt(power[1][i])}W")
+        if util is not None:
+            text.append(f"U {_fmt(util[0][i])}%")
+        if mem is not None:
             text.append(f"M {_fmt(mem[0][i] / 1024, 1)}GiB")
-        if (t := cells.get("DCGM_FI_DEV_GPU_TEMP")) is not None:
-            text.append(f"T {_fmt(t[0][i])}C")
+        if temp is not None:
+            text.append(f"T {_fmt(temp[0][i])}C")
         parts.append(" ".join(text))
     return " | ".join(parts)
 

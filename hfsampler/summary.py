@@ -13,17 +13,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler.fields import (
+    CLOCK_EVENTS,
+    ENERGY,
+    FB_USED,
+    POWER,
+    POWER_AVERAGE,
+    POWER_LIMIT,
+)
 from hfsampler.recording import Recording
+from hfsampler.window import LAST, MAX
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-POWER_INSTANT = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
-POWER_AVERAGE = "DCGM_FI_DEV_POWER_USAGE"
-POWER_LIMIT = "DCGM_FI_DEV_POWER_MGMT_LIMIT"
-ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-FB_USED = "DCGM_FI_DEV_FB_USED"
-REASONS_FIELD = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
 SCRAPE_INTERVAL_S = 15.0
 ENVELOPE_BUCKETS = 4000
 REFRESH_CHUNKS = 10  # chunks per group used to measure each field's refresh period
@@ -180,9 +183,9 @@ def summarize(rec: Recording) -> Summary:
     for g in gpus:
         g.envelope = Envelope(start_ns // 1000, duration_us / ENVELOPE_BUCKETS)
     _windows(rec, gpus)
-    power = next((n for n in (POWER_INSTANT, POWER_AVERAGE) if rec.locate(n)), None)
-    power_at, reasons_at = rec.locate(power or ""), rec.locate(REASONS_FIELD)
-    avg_at = rec.locate(POWER_AVERAGE)
+    power_at, reasons_at = rec.locate_role(POWER), rec.locate_role(CLOCK_EVENTS)
+    power = rec.groups[power_at[0]].fields[power_at[1]].name if power_at else None
+    avg_at = rec.locate_role(POWER_AVERAGE)
     steps = [_Steps() for _ in gpus]
     reason_steps = [_Steps() for _ in gpus]
     avg_parts: list[list[tuple[IntArray, FloatArray]]] = [[] for _ in gpus]
@@ -215,22 +218,22 @@ def summarize(rec: Recording) -> Summary:
 
 
 def _windows(rec: Recording, gpus: list[GpuSummary]) -> None:
-    for name, attr in ((FB_USED, "memory_high_water_mib"), (POWER_LIMIT, "power_limit_w")):
-        where = rec.locate(name)
+    for role, attr in ((FB_USED, "memory_high_water_mib"), (POWER_LIMIT, "power_limit_w")):
+        where = rec.locate_role(role)
         if where is None:
             continue
         w = rec.windows(where[0])
         if len(w.t1_ns) == 0:
             continue
         with np.errstate(all="ignore"):
-            top = np.nanmax(w.max[:, :, where[1]], axis=0)
+            top = np.nanmax(w[MAX][:, :, where[1]], axis=0)
         for i, g in enumerate(gpus):
             setattr(g, attr, float(top[i]))
-    where = rec.locate(ENERGY)
+    where = rec.locate_role(ENERGY)
     if where is not None:
         w = rec.windows(where[0])
         for i, g in enumerate(gpus):
-            last = w.last[:, i, where[1]]
+            last = w[LAST][:, i, where[1]]
             last = last[np.isfinite(last)]
             if len(last) > 1:
                 g.energy_j = float(last[-1] - last[0]) / 1e3  # mJ

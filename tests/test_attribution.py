@@ -27,7 +27,7 @@ from hfsampler.metrics import MetricModel
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
 from hfsampler.sources.sim import SimSource
-from hfsampler.window import WindowStats
+from hfsampler.window import STATS, WindowStats
 
 grpc = pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for pod attribution")
 from hfsampler.attribution_pb import podresources_pb2 as pb  # noqa: E402
@@ -190,7 +190,8 @@ def test_build_labeller_combines(tmp_path: Path, kubelet: FakeKubelet) -> None:
 def _stats(mean: list[list[float]]) -> WindowStats:
     m = np.array(mean, dtype=np.float64)
     c = np.full(m.shape, 10, dtype=np.int64)
-    return WindowStats(0, 1, (POWER, ENERGY), m - 1, m + 1, m, m + 0.5, m, c, 10, 1000, 2000)
+    values = {**{s.name: m for s in STATS}, "min": m - 1, "max": m + 1, "p99": m + 0.5}
+    return WindowStats(0, 1, (POWER, ENERGY), values, c)
 
 
 def test_model_relabels_and_marks_old_series_stale() -> None:

@@ -121,3 +121,16 @@ def test_jetson_fields_follow_the_naming_and_expand_per_instance() -> None:
     assert temp.name == "hfsampler_jetson_temp_celsius"
     with pytest.raises(ValueError, match="not a per-instance field"):
         fields.BY_NAME["DCGM_FI_DEV_GPU_TEMP"].instance("x")
+
+
+def test_roles_pick_the_best_field_recorded() -> None:
+    power = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
+    instant = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
+    fb = fields.BY_NAME["DCGM_FI_DEV_FB_USED"]
+    assert fields.pick(fields.POWER, [power, instant]) is instant  # instant power first
+    assert fields.pick(fields.POWER, [fb, power]) is power  # else the 1 s average
+    assert fields.pick(fields.POWER, [fb]) is None
+    assert fields.locate(fields.POWER, [(fb,), (power,)]) == (1, 0)
+    assert fields.locate(fields.GPU_TEMP, [(fb,), (power,)]) is None
+    with pytest.raises(ValueError, match="catalogue"):
+        fields.Role(("DCGM_FI_DEV_NO_SUCH_FIELD",))

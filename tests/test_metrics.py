@@ -9,7 +9,7 @@ from hfsampler.metrics import MetricModel
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
 from hfsampler.sources.sim import SimSource
-from hfsampler.window import WindowStats
+from hfsampler.window import STATS, WindowStats
 
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
@@ -21,7 +21,8 @@ def _stats(
 ) -> WindowStats:
     m = np.array(mean, dtype=np.float64)
     c = np.where(np.isnan(m), 0, count).astype(np.int64)
-    return WindowStats(0, 1, fields_, m - 1, m + 1, m, m + 0.5, m, c, count, 1000, 2000)
+    values = {**{s.name: m for s in STATS}, "min": m - 1, "max": m + 1, "p99": m + 0.5}
+    return WindowStats(0, 1, fields_, values, c)
 
 
 def _model(gpus: int = 2, **kw: object) -> MetricModel:
@@ -232,3 +233,16 @@ def test_metrics_page_leaves_instance_to_the_scrape() -> None:
     text = render(snap)
     assert "instance=" not in text
     assert 'Hostname="node1"' in text
+
+
+def test_a_statistic_the_window_lacks_is_left_out() -> None:
+    """A recording made before a statistic existed replays without that statistic's series."""
+    model = _model()
+    w = _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])
+    older = WindowStats(
+        w.t0_ns, w.t1_ns, w.fields, {k: v for k, v in w.values.items() if k != "p99"}, w.count
+    )
+    values = _as_dict(model.snapshot({"g": older}, np.array([True, True]), 1))
+    assert ("DCGM_FI_DEV_POWER_USAGE_p99", "0") not in values
+    assert values[("DCGM_FI_DEV_POWER_USAGE_max", "0")] == 301
+    assert values[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "0")] == 5e9

@@ -6,13 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import v1_rows
 
 from hfsampler.fields import BY_NAME
 from hfsampler.recording import Recording, RecordingError, RecordingWriter
+from hfsampler.replay import window_snapshots
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
 from hfsampler.sources import DeviceInfo
-from hfsampler.window import reduce
+from hfsampler.window import LAST, MAX, MEAN, MIN, P99, reduce
 
 FIELDS = (
     BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"],
@@ -63,7 +65,7 @@ def test_round_trip(tmp_path: Path) -> None:
         assert np.array_equal(energy, rows.values[:, gpu, 1])  # counters are exact
     w = rec.windows(0)
     assert len(w.t1_ns) == 3
-    assert np.array_equal(w.max[1], reduce(parts[1], FIELDS, 0, 1).max)
+    assert np.array_equal(w[MAX][1], reduce(parts[1], FIELDS, 0, 1)[MAX])
 
 
 def test_torn_tail_is_skipped(tmp_path: Path) -> None:
@@ -98,3 +100,26 @@ def test_per_instance_fields_keep_their_labels(tmp_path: Path) -> None:
     w.close({"end_ns": 10**18, "exit_code": 0})
     (group,) = Recording(tmp_path / "j.hfs").groups
     assert group.fields == plan.fields
+
+
+def test_reads_a_recording_written_by_format_1() -> None:
+    """A file from before the header named its statistics reads as it did, window by window."""
+    rec = Recording(Path(__file__).parent / "data" / "recording-v1.hfs")
+    assert rec.complete
+    assert [g.fields for g in rec.groups] == [g.fields for g in v1_rows.GROUPS]
+    assert [d.uuid for d in rec.devices] == [d.uuid for d in v1_rows.DEVICES]
+    for g, plan in enumerate(v1_rows.GROUPS):
+        w = rec.windows(g)
+        assert len(w.t1_ns) == v1_rows.WINDOWS
+        for k in range(v1_rows.WINDOWS):
+            t0 = v1_rows.START_NS + k * v1_rows.WINDOW_NS
+            want = reduce(v1_rows.rows(g, k), plan.fields, t0, t0 + v1_rows.WINDOW_NS)
+            assert (w.t0_ns[k], w.t1_ns[k]) == (want.t0_ns, want.t1_ns)
+            for stat in (MIN, MAX, MEAN, P99, LAST):  # format 1's statistics
+                assert np.array_equal(w[stat][k], want[stat], equal_nan=True)
+            assert np.array_equal(w.count[k], want.count)
+    snaps = window_snapshots(rec, {})
+    assert len(snaps) == v1_rows.WINDOWS
+    first = {(s.name, dict(s.labels)["gpu"]): v for s, v in snaps[0].items()}
+    assert first[("DCGM_FI_DEV_POWER_USAGE_INSTANT_max", "1")] == rec.windows(0)[MAX][0, 1, 0]
+    assert first[("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "0")] == 12  # 4 | 8 over the window

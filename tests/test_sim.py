@@ -102,3 +102,17 @@ def test_inventory_labels_are_stable() -> None:
     # every field NVML has; none that only a Jetson's sysfs has
     assert (a.supported.all(axis=0) == [f.nvml_readable for f in fields.CATALOGUE]).all()
     assert not a.supported[:, [f.jetson == "rail_power" for f in fields.CATALOGUE]].any()
+
+
+def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:
+    from hfsampler.sources import sim
+
+    assert set(sim._PROFILES) <= set(fields.BY_NAME)  # a renamed field would fall to the default
+    counters = [f for f in fields.CATALOGUE if f.kind is fields.Kind.COUNTER and f.nvml_readable]
+    src = SimSource(1)
+    src.open(counters)
+    first, _ = _read(src, [f.name for f in counters], T0)
+    later, _ = _read(src, [f.name for f in counters], T0 + SEC)
+    assert (later >= first).all()  # every counter only grows
+    nvlink = [f.name for f in counters].index("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
+    assert later[0, nvlink] - first[0, nvlink] == 1e9  # its profile's rate, one second

@@ -3,8 +3,9 @@
 Every gauge is a pure function of (seed, gpu, field, time), so a test can recompute the truth for
 any window: a baseline, hash-based noise, transient power spikes of a few milliseconds, a slow
 framebuffer leak (a sawtooth), and throttling episodes during which the SM clock drops, power is
-capped and the SW power-cap reason bit is set. Counters (energy, violation time, NVLink) integrate
-the gauges from the moment the source is opened. Each field refreshes on its own period, and the
+capped and the SW power-cap reason bit is set. Every counter of the catalogue (``Kind.COUNTER``)
+integrates from the moment the source is opened: energy the power, violation time the throttling,
+others their profile's rate (most stay 0). Each field refreshes on its own period, and the
 driver timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
 """
 
@@ -17,7 +18,21 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.fields import Field
+from hfsampler.fields import (
+    BY_NAME,
+    CATALOGUE,
+    CLOCK_EVENTS,
+    ENERGY,
+    FB_FREE,
+    FB_USED,
+    GPU_UTIL,
+    POWER_AVERAGE,
+    POWER_INSTANT,
+    POWER_VIOLATION,
+    SM_CLOCK,
+    Field,
+    Kind,
+)
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 
 U64 = npt.NDArray[np.uint64]
@@ -31,6 +46,8 @@ _THROTTLE_PROBABILITY = 0.5
 _LEAK_PERIOD_NS = 600_000_000_000  # the leak grows for 10 min, then the "job" restarts
 SW_POWER_CAP_BIT = 0x4
 FB_TOTAL_MIB = 143_771.0
+FB_USED_MIB = 40_000.0  # before the leak, on GPU 0
+FB_RESERVED_MIB = 527.0
 POWER_CAP_W = 700.0
 
 
@@ -41,6 +58,10 @@ class Profile:
     base: float
     noise: float
     refresh_ns: int
+    rate_per_s: float = 0.0  # a counter's growth while running
+
+
+# Keyed by catalogue name: the sim's own data about each field, as nvml_calls.py has its calls.
 
 
 _PROFILES: dict[str, Profile] = {
@@ -57,8 +78,8 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_DEV_MEM_COPY_UTIL": Profile(45.0, 10.0, 1_000_000),
     "DCGM_FI_DEV_ENC_UTIL": Profile(0.0, 0.0, 1_000_000),
     "DCGM_FI_DEV_DEC_UTIL": Profile(0.0, 0.0, 1_000_000),
-    "DCGM_FI_DEV_FB_RESERVED": Profile(527.0, 0.0, 1_000_000),
-    "DCGM_FI_DEV_FB_USED": Profile(40_000.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_RESERVED": Profile(FB_RESERVED_MIB, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_USED": Profile(FB_USED_MIB, 0.0, 1_000_000),
     "DCGM_FI_DEV_FB_FREE": Profile(0.0, 0.0, 1_000_000),
     "DCGM_FI_DEV_FAN_SPEED": Profile(0.0, 0.0, 100_000_000),
     "DCGM_FI_DEV_PSTATE": Profile(0.0, 0.0, 100_000_000),
@@ -76,10 +97,8 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_PROF_PCIE_RX_BYTES": Profile(2.0e9, 2.0e8, 100_000_000),
     "DCGM_FI_PROF_NVLINK_TX_BYTES": Profile(5.0e10, 5.0e9, 100_000_000),
     "DCGM_FI_PROF_NVLINK_RX_BYTES": Profile(6.0e10, 6.0e9, 100_000_000),
-}
-_COUNTER_RATES: dict[str, float] = {
-    # per second, while running (energy follows the power signal instead)
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": 1.0e9,
+    # counters: energy and violation time follow the power and throttling signals instead
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Profile(0.0, 0.0, 100_000_000, rate_per_s=1.0e9),
 }
 _LEAK_MIB_PER_S = 20.0
 
@@ -140,31 +159,10 @@ class _Plan:
 
 
 _SHAPED = frozenset(
-    {
-        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
-        "DCGM_FI_DEV_POWER_USAGE",
-        "DCGM_FI_DEV_SM_CLOCK",
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
-        "DCGM_FI_DEV_FB_USED",
-        "DCGM_FI_DEV_FB_FREE",
-        "DCGM_FI_DEV_GPU_UTIL",
-    }
+    r.name
+    for r in (POWER_INSTANT, POWER_AVERAGE, SM_CLOCK, CLOCK_EVENTS, FB_USED, FB_FREE, GPU_UTIL)
 )
-_COUNTER_NAMES = frozenset(
-    {
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "DCGM_FI_DEV_POWER_VIOLATION",
-        "DCGM_FI_DEV_THERMAL_VIOLATION",
-        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-    }
-)
+_COUNTER_NAMES = tuple(f.name for f in CATALOGUE if f.kind is Kind.COUNTER)
 _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
 _BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
 _FREQUENT_MS = 5
@@ -225,7 +223,7 @@ class SimSource:
         if by_id is not None and by_id[0] is fields:
             plan = by_id[1]  # the sampler passes the same tuple every tick: skip the names
         else:
-            plan = self._plan(tuple(f.name for f in fields))
+            plan = self._plan(tuple(fields))
             if isinstance(fields, tuple):
                 self._plans_by_id[id(fields)] = (fields, plan)
         # Every refresh period is a whole number of milliseconds, so a read is that millisecond's
@@ -266,7 +264,7 @@ class SimSource:
         t = np.asarray(t_ns, dtype=np.int64)
         g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
         t, g = np.broadcast_arrays(t, g)
-        plan = self._plan((name,))
+        plan = self._plan((BY_NAME[name],))
         out = self._signal(plan, g.ravel(), t.reshape(-1, 1))
         return out[:, 0].reshape(t.shape)
 
@@ -293,7 +291,8 @@ class SimSource:
 
     # -- the signals -----------------------------------------------------------------------------
 
-    def _plan(self, names: tuple[str, ...]) -> _Plan:
+    def _plan(self, fields: tuple[Field, ...]) -> _Plan:
+        names = tuple(f.name for f in fields)
         plan = self._plans.get(names)
         if plan is None:
             profiles = [_PROFILES.get(n, _DEFAULT_PROFILE) for n in names]
@@ -303,7 +302,7 @@ class SimSource:
                 noise=np.array([p.noise for p in profiles]),
                 refresh_ns=np.array([p.refresh_ns for p in profiles], dtype=np.int64),
                 shaped=tuple((j, n) for j, n in enumerate(names) if n in _SHAPED),
-                counters=tuple((j, n) for j, n in enumerate(names) if n in _COUNTER_NAMES),
+                counters=tuple((j, f.name) for j, f in enumerate(fields) if f.kind is Kind.COUNTER),
             )
             self._plans[names] = plan
         return plan
@@ -327,24 +326,24 @@ class SimSource:
         return out
 
     def _shape(self, name: str, g: IntArray, t: IntArray, flat: FloatArray) -> FloatArray:
-        if name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+        if name in (FB_USED.name, FB_FREE.name):
             leaked = (t % _LEAK_PERIOD_NS) / 1e9 * _LEAK_MIB_PER_S
-            used = _PROFILES["DCGM_FI_DEV_FB_USED"].base + leaked + g * 1000.0
-            if name == "DCGM_FI_DEV_FB_USED":
+            used = FB_USED_MIB + leaked + g * 1000.0
+            if name == FB_USED.name:
                 return used
-            return FB_TOTAL_MIB - used - _PROFILES["DCGM_FI_DEV_FB_RESERVED"].base
-        if name == "DCGM_FI_DEV_GPU_UTIL":
+            return FB_TOTAL_MIB - used - FB_RESERVED_MIB
+        if name == GPU_UTIL.name:
             return np.clip(flat, 0.0, 100.0)
         throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", g, t)[0]
-        if name == "DCGM_FI_DEV_SM_CLOCK":
+        if name == SM_CLOCK.name:
             return np.where(throttled, 1500.0, flat)
-        if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS":
+        if name == CLOCK_EVENTS.name:
             return np.where(throttled, float(SW_POWER_CAP_BIT), 0.0)
         capped = POWER_CAP_W * 0.6
         value = np.where(throttled, np.minimum(flat + g * 10.0, capped), flat + g * 10.0)
-        if name == "DCGM_FI_DEV_POWER_USAGE":
+        if name == POWER_AVERAGE.name:
             return value
-        # DCGM_FI_DEV_POWER_USAGE_INSTANT: spikes on top, halfway up on the 1 ms ramps either side
+        # instant power: spikes on top, halfway up on the 1 ms ramps either side
         plateau, peak, rel = self._within(_SPIKE_BUCKET_NS, "spike", g, t)
         ramp = ((rel >= -_SPIKE_RAMP_NS) & (rel < 0)) | (
             (rel >= _SPIKE_PLATEAU_NS) & (rel < _SPIKE_PLATEAU_NS + _SPIKE_RAMP_NS)
@@ -384,16 +383,18 @@ class SimSource:
         if self._last_ns is None:
             self._last_ns = now_ns
             self._counters = {name: np.zeros(self.gpus) for name in _COUNTER_NAMES}
-            self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += 1.0e9 + self._gpu_ids * 1e7
+            self._counters[ENERGY.name] += 1.0e9 + self._gpu_ids * 1e7
             return
         dt_ns = now_ns - self._last_ns
         if dt_ns <= 0:
             return
         self._last_ns = now_ns
         t = np.full(self.gpus, now_ns, dtype=np.int64)
-        power_w = self.value_at("DCGM_FI_DEV_POWER_USAGE", t)
-        self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += power_w * dt_ns / 1e6  # mJ
+        power_w = self.value_at(POWER_AVERAGE.name, t)
+        self._counters[ENERGY.name] += power_w * dt_ns / 1e6  # mJ
         throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
-        self._counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(throttled, dt_ns / 1e3, 0.0)
-        for name, rate in _COUNTER_RATES.items():
-            self._counters[name] += rate * dt_ns / 1e9
+        self._counters[POWER_VIOLATION.name] += np.where(throttled, dt_ns / 1e3, 0.0)
+        for name, counter in self._counters.items():
+            rate = _PROFILES.get(name, _DEFAULT_PROFILE).rate_per_s
+            if rate:
+                counter += rate * dt_ns / 1e9

@@ -19,6 +19,7 @@ import pytest
 import receivers as rx
 
 from hfsampler.recording import Recording
+from hfsampler.window import MAX
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,7 @@ def test_replayed_max_equals_recording(
         pos = [d.index for d in rec.devices].index(gpu)
         want = [
             (int(t // 1_000_000), float(v))
-            for t, v in zip(w.t1_ns, w.max[:, pos, col], strict=True)
+            for t, v in zip(w.t1_ns, w[MAX][:, pos, col], strict=True)
             if np.isfinite(v)
         ]
         _same(samples, want)

@@ -114,6 +114,8 @@ class MetricModel:
         self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
+        for d in self_metrics.definitions():  # known before any window: senders read them
+            self.registry.family(d.name, d.help, d.type)
 
     @property
     def families(self) -> Mapping[str, Family]:

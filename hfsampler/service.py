@@ -31,7 +31,7 @@ from hfsampler.errors import ConfigError
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, locate
 from hfsampler.metrics import MetricModel
 from hfsampler.reload import plan_reload
-from hfsampler.remote_write import RemoteWriter
+from hfsampler.remote_write import EndpointConfig, RemoteWriter
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
@@ -105,9 +105,7 @@ class Service:
         self._clock_ns = clock_ns
         self._stop = asyncio.Event()
         self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
-        self._writers = [
-            RemoteWriter(ep, self.metrics, self._queue_dir) for ep in config.remote_write
-        ]
+        self._writers = [self._writer(ep) for ep in config.remote_write]
         self._loader = loader
         self._reloading: asyncio.Task[None] | None = None
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
@@ -132,6 +130,11 @@ class Service:
             instance=config.instance,
             instance_port=config.instance_port,
         )
+
+    def _writer(self, endpoint: EndpointConfig) -> RemoteWriter:
+        # the model's families from the start: a spool replayed before the first window goes
+        # out as 2.0 with its series' metadata
+        return RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families)
 
     def request_reload(self) -> None:
         """SIGHUP: load the configuration again and apply it (one reload at a time)."""
@@ -159,7 +162,7 @@ class Service:
         stopping = {ep.remote_name for ep in plan.stop}
         leaving = [w for w in self._writers if w.config.remote_name in stopping]
         self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
-        started = [RemoteWriter(ep, self.metrics, self._queue_dir) for ep in plan.start]
+        started = [self._writer(ep) for ep in plan.start]
         if plan.labels_changed:
             # the old series end here, the new ones start with the next window
             final = self.model.final_snapshot(self._clock_ns())

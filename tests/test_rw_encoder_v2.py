@@ -85,3 +85,18 @@ def test_symbols_shared_across_series_and_windows() -> None:
     # "", 3 label names + __name__, 3 metric names, 8 gpu values, node-17, fra1
     assert len(req.symbols) == 1 + 4 + 3 + 8 + 2
     assert len(raw_v2) < len(raw_v1) / 2
+
+
+def test_start_timestamp_never_after_the_sample_and_unknown_families_not_cached() -> None:
+    reg = SeriesRegistry()
+    s = reg.series("hfsampler_windows_total", {"Hostname": "n"})
+    families: dict[str, Family] = {}
+    encoder = RequestEncoderV2(lambda: families, lambda f: 5000)
+    raw = Encoder().encode_samples([QueuedSample(s, 1.0, 1000), QueuedSample(s, 2.0, 6000)])
+    (ts,) = writev2_pb2.Request.FromString(encoder.encode(raw)[0]).timeseries
+    assert ts.metadata.type == 0  # not known yet: a spool replayed before the first window
+    families[s.name] = Family(s.name, "Windows.", "counter")
+    (ts,) = writev2_pb2.Request.FromString(encoder.encode(raw)[0]).timeseries
+    assert ts.metadata.type == 1  # known now: the earlier answer was not cached
+    # a sample spooled before this process started gets no start timestamp
+    assert [(x.timestamp, x.start_timestamp) for x in ts.samples] == [(1000, 0), (6000, 5000)]

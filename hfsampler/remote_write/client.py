@@ -103,7 +103,7 @@ class RemoteClient:
                 proxy=self.config.proxy_url or None,
                 server_hostname=(tls.server_name or None) if tls is not None else None,
             ) as resp:
-                written = _written(resp.headers.get(WRITTEN_HEADER))
+                written = _written(resp.headers.get(WRITTEN_HEADER), n_samples)
                 if 200 <= resp.status < 300:
                     await resp.read()
                     status = resp.status
@@ -181,11 +181,15 @@ def _escape(char: str) -> str:
     return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}")
 
 
-def _written(value: str | None) -> int | None:
-    """A Written header's count; None when absent or not a count."""
-    if value is None or not value.strip().isdigit():
+def _written(value: str | None, sent: int) -> int | None:
+    """A Written header's count; None when absent. A header that is there but not a count
+    still says the receiver decoded 2.0: taken as everything written, never resent."""
+    if value is None:
         return None
-    return int(value.strip())
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return int(text)
+    return sent
 
 
 def _ssl_error(err: BaseException) -> ssl.SSLError | None:

@@ -53,6 +53,7 @@ class _Series:
     help: str
     unit: str
     start_tail: bytes  # the Sample.start_timestamp field, b"" when unknown
+    start_ms: int
 
 
 class RequestEncoderV2:
@@ -106,7 +107,10 @@ class RequestEncoderV2:
             n = 0
             while pos < end:
                 length, pos = _varint_at(raw_v1, pos + 1)
-                sample = raw_v1[pos : pos + length] + start_ts
+                sample = raw_v1[pos : pos + length]
+                # a sample before the start (spooled by an earlier process) gets none
+                if start_ts and _sample_ts(sample) >= info.start_ms:
+                    sample += start_ts
                 pos += length
                 body += (_TAG_SAMPLE, small[len(sample)], sample)
                 n += 1
@@ -148,7 +152,10 @@ class RequestEncoderV2:
             family.help,
             family.unit,
             _TAG_START_TS + varint(start) if start else b"",
+            start,
         )
+        if family is _UNKNOWN:
+            return info  # not cached: its family may be known by the next request
         if len(self._series) >= MAX_CACHED_SERIES:
             self._series.clear()
         self._series[label_bytes] = info
@@ -169,6 +176,14 @@ def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def _sample_ts(sample: bytes) -> int:
+    """A 1.0 Sample's timestamp (``value`` fixed64 at 0-8, then tag 0x10 and the varint)."""
+    if len(sample) > 10 and sample[9] == 0x10:
+        value, _ = _varint_at(sample, 10)
+        return value - (1 << 64) if value >= 1 << 63 else value
+    return 0
 
 
 def _series_spans(raw: bytes) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -80,23 +80,41 @@ def spool_dir(queue_dir: Path, config: EndpointConfig) -> Path:
     return queue_dir / safe
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Request:
-    """One HTTP request: its uncompressed bytes, their snappy compression, the samples in it."""
+    """One HTTP request: its uncompressed 1.0 bytes, the samples in it, and its bodies."""
 
     raw: bytes
-    body: bytes
     samples: int
     body_v2: bytes = b""  # the same as a 2.0 request, compressed; b"" for a 1.0 endpoint
+    raw_v2_len: int = 0
+    _body: bytes | None = None
 
     @classmethod
     def of(
         cls, raw: bytes, samples: int | None = None, v2: RequestEncoderV2 | None = None
     ) -> _Request:
-        """A request for ``raw`` WriteRequest bytes (samples counted from them unless given)."""
+        """A request for ``raw`` WriteRequest bytes (samples counted from them unless given).
+
+        For a 2.0 endpoint only the 2.0 body is compressed now; the 1.0 one when a fallback
+        asks for it."""
         count = wire.count_samples(raw) if samples is None else samples
-        body_v2 = compress(v2.encode(raw)[0]) if v2 is not None else b""
-        return cls(raw, compress(raw), count, body_v2)
+        if v2 is None:
+            return cls(raw, count, _body=compress(raw))
+        raw_v2 = v2.encode(raw)[0]
+        return cls(raw, count, compress(raw_v2), len(raw_v2))
+
+    def encode_v2(self, v2: RequestEncoderV2) -> None:
+        """Make the 2.0 body now (a request built while the endpoint was on 1.0)."""
+        raw_v2 = v2.encode(self.raw)[0]
+        self.body_v2, self.raw_v2_len = compress(raw_v2), len(raw_v2)
+
+    @property
+    def body(self) -> bytes:
+        """The 1.0 body, compressed."""
+        if self._body is None:
+            self._body = compress(self.raw)
+        return self._body
 
 
 @dataclass(slots=True)
@@ -129,13 +147,22 @@ class _Negotiation:
     def fall_back(self) -> None:
         self._v1_until = self._clock() + REPROBE_S
 
+    def reprobe(self) -> None:
+        self._v1_until = 0.0
+
 
 class RemoteWriter:
     """Pushes snapshots to one Remote-Write endpoint."""
 
     def __init__(
-        self, config: EndpointConfig, metrics: SelfMetrics, queue_dir: Path | None = None
+        self,
+        config: EndpointConfig,
+        metrics: SelfMetrics,
+        queue_dir: Path | None = None,
+        families: Mapping[str, Family] | None = None,
     ) -> None:
+        """``families``: the metric families known before the first snapshot (the service's
+        model), so that a spool replayed at start goes out as 2.0 with its metadata."""
         self.config = config
         self.executor_threshold = EXECUTOR_THRESHOLD_SAMPLES
         self._metrics = metrics
@@ -161,7 +188,7 @@ class RemoteWriter:
         self._request_limit = config.queue.max_request_bytes
         self._client = RemoteClient(config, metrics, self._n_shards)
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
-        self._families: dict[str, Family] = {}
+        self._families: dict[str, Family] = dict(families or {})
         self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
         self._v2 = (
             RequestEncoderV2(lambda: self._families, _start_ms)
@@ -203,7 +230,7 @@ class RemoteWriter:
             return
         metadata: Callable[[], bytes] | None = None
         if self._v2 is not None and len(snapshot.families) != len(self._families):
-            self._families = dict(snapshot.families)  # a new dict: the encoder's thread reads it
+            self._families.update(snapshot.families)
         if not self._metadata_done and snapshot.families:
             families = list(snapshot.families.values())
             metadata = partial(encode_metadata, families)
@@ -352,7 +379,7 @@ class RemoteWriter:
                     self._too_large(piece, flight)
                     continue
                 chunks = list(halves)
-            large = len(piece.raw) > EXECUTOR_THRESHOLD_BYTES
+            large = len(piece.raw) > EXECUTOR_THRESHOLD_BYTES or self._v2 is not None
             pending = await self._off_loop(partial(self._cut, chunks, pending), large)
 
     def _cut(self, chunks: list[bytes], rest: list[_Request]) -> list[_Request]:
@@ -395,7 +422,11 @@ class RemoteWriter:
         qc = self.config.queue
         backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s, qc.max_retry_after_s)
         while True:
-            v2 = bool(request.body_v2) and self._negotiation.v2
+            v2 = self._v2 is not None and self._negotiation.v2
+            if v2 and not request.body_v2 and self._v2 is not None:
+                await self._off_loop(partial(request.encode_v2, self._v2), True)
+            if v2 and not request.samples:
+                return  # only 1.0 metadata entries: 2.0 carries metadata on every series
             body = request.body_v2 if v2 else request.body
             try:
                 written = await self._client.post(body, request.samples, v2)
@@ -415,11 +446,25 @@ class RemoteWriter:
             except RequestTooLargeError:
                 raise
             except NonRecoverableSendError as err:
+                # a 400 with Written headers came from a receiver that decoded the 2.0 body
                 if v2 and (
                     err.status == 415
-                    or (err.status == 400 and _CONTENT_TYPE_WORDS.search(err.text))
+                    or (
+                        err.status == 400
+                        and err.written is None
+                        and _CONTENT_TYPE_WORDS.search(err.text)
+                    )
                 ):
                     self._fall_back(f"HTTP {err.status}: {err.text[:200]}")
+                    continue
+                if not v2 and err.status == 415 and self._negotiation.wants_v2:
+                    # on 1.0 after a fallback, and the receiver now wants 2.0: at once
+                    self._negotiation.reprobe()
+                    log.warning(
+                        "remote write %s (%s) answers 415 to 1.0: trying Remote-Write 2.0 again",
+                        self.config.remote_name,
+                        self.config.display_url,
+                    )
                     continue
                 self._refused(request, err, v2)
                 flight.settled += request.samples
@@ -433,7 +478,7 @@ class RemoteWriter:
                 stored = max(written, 0)
                 self._partial(request, stored, "2xx")
             self._metrics.inc(SAMPLES, stored, self._labels)
-            self._metrics.inc(BYTES, len(request.raw), self._labels)
+            self._metrics.inc(BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels)
             self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
             flight.settled += request.samples
             return
@@ -471,6 +516,8 @@ class RemoteWriter:
 
     def _fall_back(self, why: str) -> None:
         """The receiver does not take 2.0: 1.0 for a while, logged once, counted."""
+        if not self._negotiation.v2:
+            return  # another shard's request found out first: once per endpoint
         self._negotiation.fall_back()
         self._metrics.inc(PROTOCOL_FALLBACKS, 1, self._labels)
         log.warning(

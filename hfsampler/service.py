@@ -29,6 +29,7 @@ from hfsampler.config import Config, parse_listen
 from hfsampler.fields import Field
 from hfsampler.metrics import MetricModel
 from hfsampler.remote_write import RemoteWriter
+from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
@@ -111,6 +112,8 @@ class Service:
         self._clock_ns = clock_ns
         self._stop = asyncio.Event()
         queue_dir = Path(config.queue_dir) if config.queue_dir else None
+        # One process per queue_dir, refused here (exit 2) before anything is read or sampled.
+        self._queue_lock = DirLock.acquire(queue_dir) if queue_dir is not None else None
         self._writers = [RemoteWriter(ep, self.metrics, queue_dir) for ep in config.remote_write]
         self._sampler: Sampler | None = None
         self._groups: list[_Group] = []
@@ -164,6 +167,8 @@ class Service:
         finally:
             await self._shutdown(runner)
             sampler.close()
+            if self._queue_lock is not None:
+                self._queue_lock.release()
 
     async def _window_loop(self, sampler: Sampler) -> int:
         window_ns = int(self.config.window_s * 1e9)

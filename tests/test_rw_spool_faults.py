@@ -396,6 +396,7 @@ async def test_full_disk_is_a_state_not_a_loop(
         errors = [r for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR]
         assert len(errors) == 1, [r.getMessage() for r in errors]
         # Receiver back: everything is delivered, and every segment goes, the last one too.
+        newest = 1000 * t
         got = await deliver_all(q)
         await eventually(lambda: not list(root.glob("*.seg")))
         assert q.disk_bytes == 0
@@ -410,6 +411,8 @@ async def test_full_disk_is_a_state_not_a_loop(
     assert len(resumed) == 1, [r.getMessage() for r in caplog.records]
     stamps = stamps_of(got)
     assert stamps == sorted(set(stamps))  # in order, nothing twice
+    assert stamps[0] == 1000  # what was on disk stayed there
+    assert newest in stamps  # what was dropped in memory was the oldest, never the newest
     q2 = SpoolQueue(root, capacity, 1 << 30, Drops())
     left = len(q2)
     await q2.close()

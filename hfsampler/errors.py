@@ -20,6 +20,20 @@ class ConfigError(HfsamplerError, ValueError):
         super().__init__(text)
 
 
+class QueueDirLockedError(ConfigError):
+    """Another process holds the queue directory: one spool, one process (exit 2, one line)."""
+
+    def __init__(self, directory: str, pid: int | None) -> None:
+        self.directory = directory
+        self.pid = pid
+        holder = f"pid {pid}" if pid is not None else "its pid not yet written"
+        super().__init__(
+            "queue_dir",
+            f"{directory} is in use by another hfsampler ({holder})",
+            "stop that one first, or give each its own queue_dir",
+        )
+
+
 class SourceError(HfsamplerError, RuntimeError):
     """A GPU source could not be opened or read."""
 

@@ -32,6 +32,7 @@ from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, lo
 from hfsampler.metrics import MetricModel
 from hfsampler.reload import plan_reload
 from hfsampler.remote_write import EndpointConfig, RemoteWriter
+from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
@@ -105,6 +106,8 @@ class Service:
         self._clock_ns = clock_ns
         self._stop = asyncio.Event()
         self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
+        # One process per queue_dir, refused here (exit 2) before anything is read or sampled.
+        self._queue_lock = DirLock.acquire(self._queue_dir) if self._queue_dir is not None else None
         self._writers = [self._writer(ep) for ep in config.remote_write]
         self._loader = loader
         self._reloading: asyncio.Task[None] | None = None
@@ -162,15 +165,16 @@ class Service:
         stopping = {ep.remote_name for ep in plan.stop}
         leaving = [w for w in self._writers if w.config.remote_name in stopping]
         self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
-        started = [self._writer(ep) for ep in plan.start]
         if plan.labels_changed:
             # the old series end here, the new ones start with the next window
             final = self.model.final_snapshot(self._clock_ns())
             for w in [*self._writers, *leaving]:
                 w.push(final)
             self.model = self._build_model(plan.config)
-        # a changed endpoint's queue is flushed (or stays spooled) before its new writer starts
+        # a changed endpoint's queue is flushed (or stays spooled, its shards unlocked) before
+        # its new writer opens the same spool
         await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in leaving))
+        started = [self._writer(ep) for ep in plan.start]
         for w in started:
             await w.start()
         self._writers += started
@@ -231,6 +235,8 @@ class Service:
         finally:
             await self._shutdown(runner)
             sampler.close()
+            if self._queue_lock is not None:
+                self._queue_lock.release()
 
     async def _window_loop(self, sampler: Sampler) -> int:
         clock = WindowClock(self.config.window_s, clock_ns=self._clock_ns)

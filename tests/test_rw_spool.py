@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,8 @@ import snappy
 from hfsampler.remote_write.encoder import Block, Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.remote_write.queue import Batch
-from hfsampler.remote_write.spool import LEGACY_MAGIC, MAGIC, SpoolQueue, _Record, frame, recover
+from hfsampler.remote_write.segment import LEGACY_MAGIC, MAGIC, recover
+from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import Series, SeriesRegistry
 
 REG = SeriesRegistry()
@@ -128,7 +131,7 @@ async def eventually(check, timeout_s: float = 5.0) -> None:  # type: ignore[no-
 
 
 @pytest.mark.parametrize("cut", [1, 7, 19, 30])
-async def test_torn_tail_is_truncated_not_fatal(tmp_path: Path, cut: int) -> None:
+async def test_torn_tail_is_skipped_not_fatal(tmp_path: Path, cut: int) -> None:
     q = spool(tmp_path)
     for t in range(1, 6):
         q.put(window(1000 * t))
@@ -142,17 +145,18 @@ async def test_torn_tail_is_truncated_not_fatal(tmp_path: Path, cut: int) -> Non
     await q2.close()
 
 
-async def test_corrupt_record_cuts_the_rest_of_its_segment(tmp_path: Path) -> None:
+async def test_corrupt_record_is_skipped_alone(tmp_path: Path) -> None:
     q = spool(tmp_path)
     for t in range(1, 6):
         q.put(window(1000 * t))
     await q.close()
     flip_middle_byte(tmp_path)  # a flipped bit in the third record
-    segments, _ = recover(tmp_path)
-    assert len(segments) == 1
-    assert len(segments[0].counts) == 2
+    found = recover(tmp_path)
+    assert len(found.segments) == 1
+    assert len(found.segments[0].counts) == 4
+    assert found.corrupt_samples == 10
     q2 = spool(tmp_path)
-    assert sorted({ts for _, ts, _ in await take_all(q2)}) == [1000, 2000]
+    assert sorted({ts for _, ts, _ in await take_all(q2)}) == [1000, 2000, 4000, 5000]
     await q2.close()
 
 
@@ -204,21 +208,6 @@ async def test_memory_stays_bounded_while_spooling(tmp_path: Path) -> None:
     await q.close()
 
 
-async def test_kill_loses_only_unwritten_records(tmp_path: Path) -> None:
-    """Without close(): what the writer thread fsynced is there on the next start."""
-    q = spool(tmp_path)
-    for t in range(1, 11):
-        q.put(window(1000 * t))
-    await eventually(lambda: q._written_seq == 10)
-    # Simulate kill -9: no close, the thread is simply abandoned.
-    q2 = spool(tmp_path)
-    assert len(q2) == 100
-    await q2.close()
-    q._io.shutdown()
-    if q._writer is not None:
-        q._writer.cancel()
-
-
 def test_segment_starts_with_magic(tmp_path: Path) -> None:
     async def scenario() -> None:
         q = spool(tmp_path)
@@ -228,7 +217,16 @@ def test_segment_starts_with_magic(tmp_path: Path) -> None:
     asyncio.run(scenario())
     (seg,) = tmp_path.glob("*.seg")
     assert seg.read_bytes().startswith(MAGIC)
-    assert not (tmp_path / "acked").exists()  # nothing was acknowledged
+    # The ack file is made at the start, while there is space, and says nothing was delivered.
+    assert (tmp_path / "acked").stat().st_size == 32
+    assert recover(tmp_path).acked == 0
+
+
+def v2_frame(seq: int, count: int, raw: bytes) -> bytes:
+    """A record as HFSPOOL2 (and HFSPOOL1) framed it, written here from the format's text."""
+    payload = snappy.compress(raw)
+    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<QI", seq, count)))
+    return struct.pack("<IIQI", len(payload), crc, seq, count) + payload
 
 
 def legacy_segment(root: Path, windows: int) -> None:
@@ -242,7 +240,7 @@ def legacy_segment(root: Path, windows: int) -> None:
             for name, value in (("__name__", s.name), ("Hostname", "old"), *s.labels):
                 ts.labels.add(name=name, value=value)
             ts.samples.add(value=float(seq), timestamp=1000 * (seq + 1))
-        records.append(frame(_Record(seq, 3, snappy.compress(req.SerializeToString()))))
+        records.append(v2_frame(seq, 3, req.SerializeToString()))
     write_segment(root, LEGACY_MAGIC + b"".join(records))
 
 
@@ -274,8 +272,8 @@ async def test_legacy_segment_is_sent_in_byte_order(tmp_path: Path) -> None:
 
 
 async def test_legacy_record_that_cannot_be_repaired_is_counted(tmp_path: Path) -> None:
-    bad = frame(_Record(0, 5, snappy.compress(b"\x0a\xff\xff")))  # valid CRC, broken protobuf
-    good = frame(_Record(1, 0, snappy.compress(b"")))
+    bad = v2_frame(0, 5, b"\x0a\xff\xff")  # valid CRC, broken protobuf
+    good = v2_frame(1, 0, b"")
     write_segment(tmp_path, LEGACY_MAGIC + bad + good)
     drops = Drops()
     q = spool(tmp_path, drops=drops)

@@ -1,8 +1,9 @@
 """Remote-Write 1.0 push: encode snapshots into blocks, queue (and spool) them per endpoint, send.
 
 Layers, each with one reason to change: ``encoder`` (windows to blocks), ``relabel``, ``queue`` and
-``spool`` (blocks, memory and disk), ``sender`` (shards and batches), ``retry`` (what an answer
-means, backoff), ``client`` (HTTP, TLS, auth), ``wire`` (reading encoded requests back).
+``spool`` (blocks, memory and disk), ``segment`` (the spool's files), ``dirlock`` (one process per
+queue directory), ``sender`` (shards and batches), ``retry`` (what an answer means, backoff),
+``client`` (HTTP, TLS, auth), ``wire`` (reading encoded requests back).
 """
 
 from hfsampler.remote_write.config import (

@@ -1,279 +1,67 @@
-"""Spool: a persistent shard queue, bounded in memory and on disk, that survives crashes.
+"""Spool: a persistent shard queue, bounded in memory and on disk, that survives crashes,
+restarts, a full disk and damaged files.
 
-Every ``put`` block becomes one *record*: on disk its bytes compressed with snappy (compression,
-checksums, writes, fsync and reads all run on the spool's own I/O thread, never on the event
-loop). Records go to memory and, from that thread, to append-only segment files; memory keeps
-at most ``capacity`` samples of the newest unsent records, older ones are read back from the
-files as blocks again. A record leaves the spool when the sender acknowledges it; a segment file
-is deleted once all its records are acknowledged. Past ``max_disk_bytes`` the oldest segment is
-deleted unsent and its samples are counted as dropped. Delivery is at least once: a batch
-delivered just before a crash, whose acknowledgement was not yet written, is sent again.
+Every ``put`` block becomes one *record*: on disk its bytes compressed with snappy, framed and
+checksummed (``segment.py`` has the format). Records go to memory and, from the spool's own I/O
+thread, to append-only segment files; compression, checksums, writes, fsync, reads and the
+start's recovery all run on that thread, never on the event loop. Memory keeps at most
+``capacity`` samples of the newest unsent records, older ones are read back from the files as
+blocks again. A record leaves the spool when the sender acknowledges it; a segment file is
+deleted as soon as all its records are acknowledged, the newest one too. Past
+``max_disk_bytes`` the oldest segment is deleted unsent and its samples are counted as dropped
+(``disk_full``). Delivery is at least once: a batch delivered just before a crash, whose
+acknowledgement was not yet written, is sent again.
 
-On-disk format, one directory per shard::
+The directory is locked to one process (``dirlock``): a second one is refused, naming the pid
+that holds it. At start every segment is indexed record by record; damage costs the damaged
+records only, counted as dropped (``corrupt``) where their samples are known and logged once per
+segment with its byte offsets; the same holds for a record found damaged when read back later.
 
-    <first seq, 20 digits>.seg   MAGIC (8 bytes) then records:
-        u32 payload length | u32 CRC32 of (seq, count, payload) | u64 seq | u32 count | payload
-    acked                        u64: every record with a lower seq was delivered (or dropped)
-
-All integers little-endian; seqs are consecutive within a segment. Segments that start with
-``LEGACY_MAGIC`` were written before labels were sent in byte order (``__name__`` first): they
-are read as before and each record's labels are put in order on the way out (``wire.sort_labels``)
-so nothing reaches a strict receiver unsorted; a record that cannot be repaired is dropped and
-counted as ``corrupt``. At start every segment is
-checked record by record: a torn or corrupt record and everything after it in that segment
-is cut off (the file truncated, a warning logged), never an error; acknowledged and empty
-segments are deleted. Writes are fsynced before a record counts as written, so a ``kill -9``
-loses only records put since the last write (milliseconds). All file I/O runs on one thread
-per queue, never on the event loop.
+A full disk (or one that refuses writes) is a state: appends stop, logged once; records wait in
+memory, where past ``capacity`` samples the oldest unwritten ones are dropped and counted
+(``disk_full``); delivery goes on from disk and memory, and what is delivered from memory is
+never written; acknowledged segments are deleted at once, which frees space; every ``RETRY_S``
+one record is tried, and when it is written appending resumes, logged once. Acknowledgements
+need no free space (``segment.AckFile``). Writes are fsynced before a record counts as written,
+so a ``kill -9`` loses only records put since the last write (milliseconds).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import struct
 import time
-import zlib
-from array import array
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import snappy
-
-from hfsampler.remote_write import wire
 from hfsampler.remote_write.encoder import Block, compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
+from hfsampler.remote_write.segment import MAGIC, Append, Segment, SpoolFiles, frame
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"HFSPOOL2"
-LEGACY_MAGIC = b"HFSPOOL1"  # labels as encoded before byte order: __name__ first
-_HEADER = struct.Struct("<IIQI")  # length, crc, seq, count
-_CRC_PART = struct.Struct("<QI")  # what the CRC covers besides the payload
-_ACK = struct.Struct("<Q")
-MAX_RECORD_BYTES = 64 << 20  # a length above this is corruption, not a record
 MAX_SEGMENT_BYTES = 8 << 20
 MIN_SEGMENT_BYTES = 16 << 10
+RETRY_S = 1.0  # how often a disk that refused a write is tried again (with one record)
 
 
-@dataclass(slots=True)
-class _Record:
-    """A record as stored: its payload is the block's bytes, compressed."""
-
-    seq: int
-    count: int
-    payload: bytes
-
-
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Entry:
-    """A record as queued: ``block`` is None for a legacy record that could not be repaired."""
+    """A record as queued. ``block`` is None for one dropped from memory (``dropped``) or one
+    that was read back damaged or could not be repaired (counted as corrupt)."""
 
     seq: int
     count: int
     block: Block | None
-
-
-@dataclass(slots=True)
-class _Segment:
-    first_seq: int
-    path: Path
-    size: int
-    counts: array[int] = field(default_factory=lambda: array("I"))
-    legacy: bool = False  # written with LEGACY_MAGIC: labels need sorting on the way out
-
-    @property
-    def end_seq(self) -> int:
-        """One past the last record's seq."""
-        return self.first_seq + len(self.counts)
-
-    def samples_from(self, seq: int) -> int:
-        """Samples in records with seq >= ``seq``."""
-        return sum(self.counts[max(0, seq - self.first_seq) :])
+    dropped: bool = False
 
 
 def segment_bytes_for(max_disk_bytes: int) -> int:
     """Segment size: small enough that dropping one frees a fraction of the disk bound."""
     return max(MIN_SEGMENT_BYTES, min(MAX_SEGMENT_BYTES, max_disk_bytes // 8))
-
-
-def frame(record: _Record) -> bytes:
-    """A record's bytes on disk (``payload`` already compressed)."""
-    crc = zlib.crc32(record.payload, zlib.crc32(_CRC_PART.pack(record.seq, record.count)))
-    header = _HEADER.pack(len(record.payload), crc, record.seq, record.count)
-    return header + record.payload
-
-
-def parse_records(data: bytes, offset: int, first_seq: int | None) -> tuple[list[_Record], int]:
-    """Valid consecutive records from ``offset``; also the offset where valid data ends."""
-    out: list[_Record] = []
-    expect = first_seq
-    while offset + _HEADER.size <= len(data):
-        length, crc, seq, count = _HEADER.unpack_from(data, offset)
-        end = offset + _HEADER.size + length
-        if length > MAX_RECORD_BYTES or end > len(data) or (expect is not None and seq != expect):
-            break
-        payload = data[offset + _HEADER.size : end]
-        if zlib.crc32(payload, zlib.crc32(_CRC_PART.pack(seq, count))) != crc:
-            break
-        out.append(_Record(seq, count, payload))
-        expect = seq + 1
-        offset = end
-    return out, offset
-
-
-# One append: the segment file, the framed records, the file size before them (0: a new file).
-_Write = tuple[Path, bytes, int]
-
-
-class _Files:
-    """The file side of one spool; every method runs on the spool's single I/O thread."""
-
-    def __init__(self, directory: Path) -> None:
-        self.dir = directory
-        # Where the last read stopped, so a drain reads each segment once: (path, seq, offset).
-        self._cursor: tuple[Path, int, int] | None = None
-
-    def commit(self, writes: list[_Write], unlink: list[Path], acked: int | None) -> None:
-        for path, data, start in writes:
-            with open(path, "ab") as f:
-                # A failed earlier attempt may have left part of this write behind: cut it off.
-                f.truncate(start)
-                if start == 0:
-                    f.write(MAGIC)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            if start == 0:
-                self._fsync_dir()
-        for path in unlink:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        if acked is not None:
-            tmp = self.dir / "acked.tmp"
-            tmp.write_bytes(_ACK.pack(acked))
-            os.replace(tmp, self.dir / "acked")
-
-    def read(
-        self,
-        path: Path,
-        first_seq: int,
-        seq: int,
-        max_samples: int,
-        stop_seq: int,
-        legacy: bool = False,
-    ) -> list[_Entry]:
-        """Records from ``seq`` on (below ``stop_seq``) until ``max_samples`` are gathered.
-
-        A legacy record comes back with its labels sorted, or without a block when it cannot be
-        repaired (the caller counts it as corrupt)."""
-        offset, at = len(MAGIC), first_seq
-        cursor = self._cursor
-        if cursor is not None and cursor[0] == path and cursor[1] <= seq:
-            _, at, offset = cursor
-        out: list[_Entry] = []
-        total = 0
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                while at < stop_seq and total < max_samples:
-                    head = f.read(_HEADER.size)
-                    if len(head) < _HEADER.size:
-                        break
-                    length, crc, rseq, count = _HEADER.unpack(head)
-                    if length > MAX_RECORD_BYTES or rseq != at:
-                        break
-                    payload = f.read(length)
-                    check = zlib.crc32(payload, zlib.crc32(_CRC_PART.pack(rseq, count)))
-                    if len(payload) < length or check != crc:
-                        break
-                    offset += _HEADER.size + length
-                    at = rseq + 1
-                    if rseq >= seq:
-                        out.append(_Entry(rseq, count, _block(path, rseq, count, payload, legacy)))
-                        total += count
-        except FileNotFoundError:  # dropped at the disk bound meanwhile
-            return []
-        self._cursor = (path, at, offset)
-        return out
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _block(path: Path, seq: int, count: int, payload: bytes, legacy: bool) -> Block | None:
-    """A stored record as a block again; a legacy one with its labels put in byte order.
-
-    None when a legacy record cannot be decoded: it is dropped, never sent unsorted."""
-    try:
-        raw = snappy.uncompress(payload)
-        if legacy:
-            raw = wire.sort_labels(raw)
-    except (wire.WireError, snappy.UncompressError) as exc:
-        if not legacy:
-            raise  # a CRC-valid record of our own that does not decode: a bug, not damage
-        why = str(exc) or type(exc).__name__
-        log.error("spool: %s: record %d cannot be repaired (%s); dropping it", path, seq, why)
-        return None
-    return Block.ready(raw, count)
-
-
-def _stored(seq: int, count: int, raw: bytes) -> bytes:
-    """A queued block's framed bytes for the segment file."""
-    return frame(_Record(seq, count, compress(raw)))
-
-
-def recover(directory: Path) -> tuple[list[_Segment], int]:
-    """The segments worth keeping and the acknowledged seq; repairs torn or corrupt tails."""
-    directory.mkdir(parents=True, exist_ok=True)
-    acked = 0
-    with contextlib.suppress(FileNotFoundError):
-        raw = (directory / "acked").read_bytes()
-        if len(raw) == _ACK.size:
-            acked = _ACK.unpack(raw)[0]
-        else:
-            log.warning("spool %s: ignoring a damaged ack file; records may be resent", directory)
-    names = [p for p in directory.glob("*.seg") if p.stem.isdigit()]
-    segments: list[_Segment] = []
-    for path in sorted(names, key=lambda p: int(p.stem)):
-        first = int(path.stem)
-        data = path.read_bytes()
-        legacy = data.startswith(LEGACY_MAGIC)
-        if not legacy and not data.startswith(MAGIC):
-            log.warning("spool: %s has no valid header; deleting it", path)
-            path.unlink()
-            continue
-        records, end = parse_records(data, len(MAGIC), first)
-        if end != len(data):
-            # A crash mid-write leaves a partial record; anything after a bad record is unusable.
-            log.warning(
-                "spool: %s: cutting off %d damaged byte(s) after %d good record(s)",
-                path,
-                len(data) - end,
-                len(records),
-            )
-            with open(path, "r+b") as f:
-                f.truncate(end)
-                os.fsync(f.fileno())
-        if segments and records and records[0].seq < segments[-1].end_seq:
-            records = []  # overlaps an earlier segment: never valid, never sent twice
-        seg = _Segment(first, path, end, array("I", (r.count for r in records)), legacy)
-        if not records or seg.end_seq <= acked:
-            path.unlink()
-            continue
-        if legacy:
-            log.info("spool: %s is from an older version; its labels are sorted as sent", path)
-        segments.append(seg)
-    return segments, acked
 
 
 class SpoolQueue:
@@ -297,27 +85,38 @@ class SpoolQueue:
         self._segment_bytes = segment_bytes_for(max_disk_bytes)
         self._on_drop = on_drop
         self._clock = clock
-        self._files = _Files(directory)
+        self._files = SpoolFiles(directory)
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"spool-{directory.name}")
-        segments, acked = recover(directory)
-        self._segments: deque[_Segment] = deque(segments)
+        try:
+            found = self._io.submit(self._files.open).result()
+        except BaseException:
+            self._io.shutdown()
+            raise
+        segments = found.segments
+        self._segments: deque[Segment] = deque(segments)
         self._disk_bytes = sum(s.size for s in segments)
-        self._acked = acked
-        self._read_seq = max(acked, segments[0].first_seq if segments else acked)
-        self._next_seq = max(acked, segments[-1].end_seq if segments else acked)
-        self._written_seq = self._next_seq
-        self._unread = sum(s.samples_from(self._read_seq) for s in segments)
-        self._mem: deque[_Entry] = deque()
+        self._acked = found.acked
+        self._read_seq = found.acked
+        self._next_seq = max(found.acked, segments[-1].end_seq if segments else 0)
+        self._unread = sum(s.samples_from(found.acked) for s in segments)
+        self._mem: deque[_Entry] = deque()  # unsent records in seq order, the newest last
         self._mem_samples = 0
-        self._pending: list[_Entry] = []
-        self._failed: list[_Write] = []  # appends that hit a disk error, retried first
-        self._failed_last: int | None = None
+        self._pending: deque[_Entry] = deque()  # not yet written (nor handed to the thread)
+        self._writing: list[_Entry] = []  # with the thread now
         self._ack_dirty = False
+        self._ack_failing = False
+        self._full_since: float | None = None  # appends fail since then
+        self._full_dropped = 0
+        self._retry_at = 0.0
+        self._retry: asyncio.TimerHandle | None = None
+        self._reported: set[Path] = set()  # segments whose damage found on reading was logged
         self._wake = asyncio.Event()
         self._waiter = BatchWaiter()
         self._flushing = False
         self._closing = False
         self._writer: asyncio.Task[None] | None = None
+        if found.corrupt_samples:
+            on_drop(found.corrupt_samples, "corrupt")
         if self._unread:
             log.info(
                 "spool %s: replaying %d sample(s) in %d segment(s) from before the restart",
@@ -352,6 +151,8 @@ class SpoolQueue:
         self._mem.append(rec)
         self._mem_samples += rec.count
         self._unread += rec.count
+        if self._full_since is not None:
+            self._evict()
         self._kick_writer()
         self._waiter.queued(self._unread)
         return 0
@@ -367,14 +168,23 @@ class SpoolQueue:
         self._waiter.wake()
 
     async def close(self) -> int:
-        """Write what is only in memory, record the acknowledged position, stop the thread."""
+        """Write what is only in memory, record the acknowledged position, stop the thread.
+
+        Returns the samples that could not be written (a full disk): they are lost."""
         self._closing = True
         self._waiter.wake()
         self._kick_writer()
         if self._writer is not None:
             await asyncio.shield(self._writer)
-        await asyncio.get_running_loop().run_in_executor(None, self._io.shutdown)
-        return 0
+        if self._retry is not None:
+            self._retry.cancel()
+        lost = sum(e.count for e in self._pending if not e.dropped and e.seq >= self._acked)
+        if lost:
+            log.error("spool %s: %d sample(s) could not be written before exit", self._dir, lost)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._io, self._files.close)
+        await loop.run_in_executor(None, self._io.shutdown)
+        return lost
 
     # -- writer -----------------------------------------------------------------------------------
 
@@ -392,91 +202,152 @@ class SpoolQueue:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            pending, self._pending = self._pending, []
-            frames = await self._frames(pending)
-            writes, unlink, acked, last = self._plan(pending, frames)
-            writes = self._failed + writes
-            last = last if last is not None else self._failed_last
-            if writes or unlink or acked is not None:
-                try:
-                    await loop.run_in_executor(self._io, self._files.commit, writes, unlink, acked)
-                except OSError as exc:
-                    # A full or broken disk: the records stay in memory (never evicted before
-                    # they are written) and the same appends are retried.
-                    log.error("spool %s: cannot write: %s", self._dir, exc.strerror or exc)
-                    self._failed, self._failed_last = writes, last
-                    if acked is not None:
-                        self._ack_dirty = True
-                    if self._closing:
-                        return
-                    await asyncio.sleep(1.0)
-                    self._wake.set()
-                    continue
-                self._failed, self._failed_last = [], None
-            if last is not None:
-                self._written_seq = last + 1
-                self._evict()
-            if self._closing and not self._pending and not self._ack_dirty:
+            todo = self._writing = self._take_pending()
+            frames = await self._frames(todo)
+            appends = self._plan(todo, frames)
+            unlink = self._reclaim(appends)
+            acked = self._acked if self._ack_dirty else None
+            self._ack_dirty = False
+            failed = False
+            if appends or unlink or acked is not None:
+                done, ack_error, error = await loop.run_in_executor(
+                    self._io, self._files.commit, appends, unlink, acked
+                )
+                self._applied(appends[:done])
+                self._pending.extendleft(reversed([e for a in appends[done:] for e in a.entries]))
+                self._ack_written(acked, ack_error)
+                self._appended(bool(appends), done, error, freed=bool(unlink))
+                failed = error is not None or ack_error is not None
+            self._writing = []
+            self._evict()
+            if self._closing and (failed or not (self._pending or self._ack_dirty)):
                 return
+            if self._pending and (self._full_since is None or self._closing):
+                self._wake.set()  # more came meanwhile, or the probe succeeded
 
-    async def _frames(self, pending: list[_Entry]) -> list[bytes]:
-        """The records' bytes on disk, compressed and checksummed on the I/O thread."""
-        if not pending:
+    def _take_pending(self) -> list[_Entry]:
+        """What to write now: everything pending, or while the disk refuses, one record."""
+        pending = self._pending
+        while pending and (pending[0].dropped or pending[0].seq < self._acked):
+            pending.popleft()  # gone from memory, or delivered before it was written
+        if self._full_since is None or self._closing:
+            todo = [e for e in pending if not e.dropped and e.seq >= self._acked]
+            pending.clear()
+            return todo
+        if not pending or self._clock() < self._retry_at:
             return []
-        raws = [await e.block.data() for e in pending if e.block is not None]
-        records = [(e.seq, e.count, raw) for e, raw in zip(pending, raws, strict=True)]
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._io, lambda: [_stored(*r) for r in records])
+        return [pending.popleft()]
 
-    def _plan(
-        self, pending: list[_Entry], frames: list[bytes]
-    ) -> tuple[list[_Write], list[Path], int | None, int | None]:
-        """Assign framed records to segments, pick segments to delete; no I/O here."""
-        writes: list[_Write] = []
-        chunks: list[bytes] = []
-        active = self._segments[-1] if self._segments else None
-        start = active.size if active is not None else 0
-        last = None
-        for rec, data in zip(pending, frames, strict=True):
-            if (
-                active is None
-                or active.legacy
-                or active.size >= self._segment_bytes
-                or rec.seq != active.end_seq
-            ):
-                if chunks and active is not None:
-                    writes.append((active.path, b"".join(chunks), start))
-                active = _Segment(rec.seq, self._dir / f"{rec.seq:020d}.seg", len(MAGIC))
-                self._segments.append(active)
-                self._disk_bytes += len(MAGIC)
-                chunks, start = [], 0
-            chunks.append(data)
-            active.size += len(data)
-            active.counts.append(rec.count)
-            self._disk_bytes += len(data)
-            last = rec.seq
-        if chunks and active is not None:
-            writes.append((active.path, b"".join(chunks), start))
+    async def _frames(self, todo: list[_Entry]) -> list[bytes]:
+        """The records' bytes on disk, compressed and checksummed on the I/O thread."""
+        if not todo:
+            return []
+        raws = [await e.block.data() for e in todo if e.block is not None]
+        records = [(e.seq, e.count, raw) for e, raw in zip(todo, raws, strict=True)]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._io, lambda: [frame(seq, n, compress(raw)) for seq, n, raw in records]
+        )
+
+    def _plan(self, todo: list[_Entry], frames: list[bytes]) -> list[Append[_Entry]]:
+        """Assign framed records to segment files; no I/O and no change here."""
+        appends: list[Append[_Entry]] = []
+        last = self._segments[-1] if self._segments else None
+        # Append to the newest segment only if it is ours, not full, and not all delivered.
+        target = (
+            last
+            if last is not None
+            and not last.sealed
+            and last.size < self._segment_bytes
+            and last.end_seq > self._acked
+            else None
+        )
+        current: Append[_Entry] | None = None
+        for rec, data in zip(todo, frames, strict=True):
+            if current is None or current.end >= self._segment_bytes:
+                if current is None and target is not None:
+                    current = Append(target.path, target.first_seq, target.size, target)
+                    current.end = target.size
+                else:
+                    path = self._dir / f"{rec.seq:020d}.seg"
+                    current = Append(path, rec.seq, 0, None, end=len(MAGIC))
+                appends.append(current)
+            current.add(rec, data)
+        return appends
+
+    def _reclaim(self, appends: list[Append[_Entry]]) -> list[Path]:
+        """Segments to delete: every one acknowledged, then the oldest past the disk bound."""
+        target = appends[0].segment if appends else None
         unlink: list[Path] = []
         segs = self._segments
-        while len(segs) > 1 and segs[0].end_seq <= self._acked:
-            unlink.append(self._forget(segs.popleft()))
-        while len(segs) > 1 and self._disk_bytes > self._max_disk:
+        while segs and segs[0] is not target and segs[0].end_seq <= self._acked:
             seg = segs.popleft()
+            self._disk_bytes -= seg.size
+            unlink.append(seg.path)
+        projected = self._disk_bytes + sum(a.end - a.start for a in appends)
+        while segs and segs[0] is not target and projected > self._max_disk:
+            seg = segs.popleft()
+            projected -= seg.size
             self._drop_segment(seg)
             unlink.append(seg.path)
-        acked = None
-        if self._ack_dirty:
-            acked, self._ack_dirty = self._acked, False
-        return writes, unlink, acked, last
+        return unlink
 
-    def _forget(self, seg: _Segment) -> Path:
-        self._disk_bytes -= seg.size
-        return seg.path
+    def _applied(self, appends: list[Append[_Entry]]) -> None:
+        """Index what was written."""
+        for a in appends:
+            seg = a.segment
+            if seg is None:
+                seg = Segment(a.first_seq, a.path, 0)
+                self._segments.append(seg)
+            self._disk_bytes += a.end - seg.size
+            seg.size = a.end
+            for rec, offset in zip(a.entries, a.offsets, strict=True):
+                seg.add(rec.seq, rec.count, offset)
 
-    def _drop_segment(self, seg: _Segment) -> None:
+    def _appended(self, tried: bool, done: int, error: OSError | None, freed: bool) -> None:
+        """Enter or leave the state of a disk that refuses writes, saying so once each."""
+        if error is not None:
+            if self._full_since is None:
+                self._full_since = self._clock()
+                self._full_dropped = 0
+                log.error(
+                    "spool %s: cannot write: %s; appending stops, records wait in memory (at "
+                    "most %d samples, the oldest dropped past that) and delivery goes on; "
+                    "trying again every %g s",
+                    self._dir,
+                    error.strerror or error,
+                    self._capacity,
+                    RETRY_S,
+                )
+            self._retry_at = self._clock() + RETRY_S
+            if self._retry is not None:
+                self._retry.cancel()
+            self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._wake.set)
+        elif tried and done and self._full_since is not None:
+            log.info(
+                "spool %s: writing again after %.1f s; %d sample(s) dropped meanwhile",
+                self._dir,
+                self._clock() - self._full_since,
+                self._full_dropped,
+            )
+            self._full_since = None
+        elif freed and self._full_since is not None:
+            self._retry_at = 0.0  # deleted segments freed space: try again now
+            self._wake.set()
+
+    def _ack_written(self, acked: int | None, error: OSError | None) -> None:
+        if error is not None:
+            self._ack_dirty = True  # again with the next write
+            if not self._ack_failing:
+                log.error("spool %s: cannot record acknowledgements: %s", self._dir, error)
+            self._ack_failing = True
+        elif acked is not None and self._ack_failing:
+            log.info("spool %s: acknowledgements recorded again", self._dir)
+            self._ack_failing = False
+
+    def _drop_segment(self, seg: Segment) -> None:
         """Past the disk bound: the oldest segment goes, unsent; its samples are counted."""
-        self._forget(seg)
+        self._disk_bytes -= seg.size
         lost = seg.samples_from(self._read_seq)
         if lost:
             self._unread -= lost
@@ -484,15 +355,35 @@ class SpoolQueue:
         while self._mem and self._mem[0].seq < seg.end_seq:
             self._mem_samples -= self._mem.popleft().count
         self._read_seq = max(self._read_seq, seg.end_seq)
-        if self._acked < seg.end_seq:
-            self._acked = seg.end_seq
-            self._ack_dirty = True
+
+    def _unwritten_first(self) -> int:
+        if self._writing:
+            return self._writing[0].seq
+        return self._pending[0].seq if self._pending else self._next_seq
 
     def _evict(self) -> None:
-        """Keep at most ``capacity`` samples in memory; only written records may leave."""
+        """Keep at most ``capacity`` samples in memory. Written records leave first; while the
+        disk refuses writes, the oldest unwritten ones are dropped, but not one being written:
+        past ``capacity`` by that one (a single record while the disk is full) at most."""
         mem = self._mem
-        while self._mem_samples > self._capacity and mem and mem[0].seq < self._written_seq:
+        written = self._unwritten_first()
+        while self._mem_samples > self._capacity and mem and mem[0].seq < written:
             self._mem_samples -= mem.popleft().count
+        if self._full_since is None:
+            return
+        waiting = self._pending[0].seq if self._pending else self._next_seq
+        i = 0
+        while self._mem_samples > self._capacity and i < len(mem):
+            rec = mem[i]
+            if rec.seq < waiting:  # with the I/O thread now
+                i += 1
+                continue
+            del mem[i]  # a hole in memory's seqs: the reader steps over it
+            self._mem_samples -= rec.count
+            rec.dropped, rec.block = True, None
+            self._unread -= rec.count
+            self._full_dropped += rec.count
+            self._on_drop(rec.count, "disk_full")
 
     # -- consumer side ----------------------------------------------------------------------------
 
@@ -500,7 +391,7 @@ class SpoolQueue:
         end = self._clock() + deadline_s
         while True:
             n = self._unread
-            backlog = bool(self._segments) and self._read_seq < self._mem_first()
+            backlog = n > 0 and bool(self._segments) and self._read_seq < self._mem_first()
             if n >= max_samples or backlog or (n and (self._flushing or self._clock() >= end)):
                 batch = await self._take(max_samples)
                 if batch.count:
@@ -518,53 +409,66 @@ class SpoolQueue:
     async def _take(self, max_samples: int) -> Batch:
         batch = Batch()
         while batch.count < max_samples and self._unread:
+            records: list[_Entry] | None
             if self._mem and self._mem[0].seq <= self._read_seq:
                 rec = self._mem.popleft()
                 self._mem_samples -= rec.count
                 records = [rec]
             else:
                 records = await self._read_disk(max_samples - batch.count)
-                if not records:
-                    break
-            for rec in records:
-                if rec.block is None:  # a legacy record that could not be repaired
-                    self._on_drop(rec.count, "corrupt")
-                    self._unread -= rec.count
-                    self._read_seq = rec.seq + 1
-                    batch.token = rec.seq  # acknowledged with the batch, or at once if alone
+                if records is None:  # nothing on disk before what memory holds
+                    if not self._mem:
+                        log.error("spool %s: %d sample(s) not found", self._dir, self._unread)
+                        self._unread = 0
+                        break
+                    self._read_seq = self._mem[0].seq
                     continue
-                batch.add(rec.block)
-                batch.token = rec.seq
+            for rec in records:
+                if rec.seq < self._read_seq:
+                    continue  # dropped at the disk bound while the thread read it
                 self._unread -= rec.count
                 self._read_seq = rec.seq + 1
+                batch.token = rec.seq  # acknowledged with the batch, or at once if alone
+                if rec.block is None:
+                    self._on_drop(rec.count, "corrupt")
+                else:
+                    batch.add(rec.block)
         return batch
 
-    async def _read_disk(self, max_samples: int) -> list[_Entry]:
-        seg = next((s for s in self._segments if s.end_seq > self._read_seq), None)
+    async def _read_disk(self, max_samples: int) -> list[_Entry] | None:
+        """The next records on disk, up to ``max_samples``; None if none lies before memory."""
+        start, stop = self._read_seq, self._mem_first()
+        seg = next((s for s in self._segments if s.end_seq > start), None)
         if seg is None:
-            return []
-        if self._read_seq < seg.first_seq:
-            self._read_seq = seg.first_seq  # records lost to a damaged segment: skip the gap
-        stop = min(seg.end_seq, self._mem_first(), self._written_seq)
-        start = self._read_seq
+            return None
+        i = seg.index(start)
+        picks: list[tuple[int, int, int]] = []
+        total = 0
+        while i < len(seg) and total < max_samples and seg.first_seq + seg.rel[i] < stop:
+            picks.append((seg.first_seq + seg.rel[i], seg.counts[i], seg.offsets[i]))
+            total += seg.counts[i]
+            i += 1
+        if not picks:
+            return None
+        end = seg.offsets[i] if i < len(seg) else seg.size
         loop = asyncio.get_running_loop()
-        records = await loop.run_in_executor(
-            self._io,
-            self._files.read,
-            seg.path,
-            seg.first_seq,
-            start,
-            max_samples,
-            stop,
-            seg.legacy,
-        )
-        # The disk bound may have dropped some of these while the thread read them.
-        fresh = [r for r in records if r.seq >= self._read_seq]
-        if not records and self._read_seq == start and seg in self._segments:
-            # Nothing readable where the index says records are: the file was damaged under us.
-            log.error("spool %s: cannot read records from %d; skipping them", seg.path, start)
-            lost = sum(seg.counts[start - seg.first_seq : stop - seg.first_seq])
-            self._unread -= lost
-            self._on_drop(lost, "corrupt")
-            self._read_seq = stop
-        return fresh
+        try:
+            read = await loop.run_in_executor(
+                self._io, self._files.read, seg.path, seg.version, picks, end
+            )
+            records = [_Entry(seq, count, block) for seq, count, block in read]
+        except OSError as exc:
+            log.error("spool %s: cannot read %s: %s", self._dir, seg.path.name, exc)
+            records = [_Entry(seq, count, None) for seq, count, _ in picks]
+        if not records and seg in self._segments:
+            records = [_Entry(seq, count, None) for seq, count, _ in picks]  # deleted under us
+        bad = [p[2] for p, r in zip(picks, records, strict=False) if r.block is None]
+        if bad and seg.path not in self._reported:
+            self._reported.add(seg.path)
+            log.warning(
+                "spool: %s: record(s) at byte offset(s) %s damaged or unreadable when read "
+                "back; skipped, their samples counted as dropped (corrupt)",
+                seg.path,
+                ", ".join(map(str, bad[:5])),
+            )
+        return records

@@ -9,13 +9,17 @@ concern the fields it was asked for (so the sampler process, asked only for what
 does not repeat them). Nothing here reads on the hot path.
 
 Paths are relative to ``root`` (``/`` on a Jetson; a fixture tree in tests), and every symlink it
-follows must stay inside ``root``, as sysfs's relative links do.
+follows must stay inside ``root``, as sysfs's relative links do. Every probe of a path goes through
+``_kind``, ``_entries`` or ``_text``, which turn any ``OSError`` into an answer: a non-root user
+gets EACCES from debugfs, which ``Path.is_file()`` raises before Python 3.14.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,7 @@ _EMC_RATE = ("sys/kernel/debug/bpmp/debug/clk/emc/rate", "sys/kernel/debug/clk/e
 _EMC_ACTIVITY = ("sys/kernel/actmon_avg_activity/mc_all",)
 _GPU_KEYS = ("gpu_load", "gpu_freq", "gpu_min_freq", "gpu_max_freq", "gpu_railgated")
 _RAIL_KEYS = ("rail_power", "rail_voltage", "rail_current", "gpu_rail_power", "gpu_rail_energy")
+_IN_LABEL = re.compile(r"in\d+_label")
 _L4T_RE = re.compile(rb"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([\d.]+)")
 
 
@@ -86,13 +91,45 @@ class Layout:
         return f"GPU-{uuid.uuid5(uuid.NAMESPACE_OID, key)}"
 
 
+def _kind(path: Path) -> str | None:
+    """None for a regular file (as every sysfs attribute is), else why not, for a note."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return "missing"
+        return "permission denied" if exc.errno == errno.EACCES else f"unreadable ({exc.strerror})"
+    except ValueError:  # a NUL in the path
+        return "missing"
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _is_file(path: Path) -> bool:
+    return _kind(path) is None
+
+
+def _entries(path: Path) -> list[str]:
+    """A directory's entries, sorted; none where it cannot be listed."""
+    try:
+        return sorted(os.listdir(path))
+    except (OSError, ValueError):
+        return []
+
+
 def _text(path: Path) -> str | None:
     """A small sysfs or device-tree file's text, without NULs and surrounding space."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(4096)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None  # a FIFO would block a plain read, a directory fails it
+        data = os.read(fd, 4096)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     return data.replace(b"\0", b" ").decode("utf-8", "replace").strip() or None
 
 
@@ -100,7 +137,7 @@ def _inside(root: Path, path: Path) -> Path | None:
     """``path`` resolved, if it stays inside ``root`` (a fixture must not reach the real /sys)."""
     try:
         real = path.resolve(strict=True)
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop, on older Pythons
         return None
     return real if real == root or root in real.parents else None
 
@@ -116,12 +153,8 @@ def _ms(path: Path) -> float | None:
 def is_tegra(root: str | Path = "/") -> bool:
     """A Tegra (Jetson): the device tree says so, or a devfreq GPU node exists."""
     base = Path(root)
-    compatible = base / "proc/device-tree/compatible"
-    try:
-        if b"nvidia,tegra" in compatible.read_bytes():
-            return True
-    except OSError:
-        pass
+    if "nvidia,tegra" in (_text(base / "proc/device-tree/compatible") or ""):
+        return True
     return _find_gpu(base.resolve(), Layout(base.resolve())) is not None
 
 
@@ -138,12 +171,17 @@ def find_layout(root: str | Path = "/") -> Layout:
         )
     _find_rails(base, lay)
     _find_zones(base, lay)
-    lay.emc_rate = next((p for r in _EMC_RATE if (p := base / r).is_file()), None)
-    lay.emc_activity = next((p for r in _EMC_ACTIVITY if (p := base / r).is_file()), None)
+    lay.emc_rate = next((p for r in _EMC_RATE if _is_file(p := base / r)), None)
+    lay.emc_activity = next((p for r in _EMC_ACTIVITY if _is_file(p := base / r)), None)
     if lay.emc_rate is None:
+        denied = [r for r in _EMC_RATE if _kind(base / r) == "permission denied"]
+        where = (
+            f"{denied[0]}: permission denied (debugfs is root only)"
+            if denied
+            else " or ".join(_EMC_RATE) + ", debugfs: root only"
+        )
         lay.note(
-            "no EMC clock (" + " or ".join(_EMC_RATE) + ", debugfs: root only): "
-            "DCGM_FI_DEV_MEM_CLOCK and MEM_COPY_UTIL skipped",
+            f"no EMC clock ({where}): DCGM_FI_DEV_MEM_CLOCK and MEM_COPY_UTIL skipped",
             "emc_freq",
             "emc_load",
         )
@@ -151,7 +189,7 @@ def find_layout(root: str | Path = "/") -> Layout:
         lay.note(f"no EMC activity ({_EMC_ACTIVITY[0]}): DCGM_FI_DEV_MEM_COPY_UTIL skipped",
                  "emc_load")  # fmt: skip
     meminfo = base / "proc/meminfo"
-    lay.meminfo = meminfo if meminfo.is_file() else None
+    lay.meminfo = meminfo if _is_file(meminfo) else None
     if lay.meminfo is None:
         lay.note(
             "no proc/meminfo: memory fields skipped", "mem_used", "mem_available", "nvmap_used"
@@ -163,11 +201,7 @@ def find_layout(root: str | Path = "/") -> Layout:
 def _find_gpu(base: Path, lay: Layout) -> Path | None:
     """The devfreq node of the integrated GPU; fills the GPU's paths into ``lay``."""
     devfreq = base / "sys/class/devfreq"
-    try:
-        entries = sorted(os.listdir(devfreq))
-    except OSError:
-        entries = []
-    for entry in entries:
+    for entry in _entries(devfreq):
         node = _text(devfreq / entry / "device/of_node/name")
         if node not in GPU_NODE_NAMES:
             continue
@@ -180,19 +214,19 @@ def _find_gpu(base: Path, lay: Layout) -> Path | None:
         rel = f"sys/class/devfreq/{entry}"
         for name in ("cur_freq", "min_freq", "max_freq"):
             path = freq_dir / name
-            setattr(lay, name, path if path.exists() else None)
-            if not path.exists():
+            setattr(lay, name, path if _is_file(path) else None)
+            if getattr(lay, name) is None:
                 lay.note(f"no {rel}/{name}: skipped", "gpu_" + name.replace("cur_", ""))
         lay.polling_interval_s = _ms(freq_dir / "polling_interval")
         load = dev_dir / "load"
         old = base / "sys/devices/gpu.0/load"  # older boards (Nano, TX2) keep it here
-        lay.load = load if load.exists() else (old if old.exists() else None)
+        lay.load = load if _is_file(load) else (old if _is_file(old) else None)
         if lay.load is None:
             lay.note(
                 f"no {rel}/device/load nor sys/devices/gpu.0/load: GPU load skipped", "gpu_load"
             )
         status = dev_dir / "power/runtime_status"
-        lay.runtime_status = status if status.exists() else None
+        lay.runtime_status = status if _is_file(status) else None
         if lay.runtime_status is None:
             lay.note(f"no {rel}/device/power/runtime_status: rail-gate state skipped",
                      "gpu_railgated")  # fmt: skip
@@ -205,11 +239,7 @@ def _find_rails(base: Path, lay: Layout) -> None:
     seen: set[str] = set()
     for driver in INA_DRIVERS:
         top = base / "sys/bus/i2c/drivers" / driver
-        try:
-            chips = sorted(e for e in os.listdir(top) if re.fullmatch(r"\d+-[0-9a-fA-F]{4}", e))
-        except OSError:
-            continue
-        for chip in chips:
+        for chip in (e for e in _entries(top) if re.fullmatch(r"\d+-[0-9a-fA-F]{4}", e)):
             chip_dir = _inside(base, top / chip)
             if chip_dir is None:
                 continue
@@ -241,31 +271,31 @@ def _skip_channel(label: str | None) -> bool:
 def _hwmon_rails(chip: Path) -> list[Rail]:
     """JetPack 5+: hwmon/hwmon*/in<N>_label, in<N>_input (mV), curr<N>_input (mA)."""
     out = []
-    for hwmon in sorted(chip.glob("hwmon/hwmon*")):
+    for hwmon in (chip / "hwmon" / e for e in _entries(chip / "hwmon") if e.startswith("hwmon")):
         interval = _ms(hwmon / "update_interval")
-        for label_path in sorted(hwmon.glob("in*_label")):
+        for label_path in (hwmon / e for e in _entries(hwmon) if _IN_LABEL.fullmatch(e)):
             n = label_path.name[2:].removesuffix("_label")
             label = _text(label_path)
             voltage, current = hwmon / f"in{n}_input", hwmon / f"curr{n}_input"
-            if _skip_channel(label) or not current.is_file():
+            if _skip_channel(label) or not _is_file(current):
                 continue  # NC, the sum of shunt voltages (in7), or a channel without current
             assert label is not None
-            out.append(Rail(label, voltage if voltage.is_file() else None, current, None, interval))
+            out.append(Rail(label, voltage if _is_file(voltage) else None, current, None, interval))
     return out
 
 
 def _iio_rails(chip: Path) -> list[Rail]:
     """JetPack 4: iio:device*/rail_name_<N>, in_power<N>_input (mW), in_voltage / in_current."""
     out = []
-    for iio in sorted(chip.glob("iio:device*")):
-        for label_path in sorted(iio.glob("rail_name_*")):
+    for iio in (chip / e for e in _entries(chip) if e.startswith("iio:device")):
+        for label_path in (iio / e for e in _entries(iio) if e.startswith("rail_name_")):
             n = label_path.name.removeprefix("rail_name_")
             label = _text(label_path)
             if _skip_channel(label):
                 continue
             assert label is not None
             paths = [iio / f"in_{what}{n}_input" for what in ("voltage", "current", "power")]
-            v, i, p = (q if q.is_file() else None for q in paths)
+            v, i, p = (q if _is_file(q) else None for q in paths)
             if v is None and i is None and p is None:
                 continue
             out.append(Rail(label, v, i, p, None))
@@ -290,24 +320,28 @@ def _find_zones(base: Path, lay: Layout) -> None:
     zones: list[Zone] = []
     seen: set[str] = set()
     for top in (base / "sys/class/thermal", base / "sys/devices/virtual/thermal"):
-        try:
-            entries = sorted(
-                (e for e in os.listdir(top) if e.startswith("thermal_zone")),
-                key=lambda e: int(e.removeprefix("thermal_zone") or 0),
-            )
-        except (OSError, ValueError):
-            continue
+        entries = sorted(
+            (e for e in _entries(top) if re.fullmatch(r"thermal_zone\d+", e)),
+            key=lambda e: int(e.removeprefix("thermal_zone")),
+        )
         for entry in entries:
             zone_dir = _inside(base, top / entry)
             name = _text(top / entry / "type")
             temp = top / entry / "temp"
-            if zone_dir is None or name is None or not temp.exists():
+            if zone_dir is None:
+                continue
+            why = "no type" if name is None else _kind(temp)
+            if name is None or why is not None:
+                rel = f"{top.relative_to(base)}/{entry}"
+                gpu = name is not None and name.lower() in GPU_ZONE_TYPES
+                lay.note(f"thermal zone {name or entry} ({rel}/temp): {why}: skipped",
+                         "zone_temp", *(("gpu_temp",) if gpu else ()))  # fmt: skip
                 continue
             name = name if name not in seen else f"{name}@{entry}"
             seen.add(name)
             zones.append(Zone(name, temp))
-        if zones:
-            break
+        if entries:
+            break  # sys/class/thermal links to the same zones: one pass only
     lay.zones = tuple(zones)
     if not zones:
         lay.note("no thermal zone (sys/class/thermal/thermal_zone*): temperatures skipped",
@@ -323,11 +357,7 @@ def _find_zones(base: Path, lay: Layout) -> None:
 
 def _identify(base: Path, lay: Layout) -> None:
     lay.model = _text(base / "proc/device-tree/model") or "NVIDIA Jetson"
-    try:
-        release = (base / "etc/nv_tegra_release").read_bytes()
-    except OSError:
-        release = b""
-    found = _L4T_RE.search(release)
+    found = _L4T_RE.search((_text(base / "etc/nv_tegra_release") or "").encode())
     if found:
         lay.l4t = f"L4T {found.group(1).decode()}.{found.group(2).decode()}"
     else:

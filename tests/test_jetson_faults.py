@@ -1,0 +1,83 @@
+"""The jetson source where the tree is not as it should be: permissions, odd file types, files
+that vanish, fail, come back or are replaced, readings out of range.
+
+As in tests/test_jetson_source.py, nothing inside hfsampler is faked: the source reads real files
+under a fixture root (tests/jetson_trees.py), and the tests damage that tree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import jetson_trees as jt
+import pytest
+
+import hfsampler
+
+REPO = Path(hfsampler.__file__).resolve().parents[1]
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_tree() -> Iterator[Path]:
+    """A directory any user can read (pytest's tmp_path is root's alone)."""
+    top = Path(tempfile.mkdtemp(prefix="hfsampler-jetson-"))
+    top.chmod(0o755)
+    try:
+        yield top
+    finally:
+        for path in top.rglob("*"):  # give back what a test took away, so it can be removed
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o755)
+        shutil.rmtree(top)
+
+
+# Imports first: the interpreter may live where only root can read (here, under /root).
+_CHILD = """
+import hashlib, json, logging, os, sys  # hashlib: uuid5 imports it late
+from hfsampler import fields as F
+from hfsampler.sources.jetson import JetsonSource
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+if os.geteuid() == 0:
+    os.setuid(int(sys.argv[2]))  # the shipped unit's DynamicUser: no root, no capability
+src = JetsonSource(sys.argv[1], measure_s=0.0)
+inv = src.open(F.CATALOGUE)
+src.close()
+print(json.dumps([f.name for f, ok in zip(inv.fields, inv.supported[0]) if ok]))
+"""
+
+
+def _open_unprivileged(root: Path) -> subprocess.CompletedProcess[str]:
+    """Open the source on ``root`` in a child that is not root: as root, it drops to nobody
+    once the tree is built and its modules are loaded; as another user it is one already."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, str(root), str(NOBODY)],
+        capture_output=True, text=True, timeout=60, env=env, cwd="/",
+    )  # fmt: skip
+
+
+def test_a_non_root_start_skips_debugfs_with_one_line(open_tree: Path) -> None:
+    """Under the shipped unit (DynamicUser) debugfs cannot be read: stat raises EACCES, which
+    ``Path.is_file()`` raised before Python 3.14. The EMC fields go, with one line."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, open_tree / board.name)
+    (root / "sys/kernel/debug").chmod(0o000)
+    done = _open_unprivileged(root)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    supported = set(json.loads(done.stdout))
+    assert "DCGM_FI_DEV_MEM_CLOCK" not in supported
+    assert "DCGM_FI_DEV_MEM_COPY_UTIL" not in supported
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_POWER_USAGE_INSTANT"} <= supported
+    warned = [ln for ln in done.stderr.splitlines() if ln.startswith("WARNING")]
+    assert len(warned) == 1, warned
+    assert "EMC clock" in warned[0]
+    assert "permission denied" in warned[0]

@@ -8,6 +8,7 @@ under a fixture root (tests/jetson_trees.py), and the tests damage that tree.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -20,6 +21,9 @@ import jetson_trees as jt
 import pytest
 
 import hfsampler
+from hfsampler import fields as F
+from hfsampler.fields import Field
+from hfsampler.sources.jetson import JetsonSource, _Blob
 
 REPO = Path(hfsampler.__file__).resolve().parents[1]
 NOBODY = 65534
@@ -40,6 +44,12 @@ def open_tree() -> Iterator[Path]:
 
 
 # Imports first: the interpreter may live where only root can read (here, under /root).
+def _open(root: Path) -> tuple[JetsonSource, tuple[Field, ...]]:
+    source = JetsonSource(root, measure_s=0.0)
+    inv = source.open(F.CATALOGUE)
+    return source, tuple(f for f, ok in zip(inv.fields, inv.supported[0], strict=True) if ok)
+
+
 _CHILD = """
 import hashlib, json, logging, os, sys  # hashlib: uuid5 imports it late
 from hfsampler import fields as F
@@ -81,3 +91,32 @@ def test_a_non_root_start_skips_debugfs_with_one_line(open_tree: Path) -> None:
     assert len(warned) == 1, warned
     assert "EMC clock" in warned[0]
     assert "permission denied" in warned[0]
+
+
+@pytest.mark.timeout(20)
+def test_fifos_in_the_tree_neither_hang_nor_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO where a file should be would block a plain open() forever: the layout skips it with
+    a note, and a file that turns into one after the layout is refused at open, not waited on."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    for rel in ("sys/devices/virtual/thermal/thermal_zone3/temp",
+                "sys/firmware/devicetree/base/gpu@17000000/compatible",
+                "proc/device-tree/serial-number"):  # fmt: skip
+        (root / rel).unlink()
+        os.mkfifo(root / rel)
+    caplog.set_level(logging.WARNING, logger="hfsampler")
+    src, live = _open(root)
+    src.close()
+    zones = {dict(f.labels).get("zone") for f in live if f.name == "hfsampler_jetson_temp_celsius"}
+    assert "cv1-thermal" not in zones
+    assert "cv0-thermal" in zones
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("cv1-thermal" in m for m in lines) == 1, lines
+    # the race: the layout saw a regular file, the open finds a FIFO
+    load = root / "sys/devices/platform/bus@0/17000000.gpu/load"
+    load.unlink()
+    os.mkfifo(load)
+    with pytest.raises(OSError, match="not a regular file"):
+        _Blob(load, 64)

@@ -22,9 +22,11 @@ never the source.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,6 +79,16 @@ def meminfo_kib(key: str) -> Parse:
     return parse
 
 
+def _open_regular(path: Path) -> int:
+    """A read-only descriptor on a regular file (every sysfs attribute is one). O_NONBLOCK: a
+    FIFO put in the file's place must not block the open, and is refused like a directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    raise OSError(errno.EINVAL, "not a regular file", str(path))
+
+
 class _Blob:
     """One open file, read once per instant however many values it holds (/proc/meminfo)."""
 
@@ -85,7 +97,7 @@ class _Blob:
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
         self.size = size
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = _open_regular(path)
         self.at_ns = -1
         self.data = b""
 

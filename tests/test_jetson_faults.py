@@ -120,3 +120,32 @@ def test_fifos_in_the_tree_neither_hang_nor_count(
     os.mkfifo(load)
     with pytest.raises(OSError, match="not a regular file"):
         _Blob(load, 64)
+
+
+def test_a_rail_missing_a_file_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Each file a rail lacks is one line naming the rail and what it costs; a channel without
+    its label cannot be named, and says so; a GPU rail without power says what that costs."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    chip = root / "sys/devices/platform/bus@0/c240000.i2c/i2c-1"
+    (chip / "1-0040/hwmon/hwmon3/in1_input").unlink()  # VDD_GPU_SOC, the GPU rail: no voltage
+    (chip / "1-0040/hwmon/hwmon3/curr2_input").unlink()  # VDD_CPU_CV: no current
+    (chip / "1-0040/hwmon/hwmon3/in3_label").unlink()  # VIN_SYS_5V0: no name
+    (chip / "1-0041/hwmon/hwmon4/curr2_input").unlink()  # VDDQ_VDD2_1V8AO: a directory
+    (chip / "1-0041/hwmon/hwmon4/curr2_input").mkdir()
+    caplog.set_level(logging.WARNING, logger="hfsampler")
+    src, live = _open(root)
+    src.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 5, lines
+    for rail, what in (("VDD_GPU_SOC", "in1_input missing"), ("VDD_CPU_CV", "curr2_input missing"),
+                       ("VDDQ_VDD2_1V8AO", "curr2_input not a regular file")):  # fmt: skip
+        assert sum(rail in m and what in m for m in lines) == 1, (rail, lines)
+    assert sum("channel 3" in m and "in3_label missing" in m for m in lines) == 1, lines
+    assert sum("GPU rail VDD_GPU_SOC has no power" in m for m in lines) == 1, lines
+    have = {(f.name, dict(f.labels).get("rail")) for f in live}
+    assert ("hfsampler_jetson_rail_current_amperes", "VDD_GPU_SOC") in have
+    assert ("hfsampler_jetson_rail_voltage_volts", "VDD_CPU_CV") in have
+    assert ("hfsampler_jetson_rail_power_watts", "VDD_CPU_CV") not in have
+    assert ("DCGM_FI_DEV_POWER_USAGE_INSTANT", None) not in have
+    assert not any(rail == "VIN_SYS_5V0" for _, rail in have)

@@ -312,7 +312,7 @@ class JetsonSource:
             if f.per is None or f.labels or f.jetson is None:
                 out.append(f)
             elif f.per == "rail":
-                out.extend(f.instance(r.name) for r in lay.rails if _rail_has(r, f.jetson))
+                out.extend(f.instance(r.name) for r in lay.rails if r.has(f.jetson))
             elif f.per == "zone":
                 out.extend(f.instance(z.name) for z in lay.zones)
         return tuple(out)
@@ -461,14 +461,6 @@ class JetsonSource:
                     files[id(part)] = part
         touches = energy is not None and any(id(p) in files for p in energy.power.files)
         return _Plan(tuple(files.values()), tuple(cols), touches)
-
-
-def _rail_has(rail: Rail, what: str) -> bool:
-    if what == "rail_voltage":
-        return rail.voltage is not None
-    if what == "rail_current":
-        return rail.current is not None
-    return rail.power is not None or (rail.voltage is not None and rail.current is not None)
 
 
 class _Dead(_File):

@@ -27,6 +27,7 @@ from pathlib import Path
 GPU_NODE_NAMES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")  # devfreq device/of_node/name
 GPU_ZONE_TYPES = ("gpu-therm", "gpu-thermal")
 INA_DRIVERS = ("ina3221", "ina3221x")  # JetPack 5+ (hwmon) and JetPack 4 (iio)
+INA_CHANNELS = (1, 2, 3)  # hwmon's in4-in7 are shunt voltages and their sum, curr4 the sum
 NOT_CONNECTED = "NC"
 # the tokens of a rail name that say nothing about what it feeds
 _RAIL_NOISE = frozenset({"VDD", "VIN", "POM", "SYS", "IN", "5V", "5V0", "1V8", "3V3"})
@@ -47,6 +48,14 @@ class Rail:
     current: Path | None  # mA
     power: Path | None  # mW (JetPack 4's in_power*_input); else voltage x current
     update_interval_s: float | None  # the chip's conversion time x averaging x channels
+
+    def has(self, what: str) -> bool:
+        """Whether the rail can give ``what`` (rail_voltage, rail_current or rail_power)."""
+        if what == "rail_voltage":
+            return self.voltage is not None
+        if what == "rail_current":
+            return self.current is not None
+        return self.power is not None or (self.voltage is not None and self.current is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +252,8 @@ def _find_rails(base: Path, lay: Layout) -> None:
             chip_dir = _inside(base, top / chip)
             if chip_dir is None:
                 continue
-            for rail in (*_hwmon_rails(chip_dir), *_iio_rails(chip_dir)):
+            rel = f"sys/bus/i2c/drivers/{driver}/{chip}"
+            for rail in (*_hwmon_rails(chip_dir, rel, lay), *_iio_rails(chip_dir, rel, lay)):
                 name = rail.name if rail.name not in seen else f"{rail.name}@{chip}"
                 seen.add(name)
                 rails.append(Rail(name, rail.voltage, rail.current, rail.power,
@@ -262,44 +272,74 @@ def _find_rails(base: Path, lay: Layout) -> None:
             "gpu_rail_power",
             "gpu_rail_energy",
         )
+    elif not next(r for r in rails if r.name == lay.gpu_rail).has("rail_power"):
+        lay.note(
+            f"the GPU rail {lay.gpu_rail} has no power reading (needs its power, or its voltage "
+            "and current): DCGM_FI_DEV_POWER_USAGE_INSTANT and TOTAL_ENERGY_CONSUMPTION skipped",
+            "gpu_rail_power",
+            "gpu_rail_energy",
+        )
 
 
-def _skip_channel(label: str | None) -> bool:
-    return label is None or label.upper() == NOT_CONNECTED or "sum" in label.lower()
+def _skip_channel(label: str) -> bool:
+    return label.upper() == NOT_CONNECTED or "sum" in label.lower()
 
 
-def _hwmon_rails(chip: Path) -> list[Rail]:
-    """JetPack 5+: hwmon/hwmon*/in<N>_label, in<N>_input (mV), curr<N>_input (mA)."""
+def _hwmon_rails(chip: Path, rel: str, lay: Layout) -> list[Rail]:
+    """JetPack 5+: hwmon/hwmon*/in<N>_label, in<N>_input (mV), curr<N>_input (mA), N = 1-3."""
     out = []
-    for hwmon in (chip / "hwmon" / e for e in _entries(chip / "hwmon") if e.startswith("hwmon")):
+    for entry in (e for e in _entries(chip / "hwmon") if re.fullmatch(r"hwmon\d+", e)):
+        hwmon, where = chip / "hwmon" / entry, f"{rel}/hwmon/{entry}"
         interval = _ms(hwmon / "update_interval")
-        for label_path in (hwmon / e for e in _entries(hwmon) if _IN_LABEL.fullmatch(e)):
-            n = label_path.name[2:].removesuffix("_label")
-            label = _text(label_path)
-            voltage, current = hwmon / f"in{n}_input", hwmon / f"curr{n}_input"
-            if _skip_channel(label) or not _is_file(current):
-                continue  # NC, the sum of shunt voltages (in7), or a channel without current
-            assert label is not None
-            out.append(Rail(label, voltage if _is_file(voltage) else None, current, None, interval))
+        names = set(_entries(hwmon))
+        for n in INA_CHANNELS:
+            if not {f"in{n}_label", f"in{n}_input", f"curr{n}_input"} & names:
+                continue  # no such channel on this chip
+            label = _text(hwmon / f"in{n}_label")
+            if label is None:
+                why = _kind(hwmon / f"in{n}_label") or "empty"
+                lay.note(f"INA3221 channel {n} ({where}): in{n}_label {why}: its rail skipped",
+                         *_RAIL_KEYS)  # fmt: skip
+            elif not _skip_channel(label):  # NC, or the sum of shunt voltages
+                paths = (hwmon / f"in{n}_input", hwmon / f"curr{n}_input", None)
+                rail = _rail(label, where, paths, interval, lay)
+                out += [rail] if rail else []
     return out
 
 
-def _iio_rails(chip: Path) -> list[Rail]:
+def _iio_rails(chip: Path, rel: str, lay: Layout) -> list[Rail]:
     """JetPack 4: iio:device*/rail_name_<N>, in_power<N>_input (mW), in_voltage / in_current."""
     out = []
-    for iio in (chip / e for e in _entries(chip) if e.startswith("iio:device")):
-        for label_path in (iio / e for e in _entries(iio) if e.startswith("rail_name_")):
-            n = label_path.name.removeprefix("rail_name_")
-            label = _text(label_path)
-            if _skip_channel(label):
+    for entry in (e for e in _entries(chip) if e.startswith("iio:device")):
+        iio, where = chip / entry, f"{rel}/{entry}"
+        for name in (e for e in _entries(iio) if e.startswith("rail_name_")):
+            n = name.removeprefix("rail_name_")
+            label = _text(iio / name)
+            if label is None or _skip_channel(label):
                 continue
-            assert label is not None
-            paths = [iio / f"in_{what}{n}_input" for what in ("voltage", "current", "power")]
-            v, i, p = (q if _is_file(q) else None for q in paths)
-            if v is None and i is None and p is None:
-                continue
-            out.append(Rail(label, v, i, p, None))
+            v, i, p = (iio / f"in_{what}{n}_input" for what in ("voltage", "current", "power"))
+            rail = _rail(label, where, (v, i, p), None, lay)
+            out += [rail] if rail else []
     return out
+
+
+def _rail(label: str, where: str, paths: tuple[Path, Path, Path | None], interval: float | None,
+          lay: Layout) -> Rail | None:  # fmt: skip
+    """The rail from those of its files that are regular files; one note for the others."""
+    found: list[Path | None] = []
+    bad = []
+    for path in paths:
+        why = None if path is None else _kind(path)
+        found.append(path if why is None else None)
+        if path is not None and why is not None:
+            bad.append(f"{path.name} {why}")
+    rail = Rail(label, found[0], found[1], found[2], interval)
+    if bad:
+        lost = [what for what in ("voltage", "current", "power") if not rail.has(f"rail_{what}")]
+        costs = [f"rail_{what}" for what in lost] or ["rail_power"]
+        cost = ", ".join(lost) if lost else "nothing (power from voltage x current)"
+        lay.note(f"rail {label} ({where}): {', '.join(bad)}: {cost} skipped", *costs)
+    return rail if any(found) else None
 
 
 def gpu_rail(names: list[str]) -> str | None:

@@ -24,6 +24,7 @@ import hfsampler
 from hfsampler import fields as F
 from hfsampler.fields import Field
 from hfsampler.sources.jetson import JetsonSource, _Blob
+from hfsampler.sources.jetson_sysfs import find_layout, is_tegra
 
 REPO = Path(hfsampler.__file__).resolve().parents[1]
 NOBODY = 65534
@@ -149,3 +150,46 @@ def test_a_rail_missing_a_file_says_so(tmp_path: Path, caplog: pytest.LogCapture
     assert ("hfsampler_jetson_rail_power_watts", "VDD_CPU_CV") not in have
     assert ("DCGM_FI_DEV_POWER_USAGE_INSTANT", None) not in have
     assert not any(rail == "VIN_SYS_5V0" for _, rail in have)
+
+
+def _mali_board(root: Path) -> Path:
+    """A Rockchip RK3588 board's devfreq GPU, as Mali has it: of_node name ``gpu``, a load file."""
+    dev = root / "sys/devices/platform/fb000000.gpu"
+    (dev / "devfreq/fb000000.gpu").mkdir(parents=True)
+    for name, text in (("cur_freq", "300000000\n"), ("min_freq", "300000000\n"),
+                       ("max_freq", "1000000000\n")):  # fmt: skip
+        (dev / "devfreq/fb000000.gpu" / name).write_text(text)
+    (dev / "load").write_text("12@300000000Hz\n")
+    node = root / "sys/firmware/devicetree/base/gpu@fb000000"
+    node.mkdir(parents=True)
+    (node / "name").write_bytes(b"gpu\0")
+    (node / "compatible").write_bytes(b"rockchip,rk3588-mali\0arm,mali-valhall-csf\0")
+    (dev / "of_node").symlink_to("../../../firmware/devicetree/base/gpu@fb000000")
+    (dev / "devfreq/fb000000.gpu/device").symlink_to("../..")
+    (root / "sys/class/devfreq").mkdir(parents=True)
+    (root / "sys/class/devfreq/fb000000.gpu").symlink_to(
+        "../../devices/platform/fb000000.gpu/devfreq/fb000000.gpu"
+    )
+    (root / "proc/device-tree").mkdir(parents=True)
+    (root / "proc/device-tree/compatible").write_bytes(b"radxa,rock-5b\0rockchip,rk3588\0")
+    return root
+
+
+def test_a_gpu_named_gpu_is_a_tegra_s_only_on_a_tegra(tmp_path: Path) -> None:
+    """Mali and Adreno devfreq nodes are named ``gpu`` too: without ``nvidia,tegra`` in the
+    device tree that name alone is not a Jetson; NVIDIA's own node names (gv11b...) are."""
+    mali = _mali_board(tmp_path / "rk3588")
+    assert (mali / "sys/class/devfreq/fb000000.gpu/device/of_node/name").read_bytes() == b"gpu\0"
+    assert not is_tegra(mali)
+    lay = find_layout(mali)
+    assert lay.gpu_device is None
+    assert lay.load is None
+    orin = jt.build(jt.BOARDS["agx-orin-jp6"], tmp_path / "orin")  # its node is named gpu
+    assert is_tegra(orin)
+    assert find_layout(orin).gpu_device == "17000000.gpu"
+    (orin / "proc/device-tree/compatible").write_bytes(b"nvidia,p3737-0000+p3701-0005\0")
+    assert not is_tegra(orin)
+    nx = jt.build(jt.BOARDS["xavier-nx-jp4"], tmp_path / "nx")  # gv11b: NVIDIA's by name
+    (nx / "proc/device-tree/compatible").unlink()
+    assert is_tegra(nx)
+    assert find_layout(nx).gpu_device == "17000000.gv11b"

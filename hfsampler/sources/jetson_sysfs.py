@@ -24,7 +24,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GPU_NODE_NAMES = ("gv11b", "gp10b", "ga10b", "gb10b", "gpu")  # devfreq device/of_node/name
+# a devfreq node's device/of_node/name: NVIDIA's integrated GPUs', and JetPack 6's plain "gpu",
+# which Mali and Adreno GPUs are named too, so it counts only where the device tree says Tegra
+NVIDIA_GPU_NODES = ("gv11b", "gp10b", "ga10b", "gb10b")
+GPU_NODE_NAMES = (*NVIDIA_GPU_NODES, "gpu")
+TEGRA = "nvidia,tegra"  # in /proc/device-tree/compatible: nvidia,tegra194, nvidia,tegra234...
 GPU_ZONE_TYPES = ("gpu-therm", "gpu-thermal")
 INA_DRIVERS = ("ina3221", "ina3221x")  # JetPack 5+ (hwmon) and JetPack 4 (iio)
 INA_CHANNELS = (1, 2, 3)  # hwmon's in4-in7 are shunt voltages and their sum, curr4 the sum
@@ -159,23 +163,31 @@ def _ms(path: Path) -> float | None:
         return None
 
 
+def _tegra_compatible(base: Path) -> bool:
+    return any(
+        TEGRA in (_text(base / rel) or "")
+        for rel in ("proc/device-tree/compatible", "sys/firmware/devicetree/base/compatible")
+    )
+
+
 def is_tegra(root: str | Path = "/") -> bool:
-    """A Tegra (Jetson): the device tree says so, or a devfreq GPU node exists."""
-    base = Path(root)
-    if "nvidia,tegra" in (_text(base / "proc/device-tree/compatible") or ""):
-        return True
-    return _find_gpu(base.resolve(), Layout(base.resolve())) is not None
+    """A Tegra (Jetson): the device tree is compatible with ``nvidia,tegra*``, or a devfreq node
+    is one of NVIDIA's integrated GPUs by name. A node named ``gpu`` alone is any ARM board's."""
+    base = Path(root).resolve()
+    return _tegra_compatible(base) or _find_gpu(base, Layout(base), tegra=False) is not None
 
 
 def find_layout(root: str | Path = "/") -> Layout:
     """Walk ``root`` once for everything the jetson source reads."""
     base = Path(root).resolve()
     lay = Layout(base)
-    gpu = _find_gpu(base, lay)
+    tegra = _tegra_compatible(base)
+    gpu = _find_gpu(base, lay, tegra)
     if gpu is None:
+        names = ", ".join(NVIDIA_GPU_NODES) + (", gpu" if tegra else f" (gpu: on a {TEGRA}* only)")
         lay.note(
-            "no devfreq GPU node (sys/class/devfreq/*/device/of_node/name one of "
-            f"{', '.join(GPU_NODE_NAMES)}): GPU load and clocks skipped",
+            f"no devfreq GPU node (sys/class/devfreq/*/device/of_node/name one of {names}): "
+            "GPU load and clocks skipped",
             *_GPU_KEYS,
         )
     _find_rails(base, lay)
@@ -207,12 +219,13 @@ def find_layout(root: str | Path = "/") -> Layout:
     return lay
 
 
-def _find_gpu(base: Path, lay: Layout) -> Path | None:
-    """The devfreq node of the integrated GPU; fills the GPU's paths into ``lay``."""
+def _find_gpu(base: Path, lay: Layout, tegra: bool) -> Path | None:
+    """The devfreq node of the integrated GPU; fills the GPU's paths into ``lay``. A node named
+    ``gpu`` counts only when ``tegra`` (the device tree says so)."""
     devfreq = base / "sys/class/devfreq"
     for entry in _entries(devfreq):
         node = _text(devfreq / entry / "device/of_node/name")
-        if node not in GPU_NODE_NAMES:
+        if node not in (GPU_NODE_NAMES if tegra else NVIDIA_GPU_NODES):
             continue
         freq_dir = _inside(base, devfreq / entry)
         dev_dir = _inside(base, devfreq / entry / "device")

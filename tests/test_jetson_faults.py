@@ -22,6 +22,7 @@ import pytest
 
 import hfsampler
 from hfsampler import fields as F
+from hfsampler.cli import main
 from hfsampler.fields import Field
 from hfsampler.sources.jetson import JetsonSource, _Blob
 from hfsampler.sources.jetson_sysfs import find_layout, is_tegra
@@ -193,3 +194,26 @@ def test_a_gpu_named_gpu_is_a_tegra_s_only_on_a_tegra(tmp_path: Path) -> None:
     (nx / "proc/device-tree/compatible").unlink()
     assert is_tegra(nx)
     assert find_layout(nx).gpu_device == "17000000.gv11b"
+
+
+@pytest.mark.parametrize("command", ["run"])
+def test_source_jetson_where_there_is_none_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """No phantom GPU: ``--source jetson`` off a Jetson is one line naming what was looked for
+    and the fix, exit 2 (as a config mistake; the unit does not restart on it)."""
+    pc = tmp_path / "pc"
+    (pc / "proc").mkdir(parents=True)
+    (pc / "proc/meminfo").write_text("MemTotal: 100 kB\nMemAvailable: 50 kB\n")
+    config = tmp_path / "c.yml"
+    config.write_text(f"jetson: {{sysfs_root: {pc}}}\n")
+    extra = {"run": ["--listen", ""], "record": []}.get(command, [])
+    argv = [command, "--source", "jetson", "--config", str(config), "--duration", "1s", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "source: jetson" in err[0]
+    assert "is not a Jetson" in err[0]
+    assert "nvidia,tegra" in err[0]
+    assert "ga10b" in err[0]
+    assert "--source auto" in err[0]

@@ -350,6 +350,16 @@ def test_config_keys(tmp_path: Path) -> None:
         from_mapping({"jetsn": {}})
 
 
+def test_the_jetson_fields_can_be_selected_by_name() -> None:
+    """--fields took names by upper-casing them, which only the DCGM names survive."""
+    names = ["hfsampler_jetson_rail_power_watts", "HFSAMPLER_JETSON_TEMP_CELSIUS", "power_usage"]
+    assert [f.name for f in F.select(names)] == [
+        "DCGM_FI_DEV_POWER_USAGE",
+        "hfsampler_jetson_rail_power_watts",
+        "hfsampler_jetson_temp_celsius",
+    ]
+
+
 def test_reading_is_cheap(tree: Path) -> None:
     """A fast tick is a few preads on open descriptors: well under the 1 ms interval."""
     src, live = _open(tree)

@@ -196,7 +196,7 @@ def test_a_gpu_named_gpu_is_a_tegra_s_only_on_a_tegra(tmp_path: Path) -> None:
     assert find_layout(nx).gpu_device == "17000000.gv11b"
 
 
-@pytest.mark.parametrize("command", ["run"])
+@pytest.mark.parametrize("command", ["run", "probe", "record"])
 def test_source_jetson_where_there_is_none_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:

@@ -415,6 +415,34 @@ def test_cli_takes_source_jetson_and_lists_how_each_field_is_read(
     assert "call:util_gpu" in util
 
 
+def test_probe_and_record_take_the_config_s_sysfs_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jetson.sysfs_root`` is a config key: probe and record take --config like run."""
+    import json
+
+    from hfsampler.cli import build_parser, main
+    from hfsampler.record import options
+
+    board = jt.BOARDS["xavier-nx-jp4"]
+    root = jt.build(board, tmp_path / "nx")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"jetson: {{sysfs_root: {root}}}\n")
+    fields = "DCGM_FI_DEV_GPU_UTIL,hfsampler_jetson_rail_power_watts"
+    argv = ["probe", "--config", str(cfg), "--source", "jetson", "--duration", "0.2s",
+            "--fields", fields, "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source"] == "jetson"
+    probed = {(f["name"], dict(f["labels"]).get("rail")): f["supported"] for f in out["fields"]}
+    assert probed[("DCGM_FI_DEV_GPU_UTIL", None)]
+    assert {rail for (name, rail), ok in probed.items() if name.endswith("watts") and ok} == set(
+        board.rails
+    )
+    args = build_parser()[0].parse_args(["record", "--config", str(cfg), "--duration", "1s"])
+    assert options(args).config.jetson_sysfs_root == str(root)
+
+
 def test_a_value_missing_from_meminfo_leaves_the_others(tmp_path: Path) -> None:
     """No NvMapMemUsed in this kernel's meminfo: that field goes, MemTotal/MemAvailable stay,
     whichever is asked for first."""

@@ -47,7 +47,8 @@ sys.path.insert(0, str(REPO / "tests"))
 import jetson_trees as jt  # noqa: E402
 
 from hfsampler import fields as catalogue  # noqa: E402
-from hfsampler.sources.jetson import JetsonSource, parse_int  # noqa: E402
+from hfsampler.sources.jetson import JetsonSource  # noqa: E402
+from hfsampler.sources.jetson_files import parse_int  # noqa: E402
 from hfsampler.sources.sim import SimSource  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -24,7 +24,8 @@ import hfsampler
 from hfsampler import fields as F
 from hfsampler.cli import main
 from hfsampler.fields import Field
-from hfsampler.sources.jetson import JetsonSource, _Blob
+from hfsampler.sources.jetson import JetsonSource
+from hfsampler.sources.jetson_files import Blob
 from hfsampler.sources.jetson_sysfs import find_layout, is_tegra
 
 REPO = Path(hfsampler.__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def test_fifos_in_the_tree_neither_hang_nor_count(
     load.unlink()
     os.mkfifo(load)
     with pytest.raises(OSError, match="not a regular file"):
-        _Blob(load, 64)
+        Blob(load, 64)
 
 
 def test_a_rail_missing_a_file_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -22,13 +22,11 @@ never the source.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
-import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,163 +34,38 @@ import numpy as np
 
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources.jetson_files import (
+    DEAD,
+    DIFF,
+    MIN_SKIP_NS,
+    NAN,
+    ONE,
+    PRODUCT,
+    RATIO,
+    UNKNOWN_PERIOD_NS,
+    Blob,
+    File,
+    Parse,
+    Value,
+    meminfo_kib,
+    parse_int,
+    parse_runtime_status,
+)
 from hfsampler.sources.jetson_sysfs import Layout, Rail, find_layout
 
 log = logging.getLogger(__name__)
 
 MEASURE_S = 0.5  # how long open() watches the files for their refresh periods
 MEASURE_PAUSE_S = 0.0005
-MIN_SKIP_NS = 2_000_000  # files refreshing faster than this are read on every tick
-UNKNOWN_PERIOD_NS = 1_000_000_000  # a value that never changed still counts once a second
-_NAN = math.nan
-
-Parse = Callable[[bytes], float]
-ONE, PRODUCT, RATIO, DIFF = 0, 1, 2, 3
-
-
-def parse_int(data: bytes) -> float:
-    return float(int(data))
-
-
-def parse_runtime_status(data: bytes) -> float:
-    """Runtime PM's state: 1 when suspended (the GPU's rail is gated), 0 when active."""
-    word = data.strip()
-    if word in (b"active", b"resuming"):
-        return 0.0
-    if word in (b"suspended", b"suspending"):
-        return 1.0
-    raise ValueError(f"runtime PM status {word.decode(errors='replace')!r}")
-
-
-def meminfo_kib(key: str) -> Parse:
-    """One /proc/meminfo line's value (kB) from the whole file's text."""
-    tag = key.encode() + b":"
-
-    def parse(data: bytes) -> float:
-        at = data.find(tag)
-        while at > 0 and data[at - 1] != 0x0A:  # MemFree: inside NvMapMemFree:
-            at = data.find(tag, at + 1)
-        if at < 0:
-            raise ValueError(f"no {key} in meminfo")
-        return float(int(data[at + len(tag) : data.index(b"kB", at)]))
-
-    return parse
-
-
-def _open_regular(path: Path) -> int:
-    """A read-only descriptor on a regular file (every sysfs attribute is one). O_NONBLOCK: a
-    FIFO put in the file's place must not block the open, and is refused like a directory."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    raise OSError(errno.EINVAL, "not a regular file", str(path))
-
-
-class _Blob:
-    """One open file, read once per instant however many values it holds (/proc/meminfo)."""
-
-    __slots__ = ("at_ns", "data", "fd", "path", "size")
-
-    def __init__(self, path: Path, size: int) -> None:
-        self.path = path
-        self.size = size
-        self.fd = _open_regular(path)
-        self.at_ns = -1
-        self.data = b""
-
-    def get(self, now_ns: int) -> bytes:
-        if now_ns != self.at_ns:
-            self.data = os.pread(self.fd, self.size, 0)
-            self.at_ns = now_ns
-        return self.data
-
-
-class _File:
-    """One value: a blob, how to parse it, its refresh period and its latest distinct sample."""
-
-    __slots__ = ("blob", "declared_ns", "errors", "hw_ns", "parse", "period_ns", "raw",
-                 "read_ns", "sample_ns", "skip_ns", "what")  # fmt: skip
-
-    def __init__(self, what: str, blob: _Blob, parse: Parse, declared_s: float | None,
-                 hw_s: float | None) -> None:  # fmt: skip
-        self.what = what
-        self.blob = blob
-        self.parse = parse
-        self.declared_ns = int(declared_s * 1e9) if declared_s else 0  # a driver's own period
-        self.hw_ns = int(hw_s * 1e9) if hw_s else 0  # a converter's timer: nothing new sooner
-        self.period_ns = UNKNOWN_PERIOD_NS
-        self.skip_ns = 0
-        self.read_ns = -(1 << 62)
-        self.sample_ns = 0
-        self.raw = _NAN
-        self.errors = 0
-
-    def poll(self, now_ns: int) -> None:
-        # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
-        if 0 <= now_ns - self.read_ns < self.skip_ns:
-            return  # the hardware cannot have refreshed since the last read
-        self.read_ns = now_ns
-        try:
-            value = self.parse(self.blob.get(now_ns))
-        except (OSError, ValueError) as exc:
-            self.raw = _NAN
-            self.errors += 1
-            if self.errors == 1:
-                log.warning("jetson: reading %s (%s) failed: %s; retried every tick",
-                            self.what, self.blob.path, exc)  # fmt: skip
-            return
-        if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
-            self.raw = value
-            self.sample_ns = now_ns
-
-
-class _Value:
-    """A field's value from one file, or two (voltage x current, total - available), scaled.
-
-    From two files it is a new sample when the result changed, or when the faster input's period
-    passed since the last: a steady voltage counted once a period must not double the samples of
-    the current it multiplies.
-    """
-
-    __slots__ = ("a", "b", "last", "last_ns", "op", "scale")
-
-    def __init__(self, op: int, a: _File, b: _File | None, scale: float) -> None:
-        self.op, self.a, self.b, self.scale = op, a, b, scale
-        self.last = _NAN
-        self.last_ns = 0
-
-    @property
-    def files(self) -> tuple[_File, ...]:
-        return (self.a,) if self.b is None else (self.a, self.b)
-
-    def evaluate(self) -> tuple[float, int]:
-        """(value, its sample time in ns; 0 when there is no value)."""
-        a, b = self.a, self.b
-        if b is None:
-            value = a.raw * self.scale
-            return value, (0 if value != value else a.sample_ns)
-        if self.op == PRODUCT:
-            value = a.raw * b.raw * self.scale
-        elif self.op == DIFF:
-            value = (a.raw - b.raw) * self.scale
-        else:
-            value = a.raw / b.raw * self.scale if b.raw else _NAN
-        if value != value:  # NaN
-            return value, 0
-        seen = max(a.sample_ns, b.sample_ns)
-        if value != self.last or not 0 <= seen - self.last_ns < min(a.period_ns, b.period_ns):
-            self.last, self.last_ns = value, seen
-        return value, self.last_ns
 
 
 @dataclass(slots=True)
 class _Energy:
     """The GPU rail's power integrated over its distinct samples, in mJ since the source opened."""
 
-    power: _Value
+    power: Value
     total_mj: float = 0.0
-    last_w: float = _NAN
+    last_w: float = NAN
     last_ns: int = 0
 
     def update(self) -> None:
@@ -206,8 +79,8 @@ class _Energy:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    files: tuple[_File, ...]  # polled each read, each once
-    cols: tuple[_Value | None, ...]  # None: the energy counter
+    files: tuple[File, ...]  # polled each read, each once
+    cols: tuple[Value | None, ...]  # None: the energy counter
     energy: bool  # the plan polls the GPU rail: advance the energy counter
 
 
@@ -218,10 +91,10 @@ class JetsonSource:
         self.root = Path(root)
         self.measure_s = measure_s
         self.layout: Layout | None = None
-        self._blobs: dict[Path, _Blob] = {}
-        self._files: dict[tuple[Path, str], _File] = {}
+        self._blobs: dict[Path, Blob] = {}
+        self._files: dict[tuple[Path, str], File] = {}
         self._unreadable: set[Path | tuple[Path, str]] = set()  # a file, or one value in it
-        self._recipes: dict[Field, _Value | None] = {}
+        self._recipes: dict[Field, Value | None] = {}
         self._energy: _Energy | None = None
         self._up = np.ones(1, dtype=np.bool_)
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
@@ -272,7 +145,7 @@ class JetsonSource:
         for k, recipe in enumerate(plan.cols):
             if recipe is None:
                 if energy is None or not energy.last_ns:
-                    row[k], stamps[k] = _NAN, 0
+                    row[k], stamps[k] = NAN, 0
                 else:
                     row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
                 continue
@@ -294,11 +167,11 @@ class JetsonSource:
         self._energy = None
 
     @property
-    def files(self) -> tuple[_File, ...]:
+    def files(self) -> tuple[File, ...]:
         """Every file the opened fields read, with its measured period (for logs and tests)."""
         return tuple(self._files.values())
 
-    def files_for(self, fields: Sequence[Field]) -> tuple[_File, ...]:
+    def files_for(self, fields: Sequence[Field]) -> tuple[File, ...]:
         """The files one read of ``fields`` polls (a group's tick), each once."""
         return self._plan(fields).files
 
@@ -319,7 +192,7 @@ class JetsonSource:
 
     def _file(self, what: str, path: Path | None, parse: Parse = parse_int, *,
               declared_s: float | None = None, hw_s: float | None = None,
-              size: int = 64) -> _File | None:  # fmt: skip
+              size: int = 64) -> File | None:  # fmt: skip
         """The opened file, or None if it cannot be opened, read and parsed (logged once; a file
         the layout did not find at all was logged there)."""
         if path is None:
@@ -330,9 +203,9 @@ class JetsonSource:
         if key in self._files:
             return self._files[key]
         try:
-            blob = self._blobs.get(path) or _Blob(path, size)
+            blob = self._blobs.get(path) or Blob(path, size)
             self._blobs[path] = blob
-            f = _File(what, blob, parse, declared_s, hw_s)
+            f = File(what, blob, parse, declared_s, hw_s)
             f.parse(os.pread(blob.fd, size, 0))
         except (OSError, ValueError) as exc:
             log.warning("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
@@ -342,19 +215,19 @@ class JetsonSource:
         self._files[key] = f
         return f
 
-    def _rail_recipe(self, rail: Rail, what: str) -> _Value | None:
+    def _rail_recipe(self, rail: Rail, what: str) -> Value | None:
         interval = rail.update_interval_s
         v = self._file(f"{rail.name} voltage", rail.voltage, hw_s=interval)
         i = self._file(f"{rail.name} current", rail.current, hw_s=interval)
         if what == "rail_voltage":
-            return _Value(ONE, v, None, 1e-3) if v else None
+            return Value(ONE, v, None, 1e-3) if v else None
         if what == "rail_current":
-            return _Value(ONE, i, None, 1e-3) if i else None
+            return Value(ONE, i, None, 1e-3) if i else None
         if rail.power is not None and (p := self._file(f"{rail.name} power", rail.power)):
-            return _Value(ONE, p, None, 1e-3)  # JetPack 4: mW
-        return _Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
+            return Value(ONE, p, None, 1e-3)  # JetPack 4: mW
+        return Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
 
-    def _recipe(self, f: Field, lay: Layout) -> _Value | None:
+    def _recipe(self, f: Field, lay: Layout) -> Value | None:
         if f in self._recipes:
             return self._recipes[f]
         recipe = self._build_recipe(f, lay)
@@ -363,7 +236,7 @@ class JetsonSource:
             self._energy = _Energy(recipe)
         return recipe
 
-    def _build_recipe(self, f: Field, lay: Layout) -> _Value | None:
+    def _build_recipe(self, f: Field, lay: Layout) -> Value | None:
         key, own = f.jetson, dict(f.labels)
         if key is None:
             return None
@@ -377,7 +250,7 @@ class JetsonSource:
             name = own.get("zone") if key == "zone_temp" else lay.gpu_zone
             zone = next((z for z in lay.zones if z.name == name), None)
             t = self._file(f"{name} temperature", zone.temp) if zone else None
-            return _Value(ONE, t, None, 1e-3) if t else None
+            return Value(ONE, t, None, 1e-3) if t else None
         simple: dict[str, tuple[str, Path | None, Parse, float, float | None]] = {
             "gpu_load": ("GPU load", lay.load, parse_int, 0.1, None),
             "gpu_freq": ("GPU clock", lay.cur_freq, parse_int, 1e-6, lay.polling_interval_s),
@@ -389,29 +262,29 @@ class JetsonSource:
         if key in simple:
             what, path, parse, scale, declared = simple[key]
             one = self._file(what, path, parse, declared_s=declared)
-            return _Value(ONE, one, None, scale) if one else None
+            return Value(ONE, one, None, scale) if one else None
         if key == "emc_load":  # actmon's busy rate (kHz) over the EMC clock (kHz), in percent
             act = self._file("EMC activity", lay.emc_activity)
             rate = self._file("EMC clock", lay.emc_rate)
-            return _Value(RATIO, act, rate, 1e5) if act and rate else None
+            return Value(RATIO, act, rate, 1e5) if act and rate else None
         mem = {"mem_used": "MemTotal", "mem_available": "MemAvailable",
                "nvmap_used": "NvMapMemUsed"}  # fmt: skip
         if key in mem:
             main = self._meminfo(lay, mem[key])
             if key != "mem_used":
-                return _Value(ONE, main, None, 1 / 1024) if main else None
+                return Value(ONE, main, None, 1 / 1024) if main else None
             avail = self._meminfo(lay, "MemAvailable")
-            return _Value(DIFF, main, avail, 1 / 1024) if main and avail else None
+            return Value(DIFF, main, avail, 1 / 1024) if main and avail else None
         return None
 
-    def _meminfo(self, lay: Layout, key: str) -> _File | None:
+    def _meminfo(self, lay: Layout, key: str) -> File | None:
         return self._file(key, lay.meminfo, meminfo_kib(key), size=16384)
 
     def _measure(self) -> None:
         """Each file's refresh period: the median gap between value changes over ``measure_s``."""
         files = list(self._files.values())
         changes: list[list[int]] = [[] for _ in files]
-        last = [_NAN] * len(files)
+        last = [NAN] * len(files)
         end = time.perf_counter_ns() + int(self.measure_s * 1e9)
         while (now := time.perf_counter_ns()) < end:
             for k, f in enumerate(files):
@@ -437,7 +310,7 @@ class JetsonSource:
             f.skip_ns = known // 2 if known >= MIN_SKIP_NS else 0
             how = "measured" if measured else ("declared" if declared else "unchanged")
             report.setdefault((round(f.period_ns / 1e6, 1), how), []).append(f.what)
-            f.read_ns, f.sample_ns, f.raw = -(1 << 62), 0, _NAN
+            f.read_ns, f.sample_ns, f.raw = -(1 << 62), 0, NAN
         for blob in self._blobs.values():
             blob.at_ns = -1
         if report:
@@ -446,28 +319,18 @@ class JetsonSource:
             ))  # fmt: skip
 
     def _plan(self, fields: Sequence[Field]) -> _Plan:
-        files: dict[int, _File] = {}
-        cols: list[_Value | None] = []
+        files: dict[int, File] = {}
+        cols: list[Value | None] = []
         energy = self._energy
         for f in fields:
             if f.jetson == "gpu_rail_energy":
                 cols.append(None)
                 value = energy.power if energy is not None else None
             else:
-                value = self._recipes.get(f) or _Value(ONE, _DEAD, None, 1.0)  # unsupported: NaN
+                value = self._recipes.get(f) or Value(ONE, DEAD, None, 1.0)  # unsupported: NaN
                 cols.append(value)
             for part in value.files if value is not None else ():
-                if part is not _DEAD:
+                if part is not DEAD:
                     files[id(part)] = part
         touches = energy is not None and any(id(p) in files for p in energy.power.files)
         return _Plan(tuple(files.values()), tuple(cols), touches)
-
-
-class _Dead(_File):
-    """The file behind an unsupported column: never polled, always NaN."""
-
-    def __init__(self) -> None:  # no blob: nothing to open
-        self.raw, self.sample_ns = _NAN, 0
-
-
-_DEAD = _Dead()

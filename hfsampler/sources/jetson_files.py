@@ -1,0 +1,174 @@
+"""The jetson source's files: each opened once and read with ``os.pread`` at offset 0 (sysfs and
+procfs regenerate the text on each read at offset 0), parsed into one number, with its refresh
+period and its latest distinct sample; and the values built from one or two of them.
+
+A ``File`` is re-read only once its skip has passed, and a reading is a new sample when its value
+changed or a whole period passed since the last; a ``Value`` is a field's number from one file or
+two, scaled to the exported unit. ``jetson.JetsonSource`` decides which files and values there
+are, and their periods.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("hfsampler.sources.jetson")
+
+NAN = math.nan
+MIN_SKIP_NS = 2_000_000  # files refreshing faster than this are read on every tick
+UNKNOWN_PERIOD_NS = 1_000_000_000  # a value that never changed still counts once a second
+
+Parse = Callable[[bytes], float]
+ONE, PRODUCT, RATIO, DIFF = 0, 1, 2, 3
+
+
+def parse_int(data: bytes) -> float:
+    return float(int(data))
+
+
+def parse_runtime_status(data: bytes) -> float:
+    """Runtime PM's state: 1 when suspended (the GPU's rail is gated), 0 when active."""
+    word = data.strip()
+    if word in (b"active", b"resuming"):
+        return 0.0
+    if word in (b"suspended", b"suspending"):
+        return 1.0
+    raise ValueError(f"runtime PM status {word.decode(errors='replace')!r}")
+
+
+def meminfo_kib(key: str) -> Parse:
+    """One /proc/meminfo line's value (kB) from the whole file's text."""
+    tag = key.encode() + b":"
+
+    def parse(data: bytes) -> float:
+        at = data.find(tag)
+        while at > 0 and data[at - 1] != 0x0A:  # MemFree: inside NvMapMemFree:
+            at = data.find(tag, at + 1)
+        if at < 0:
+            raise ValueError(f"no {key} in meminfo")
+        return float(int(data[at + len(tag) : data.index(b"kB", at)]))
+
+    return parse
+
+
+def open_regular(path: Path) -> int:
+    """A read-only descriptor on a regular file (every sysfs attribute is one). O_NONBLOCK: a
+    FIFO put in the file's place must not block the open, and is refused like a directory."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    raise OSError(errno.EINVAL, "not a regular file", str(path))
+
+
+class Blob:
+    """One open file, read once per instant however many values it holds (/proc/meminfo)."""
+
+    __slots__ = ("at_ns", "data", "fd", "path", "size")
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self.fd = open_regular(path)
+        self.at_ns = -1
+        self.data = b""
+
+    def get(self, now_ns: int) -> bytes:
+        if now_ns != self.at_ns:
+            self.data = os.pread(self.fd, self.size, 0)
+            self.at_ns = now_ns
+        return self.data
+
+
+class File:
+    """One value: a blob, how to parse it, its refresh period and its latest distinct sample."""
+
+    __slots__ = ("blob", "declared_ns", "errors", "hw_ns", "parse", "period_ns", "raw",
+                 "read_ns", "sample_ns", "skip_ns", "what")  # fmt: skip
+
+    def __init__(self, what: str, blob: Blob, parse: Parse, declared_s: float | None,
+                 hw_s: float | None) -> None:  # fmt: skip
+        self.what = what
+        self.blob = blob
+        self.parse = parse
+        self.declared_ns = int(declared_s * 1e9) if declared_s else 0  # a driver's own period
+        self.hw_ns = int(hw_s * 1e9) if hw_s else 0  # a converter's timer: nothing new sooner
+        self.period_ns = UNKNOWN_PERIOD_NS
+        self.skip_ns = 0
+        self.read_ns = -(1 << 62)
+        self.sample_ns = 0
+        self.raw = NAN
+        self.errors = 0
+
+    def poll(self, now_ns: int) -> None:
+        # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
+        if 0 <= now_ns - self.read_ns < self.skip_ns:
+            return  # the hardware cannot have refreshed since the last read
+        self.read_ns = now_ns
+        try:
+            value = self.parse(self.blob.get(now_ns))
+        except (OSError, ValueError) as exc:
+            self.raw = NAN
+            self.errors += 1
+            if self.errors == 1:
+                log.warning("jetson: reading %s (%s) failed: %s; retried every tick",
+                            self.what, self.blob.path, exc)  # fmt: skip
+            return
+        if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
+            self.raw = value
+            self.sample_ns = now_ns
+
+
+class Value:
+    """A field's value from one file, or two (voltage x current, total - available), scaled.
+
+    From two files it is a new sample when the result changed, or when the faster input's period
+    passed since the last: a steady voltage counted once a period must not double the samples of
+    the current it multiplies.
+    """
+
+    __slots__ = ("a", "b", "last", "last_ns", "op", "scale")
+
+    def __init__(self, op: int, a: File, b: File | None, scale: float) -> None:
+        self.op, self.a, self.b, self.scale = op, a, b, scale
+        self.last = NAN
+        self.last_ns = 0
+
+    @property
+    def files(self) -> tuple[File, ...]:
+        return (self.a,) if self.b is None else (self.a, self.b)
+
+    def evaluate(self) -> tuple[float, int]:
+        """(value, its sample time in ns; 0 when there is no value)."""
+        a, b = self.a, self.b
+        if b is None:
+            value = a.raw * self.scale
+            return value, (0 if value != value else a.sample_ns)
+        if self.op == PRODUCT:
+            value = a.raw * b.raw * self.scale
+        elif self.op == DIFF:
+            value = (a.raw - b.raw) * self.scale
+        else:
+            value = a.raw / b.raw * self.scale if b.raw else NAN
+        if value != value:  # NaN
+            return value, 0
+        seen = max(a.sample_ns, b.sample_ns)
+        if value != self.last or not 0 <= seen - self.last_ns < min(a.period_ns, b.period_ns):
+            self.last, self.last_ns = value, seen
+        return value, self.last_ns
+
+
+class Dead(File):
+    """The file behind an unsupported column: never polled, always NaN."""
+
+    def __init__(self) -> None:  # no blob: nothing to open
+        self.raw, self.sample_ns = NAN, 0
+
+
+DEAD = Dead()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,9 +222,8 @@ def test_repeats_keep_their_timestamp(tree: Path) -> None:
 
 def test_a_rail_is_not_reread_before_its_converter_can_refresh(board: jt.Board, tree: Path) -> None:
     """An INA3221 read is an I2C transaction: inside half the chip's conversion cycle
-    (JetPack 5+'s update_interval, 7 ms here) the last reading stands."""
-    if "in_power" in board.spike_signal_path():
-        pytest.skip("JetPack 4's ina3221x declares no conversion interval")
+    (JetPack 5+'s update_interval, 7 ms here; JetPack 4's ina3221x declares none, and the chip's
+    default 6.6 ms stands in) the last reading stands."""
     src, live = _open(tree)
     k = next(i for i, f in enumerate(live) if f.name == "DCGM_FI_DEV_POWER_USAGE_INSTANT")
     path = board.spike_signal_path()
@@ -235,6 +235,48 @@ def test_a_rail_is_not_reread_before_its_converter_can_refresh(board: jt.Board, 
     assert later == pytest.approx(2 * first)
     assert live[k].name == "DCGM_FI_DEV_POWER_USAGE_INSTANT"
     src.close()
+
+
+def test_a_signal_quiet_at_start_is_not_read_less_often_later(tmp_path: Path) -> None:
+    """Where no driver declares a period (the GPU load; JetPack 4's rails) the period measured
+    at start is no reason to read less often: a load that changed every 60 ms then is read on
+    every tick later, and a JetPack 4 rail every half of the chip's default cycle (3.3 ms)."""
+    board = jt.BOARDS["xavier-nx-jp4"]
+    root = jt.build(board, tmp_path / board.name)
+    load, power = "sys/devices/gpu.0/load", board.spike_signal_path()
+    stop = threading.Event()
+
+    def quiet() -> None:
+        k = 0
+        while not stop.wait(0.06):
+            k += 1
+            _write(root, load, 400 + k % 2)
+            _write(root, power, 3500 + k % 2)
+
+    writer = threading.Thread(target=quiet)
+    writer.start()
+    try:
+        src = JetsonSource(root, measure_s=0.3)
+        inv = src.open(
+            (F.BY_NAME["DCGM_FI_DEV_GPU_UTIL"], F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"])
+        )
+    finally:
+        stop.set()
+        writer.join()
+    assert {f.what: f.period_ns for f in src.files}["GPU load"] > 30 * MS  # as it was at start
+    fields = inv.fields
+    values = np.zeros((1, 2))
+    ts = np.zeros((1, 2), dtype=np.int64)
+    seen_load, power_stamps = [], set()
+    for ms in range(200):  # now both change on every 1 ms tick
+        _write(root, load, 100 + ms)
+        _write(root, power, 1000 + ms)
+        src.read(fields, values, ts, T0 + ms * MS)
+        seen_load.append(values[0, 0])
+        power_stamps.add(int(ts[0, 1]))
+    src.close()
+    assert seen_load == pytest.approx([(100 + ms) / 10 for ms in range(200)])
+    assert len(power_stamps) == pytest.approx(200 / 4, abs=2)  # re-read every 4th 1 ms tick
 
 
 def test_energy_integrates_the_gpu_rail(board: jt.Board, tree: Path) -> None:

@@ -9,12 +9,15 @@ At open it measures each file's true refresh period: it reads them all back to b
 ``measure_s`` and takes the median gap between value changes, as ``hfsampler probe`` does for NVML
 (an INA3221 channel refreshes every conversion time x averaging x channels, the GPU load when the
 PMU updates it). Where nothing changed, the period a driver declares (the INA3221's
-``update_interval``, devfreq's ``polling_interval``) stands in, else one second. The period then
-does two things on the hot path: a file is re-read only once half its period has passed (an
-INA3221 read is an I2C transaction: reading it at 1 kHz would only read repeats and load the bus),
-and a reading is a distinct sample when its value changed or a whole period has passed since the
-last one, so repeats stay out of the window statistics (the sampler drops a reading whose
-timestamp did not move). The GPU rail's power is integrated into an energy counter.
+``update_interval``, devfreq's ``polling_interval``) stands in, else one second. A reading is a
+distinct sample when its value changed or a whole period has passed since the last one, so
+repeats stay out of the window statistics (the sampler drops a reading whose timestamp did not
+move). Files are read on every tick of the groups that ask for them, except an INA3221 rail: an
+I2C transaction, re-read only once half the chip's conversion cycle has passed (its
+``update_interval`` on JetPack 5+, the chip's default 6.6 ms on JetPack 4, which declares none),
+as nothing newer can be there sooner. A measured period never slows reading: a signal quiet
+during the measurement may not be later. The GPU rail's power is integrated into an energy
+counter.
 
 A file that is missing or unreadable at open, or fails later, costs one log line and its fields,
 never the source.
@@ -223,8 +226,9 @@ class JetsonSource:
             return Value(ONE, v, None, 1e-3) if v else None
         if what == "rail_current":
             return Value(ONE, i, None, 1e-3) if i else None
-        if rail.power is not None and (p := self._file(f"{rail.name} power", rail.power)):
-            return Value(ONE, p, None, 1e-3)  # JetPack 4: mW
+        power = rail.power and self._file(f"{rail.name} power", rail.power, hw_s=interval)
+        if power:
+            return Value(ONE, power, None, 1e-3)  # JetPack 4: mW
         return Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
 
     def _recipe(self, f: Field, lay: Layout) -> Value | None:
@@ -304,9 +308,11 @@ class JetsonSource:
             if measured and declared:
                 measured = min(measured, declared)  # runs of equal values read long
             f.period_ns = measured or declared or UNKNOWN_PERIOD_NS
-            # re-read only after half a period, where the period is known: measured, or the
-            # converter's own timer (not the devfreq governor's, which other things can pre-empt)
-            known = measured or f.hw_ns
+            # Re-read after half a cycle only where a converter's own timer says nothing new can
+            # come sooner: an INA3221 rail, whose every read is an I2C transfer. Anything else is
+            # read on every tick of its group (a pread of sysfs is cheap): a period measured at
+            # start on a quiet signal would read too seldom once it moves.
+            known = min(measured, f.hw_ns) if measured else f.hw_ns
             f.skip_ns = known // 2 if known >= MIN_SKIP_NS else 0
             how = "measured" if measured else ("declared" if declared else "unchanged")
             report.setdefault((round(f.period_ns / 1e6, 1), how), []).append(f.what)

@@ -31,6 +31,9 @@ GPU_NODE_NAMES = (*NVIDIA_GPU_NODES, "gpu")
 TEGRA = "nvidia,tegra"  # in /proc/device-tree/compatible: nvidia,tegra194, nvidia,tegra234...
 GPU_ZONE_TYPES = ("gpu-therm", "gpu-thermal")
 INA_DRIVERS = ("ina3221", "ina3221x")  # JetPack 5+ (hwmon) and JetPack 4 (iio)
+# JetPack 4's ina3221x declares no conversion cycle: the chip's power-on default, 3 channels x
+# 1 sample x (1.1 ms bus + 1.1 ms shunt conversion)
+JP4_INA_CYCLE_S = 0.0066
 INA_CHANNELS = (1, 2, 3)  # hwmon's in4-in7 are shunt voltages and their sum, curr4 the sum
 NOT_CONNECTED = "NC"
 # the tokens of a rail name that say nothing about what it feeds
@@ -51,7 +54,8 @@ class Rail:
     voltage: Path | None  # mV
     current: Path | None  # mA
     power: Path | None  # mW (JetPack 4's in_power*_input); else voltage x current
-    update_interval_s: float | None  # the chip's conversion time x averaging x channels
+    # the chip's conversion time x averaging x channels (JetPack 4: the chip's defaults)
+    update_interval_s: float | None
 
     def has(self, what: str) -> bool:
         """Whether the rail can give ``what`` (rail_voltage, rail_current or rail_power)."""
@@ -331,7 +335,7 @@ def _iio_rails(chip: Path, rel: str, lay: Layout) -> list[Rail]:
             if label is None or _skip_channel(label):
                 continue
             v, i, p = (iio / f"in_{what}{n}_input" for what in ("voltage", "current", "power"))
-            rail = _rail(label, where, (v, i, p), None, lay)
+            rail = _rail(label, where, (v, i, p), JP4_INA_CYCLE_S, lay)
             out += [rail] if rail else []
     return out
 

@@ -20,7 +20,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -278,7 +278,7 @@ def _child_main(plan: SamplerPlan, parent_pid: int) -> None:
     rings = [Ring.attach(name) for name in plan.ring_names]
     s = status.array
     s[_PID] = os.getpid()
-    source = open_source(plan.source)
+    source = open_source(replace(plan.source, reopened=True))  # discovery logged what it found
     try:
         all_fields = [f for g in plan.groups for f in g.fields]
         source.open(all_fields)

@@ -24,6 +24,9 @@ import hfsampler
 from hfsampler import fields as F
 from hfsampler.cli import main
 from hfsampler.fields import Field
+from hfsampler.sampler import Sampler
+from hfsampler.service import discover, plan_groups
+from hfsampler.sources import SourceSpec
 from hfsampler.sources.jetson import JetsonSource
 from hfsampler.sources.jetson_files import Blob
 from hfsampler.sources.jetson_sysfs import find_layout, is_tegra
@@ -218,3 +221,29 @@ def test_source_jetson_where_there_is_none_is_a_usage_error(
     assert "nvidia,tegra" in err[0]
     assert "ga10b" in err[0]
     assert "--source auto" in err[0]
+
+
+def test_what_open_finds_is_logged_once_per_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Discovery logs what is missing or unreadable; the sampler process, which opens the
+    source again, does not repeat it: not a note that costs no field (no nv_tegra_release),
+    nor a file that failed for one field of a rail another of its fields still needs."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    (root / "etc/nv_tegra_release").unlink()
+    hwmon = root / "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon3"
+    (hwmon / "curr2_input").write_text("abc\n")  # VDD_CPU_CV: its voltage still reads
+    spec = SourceSpec("jetson", jetson_root=str(root))
+    caplog.set_level(logging.INFO, logger="hfsampler")
+    inventory = discover(spec, F.CATALOGUE)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert sum("nv_tegra_release" in m for m in said) == 1, said
+    assert sum("VDD_CPU_CV current" in m for m in said) == 1, said
+    assert any(dict(f.labels).get("rail") == "VDD_CPU_CV" for f in inventory.fields)
+    capfd.readouterr()
+    with Sampler(spec, inventory, plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1}),
+                 window_s=1.0, spin_s=0.0) as sampler:  # fmt: skip
+        sampler.start()
+    child = capfd.readouterr().err
+    assert "jetson:" not in child, child

@@ -90,9 +90,15 @@ class _Plan:
 class JetsonSource:
     """The ``Source`` over a Jetson's sysfs: one GPU, ``gpu="0"``."""
 
-    def __init__(self, root: str | Path = "/", measure_s: float = MEASURE_S) -> None:
+    def __init__(
+        self, root: str | Path = "/", measure_s: float = MEASURE_S, *, reopened: bool = False
+    ) -> None:
+        """``reopened``: the sampler process's open, after discovery's (``SourceSpec.reopened``),
+        which logged what open finds; this one logs only what happens while reading."""
         self.root = Path(root)
         self.measure_s = measure_s
+        self._say_open = log.debug if reopened else log.warning
+        self._tell_open = log.debug if reopened else log.info
         self.layout: Layout | None = None
         self._blobs: dict[Path, Blob] = {}
         self._files: dict[tuple[Path, str], File] = {}
@@ -111,7 +117,7 @@ class JetsonSource:
         keys = {f.jetson for f in fields}
         for note, costs in lay.notes:
             if not costs or costs & keys:
-                log.warning("jetson: %s", note)
+                self._say_open("jetson: %s", note)
         wanted = self._expand(tuple(fields), lay)
         supported = [self._recipe(f, lay) is not None for f in wanted]
         self._measure()
@@ -211,7 +217,7 @@ class JetsonSource:
             f = File(what, blob, parse, declared_s, hw_s)
             f.parse(os.pread(blob.fd, size, 0))
         except (OSError, ValueError) as exc:
-            log.warning("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
+            self._say_open("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
             # a file that cannot be read, or one value the file lacks (NvMapMemUsed in meminfo)
             self._unreadable.add(path if isinstance(exc, OSError) else key)
             return None
@@ -219,16 +225,21 @@ class JetsonSource:
         return f
 
     def _rail_recipe(self, rail: Rail, what: str) -> Value | None:
-        interval = rail.update_interval_s
-        v = self._file(f"{rail.name} voltage", rail.voltage, hw_s=interval)
-        i = self._file(f"{rail.name} current", rail.current, hw_s=interval)
+        """Opens only the files ``what`` needs: a field the discovery kept must not reopen (and
+        log again) a file that failed for another field of the same rail."""
+
+        def file(name: str, path: Path | None) -> File | None:
+            return self._file(f"{rail.name} {name}", path, hw_s=rail.update_interval_s)
+
         if what == "rail_voltage":
+            v = file("voltage", rail.voltage)
             return Value(ONE, v, None, 1e-3) if v else None
         if what == "rail_current":
+            i = file("current", rail.current)
             return Value(ONE, i, None, 1e-3) if i else None
-        power = rail.power and self._file(f"{rail.name} power", rail.power, hw_s=interval)
-        if power:
+        if power := file("power", rail.power):
             return Value(ONE, power, None, 1e-3)  # JetPack 4: mW
+        v, i = file("voltage", rail.voltage), file("current", rail.current)
         return Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
 
     def _recipe(self, f: Field, lay: Layout) -> Value | None:
@@ -320,7 +331,7 @@ class JetsonSource:
         for blob in self._blobs.values():
             blob.at_ns = -1
         if report:
-            log.info("jetson: refresh periods: %s", "; ".join(
+            self._tell_open("jetson: refresh periods: %s", "; ".join(
                 f"{ms:g} ms {how}: {', '.join(what)}" for (ms, how), what in sorted(report.items())
             ))  # fmt: skip
 

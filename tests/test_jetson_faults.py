@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jetson_trees as jt
+import numpy as np
 import pytest
 
 import hfsampler
@@ -125,7 +126,7 @@ def test_fifos_in_the_tree_neither_hang_nor_count(
     load.unlink()
     os.mkfifo(load)
     with pytest.raises(OSError, match="not a regular file"):
-        Blob(load, 64)
+        Blob(load, 64).open()
 
 
 def test_a_rail_missing_a_file_says_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -247,3 +248,94 @@ def test_what_open_finds_is_logged_once_per_run(
         sampler.start()
     child = capfd.readouterr().err
     assert "jetson:" not in child, child
+
+
+MS = 1_000_000
+T0 = 1_800_000_000 * 1_000_000_000
+
+
+def _reader(src: JetsonSource, *names: str) -> Callable[[int], list[float]]:
+    fields = tuple(F.BY_NAME[n] for n in names)
+    values = np.zeros((1, len(fields)))
+    ts = np.zeros((1, len(fields)), dtype=np.int64)
+
+    def read(now_ns: int) -> list[float]:
+        src.read(fields, values, ts, now_ns)
+        return [float(v) for v in values[0]]
+
+    return read
+
+
+def _lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= level]
+
+
+def test_a_file_unreadable_at_open_is_sampled_once_it_reads(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure at open is not for good: the zone that reads nothing at start is kept, NaN,
+    and sampled once it reads, with one line when it fails and one when it comes back."""
+    board = jt.BOARDS["orin-nano-jp5"]  # tj-therm's temp is empty
+    root = jt.build(board, tmp_path / board.name)
+    caplog.set_level(logging.INFO, logger="hfsampler")
+    src, live = _open(root)
+    tj = F.BY_NAME["hfsampler_jetson_temp_celsius"].instance("tj-therm")
+    assert tj in live
+    values = np.zeros((1, 1))
+    ts = np.zeros((1, 1), dtype=np.int64)
+    src.read((tj,), values, ts, T0)
+    assert np.isnan(values[0, 0])
+    caplog.clear()
+    (root / "sys/devices/virtual/thermal/thermal_zone8/temp").write_text("48500\n")
+    src.read((tj,), values, ts, T0 + 2000 * MS)
+    src.close()
+    assert values[0, 0] == pytest.approx(48.5)
+    said = _lines(caplog)
+    assert len(said) == 1, said
+    assert "tj-therm temperature" in said[0]
+    assert "reads again" in said[0]
+
+
+def test_a_replaced_or_vanished_file_is_reopened_off_the_fast_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A descriptor keeps reading the inode it opened: a file replaced by a rename (or a driver
+    rebound: new sysfs inodes) would read the old one for ever. About once a second, on a slow
+    group's read (never a fast tick's, unless no slow read comes for two seconds), each path's
+    inode is checked: replaced, it is reopened (one line); gone, it fails (one line) until it
+    is back."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    load = root / "sys/devices/platform/bus@0/17000000.gpu/load"
+    load.write_text("100\n")
+    caplog.set_level(logging.INFO, logger="hfsampler")
+    src, _ = _open(root)
+    caplog.clear()
+    fast = _reader(src, "DCGM_FI_DEV_GPU_UTIL")
+    slow = _reader(src, "hfsampler_jetson_gpu_max_clock_mhz")
+    assert fast(T0) == [10.0]
+    new = load.with_name("load.new")
+    new.write_text("200\n")
+    new.rename(load)
+    assert all(fast(T0 + ms * MS) == [10.0] for ms in range(1, 1500))  # fast ticks: no check
+    assert _lines(caplog) == []
+    slow(T0 + 1500 * MS)
+    assert fast(T0 + 1501 * MS) == [20.0]
+    said = _lines(caplog)
+    assert len(said) == 1, said
+    assert "was replaced" in said[0]
+    caplog.clear()
+    load.unlink()
+    slow(T0 + 2600 * MS)
+    assert np.isnan(fast(T0 + 2601 * MS)[0])
+    assert np.isnan(fast(T0 + 2602 * MS)[0])
+    load.write_text("300\n")
+    slow(T0 + 3700 * MS)
+    assert fast(T0 + 3701 * MS) == [30.0]
+    src.close()
+    said = _lines(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("jetson: reading GPU load")
+    assert "gone since it was opened" in said[0]
+    assert said[1].startswith("jetson: GPU load")
+    assert said[1].endswith("reads again")

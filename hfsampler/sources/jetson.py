@@ -19,15 +19,18 @@ as nothing newer can be there sooner. A measured period never slows reading: a s
 during the measurement may not be later. The GPU rail's power is integrated into an energy
 counter.
 
-A file that is missing or unreadable at open, or fails later, costs one log line and its fields,
-never the source.
+A file the layout does not find costs one log line and its fields, never the source. One that
+cannot be read at open, or fails later, costs one line and reads as no sample until it reads
+again: a parse error is retried on every read, a failed open once a second; about once a second,
+on a slow group's read, every path's inode is checked too, so a file replaced (by a rename, a
+driver rebound) is reopened rather than read stale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +63,8 @@ log = logging.getLogger(__name__)
 
 MEASURE_S = 0.5  # how long open() watches the files for their refresh periods
 MEASURE_PAUSE_S = 0.0005
+CHECK_NS = 1_000_000_000  # how often files are checked for replacement and reopened
+SLOW_READ_NS = 20_000_000  # a read this long after its group's previous one is a slow group's
 
 
 @dataclass(slots=True)
@@ -80,11 +85,12 @@ class _Energy:
         self.last_w, self.last_ns = value, ts
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Plan:
     files: tuple[File, ...]  # polled each read, each once
     cols: tuple[Value | None, ...]  # None: the energy counter
     energy: bool  # the plan polls the GPU rail: advance the energy counter
+    last_ns: int = 0  # the previous read of this plan: far back, a slow group's
 
 
 class JetsonSource:
@@ -102,7 +108,8 @@ class JetsonSource:
         self.layout: Layout | None = None
         self._blobs: dict[Path, Blob] = {}
         self._files: dict[tuple[Path, str], File] = {}
-        self._unreadable: set[Path | tuple[Path, str]] = set()  # a file, or one value in it
+        self._lacking: set[tuple[Path, str]] = set()  # a value its file does not have
+        self._checked_ns = 0  # when the files were last checked (_check)
         self._recipes: dict[Field, Value | None] = {}
         self._energy: _Energy | None = None
         self._up = np.ones(1, dtype=np.bool_)
@@ -147,6 +154,13 @@ class JetsonSource:
                 self._plans[id(fields)] = (fields, plan)
         for f in plan.files:
             f.poll(now_ns)
+        since, plan.last_ns = now_ns - plan.last_ns, now_ns
+        if not 0 <= now_ns - self._checked_ns < CHECK_NS:
+            # due: on a slow group's read, never on a fast tick unless no slow one comes
+            if not self._checked_ns:
+                self._checked_ns = now_ns  # the first read: everything was just opened
+            elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
+                self._check(now_ns)
         energy = self._energy
         if plan.energy and energy is not None:
             energy.update()
@@ -167,10 +181,11 @@ class JetsonSource:
 
     def close(self) -> None:
         for blob in self._blobs.values():
-            os.close(blob.fd)
+            blob.close()
         self._blobs.clear()
         self._files.clear()
-        self._unreadable.clear()
+        self._lacking.clear()
+        self._checked_ns = 0
         self._recipes.clear()
         self._plans.clear()
         self._energy = None
@@ -200,27 +215,38 @@ class JetsonSource:
         return tuple(out)
 
     def _file(self, what: str, path: Path | None, parse: Parse = parse_int, *,
-              declared_s: float | None = None, hw_s: float | None = None,
-              size: int = 64) -> File | None:  # fmt: skip
-        """The opened file, or None if it cannot be opened, read and parsed (logged once; a file
-        the layout did not find at all was logged there)."""
+              declared_s: float | None = None, hw_s: float | None = None, size: int = 64,
+              optional: bool = False) -> File | None:  # fmt: skip
+        """The file, opened; None where the layout found none (it said so), or where the file
+        lacks this value (``optional``: NvMapMemUsed in some kernels' meminfo; logged once).
+
+        A file that cannot be opened or read now is kept, with one line, and its fields are NaN
+        until it reads: a parse error is retried on every read, an open that failed once a
+        second (``_check``). A zone empty at start may read two seconds later.
+        """
         if path is None:
             return None
         key = (path, what)
-        if path in self._unreadable or key in self._unreadable:
+        if key in self._lacking:
             return None
         if key in self._files:
             return self._files[key]
+        blob = self._blobs.get(path)
+        if blob is None:
+            blob = self._blobs[path] = Blob(path, size)
+            with contextlib.suppress(OSError):
+                blob.open()
+        f = File(what, blob, parse, declared_s, hw_s)
         try:
-            blob = self._blobs.get(path) or Blob(path, size)
-            self._blobs[path] = blob
-            f = File(what, blob, parse, declared_s, hw_s)
-            f.parse(os.pread(blob.fd, size, 0))
-        except (OSError, ValueError) as exc:
-            self._say_open("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
-            # a file that cannot be read, or one value the file lacks (NvMapMemUsed in meminfo)
-            self._unreadable.add(path if isinstance(exc, OSError) else key)
-            return None
+            f.parse(blob.read())
+        except OSError as exc:
+            f.fail(exc, "reopened once a second until it reads", self._say_open)
+        except ValueError as exc:
+            if optional:
+                self._say_open("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
+                self._lacking.add(key)
+                return None
+            f.fail(exc, "retried on every read", self._say_open)
         self._files[key] = f
         return f
 
@@ -293,7 +319,7 @@ class JetsonSource:
         return None
 
     def _meminfo(self, lay: Layout, key: str) -> File | None:
-        return self._file(key, lay.meminfo, meminfo_kib(key), size=16384)
+        return self._file(key, lay.meminfo, meminfo_kib(key), size=16384, optional=True)
 
     def _measure(self) -> None:
         """Each file's refresh period: the median gap between value changes over ``measure_s``."""
@@ -334,6 +360,15 @@ class JetsonSource:
             self._tell_open("jetson: refresh periods: %s", "; ".join(
                 f"{ms:g} ms {how}: {', '.join(what)}" for (ms, how), what in sorted(report.items())
             ))  # fmt: skip
+
+    def _check(self, now_ns: int) -> None:
+        """Reopen the files that failed or were replaced, close those that are gone: a stat per
+        file, about once a second (``Blob.check``)."""
+        self._checked_ns = now_ns
+        for blob in self._blobs.values():
+            if blob.check():
+                say = log.info if blob.replaced == 1 else log.debug
+                say("jetson: %s was replaced (a new file at its path): reopened", blob.path)
 
     def _plan(self, fields: Sequence[Field]) -> _Plan:
         files: dict[int, File] = {}

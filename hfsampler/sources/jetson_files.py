@@ -68,29 +68,86 @@ def open_regular(path: Path) -> int:
 
 
 class Blob:
-    """One open file, read once per instant however many values it holds (/proc/meminfo)."""
+    """One file, opened once and read once per instant however many values it holds (meminfo).
 
-    __slots__ = ("at_ns", "data", "fd", "path", "size")
+    A read that fails with an ``OSError`` (ENODEV once a driver is unbound, ESTALE) makes it
+    stale, and so does its path naming another inode (replaced by a rename, a driver rebound:
+    sysfs gives the new attribute a new inode, while the old descriptor reads the old one or
+    fails). ``check``, called about once a second off the fast path, reopens a stale blob, and
+    closes one whose path is gone; while closed, every read fails with why.
+    """
+
+    __slots__ = ("at_ns", "data", "fd", "ident", "path", "replaced", "size", "stale", "why")
 
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
         self.size = size
-        self.fd = open_regular(path)
+        self.fd = -1
+        self.ident = (0, 0)  # st_dev, st_ino of what fd reads
+        self.stale = True
+        self.why = (errno.EBADF, "not opened")  # what a read of the closed blob raises
+        self.replaced = 0
         self.at_ns = -1
         self.data = b""
 
+    def open(self) -> None:
+        """Open, or open again; raises OSError (and stays closed, ``why`` saying why)."""
+        self.close()
+        try:
+            fd = open_regular(self.path)
+        except OSError as exc:
+            self.why = (exc.errno or errno.EIO, exc.strerror or str(exc))
+            raise
+        st = os.fstat(fd)
+        self.fd, self.ident, self.stale, self.at_ns = fd, (st.st_dev, st.st_ino), False, -1
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.stale = True
+
+    def read(self) -> bytes:
+        if self.fd < 0:
+            raise OSError(*self.why)
+        return os.pread(self.fd, self.size, 0)
+
     def get(self, now_ns: int) -> bytes:
         if now_ns != self.at_ns:
-            self.data = os.pread(self.fd, self.size, 0)
+            self.data = self.read()
             self.at_ns = now_ns
         return self.data
 
+    def check(self) -> bool:
+        """Reopen if stale or replaced, close if gone; True when it was replaced (and reopened)."""
+        if not self.stale:
+            try:
+                st = os.stat(self.path)
+            except OSError as exc:
+                self.close()
+                self.why = (exc.errno or errno.EIO, f"{exc.strerror} (gone since it was opened)")
+                return False
+            if (st.st_dev, st.st_ino) == self.ident:
+                return False
+        replaced = not self.stale
+        try:
+            self.open()
+        except OSError:
+            return False
+        self.replaced += replaced
+        return replaced
+
 
 class File:
-    """One value: a blob, how to parse it, its refresh period and its latest distinct sample."""
+    """One value: a blob, how to parse it, its refresh period and its latest distinct sample.
 
-    __slots__ = ("blob", "declared_ns", "errors", "hw_ns", "parse", "period_ns", "raw",
-                 "read_ns", "sample_ns", "skip_ns", "what")  # fmt: skip
+    A read that fails is NaN; the first failure of each run of failures is logged (the first
+    ever as a warning), and so is the read that ends it, so a file that flaps costs lines only at
+    debug level after the first time.
+    """
+
+    __slots__ = ("blob", "declared_ns", "errors", "failing", "hw_ns", "parse", "period_ns",
+                 "raw", "read_ns", "runs", "sample_ns", "skip_ns", "what")  # fmt: skip
 
     def __init__(self, what: str, blob: Blob, parse: Parse, declared_s: float | None,
                  hw_s: float | None) -> None:  # fmt: skip
@@ -104,7 +161,9 @@ class File:
         self.read_ns = -(1 << 62)
         self.sample_ns = 0
         self.raw = NAN
-        self.errors = 0
+        self.errors = 0  # failed reads
+        self.failing = False
+        self.runs = 0  # runs of failures
 
     def poll(self, now_ns: int) -> None:
         # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
@@ -113,16 +172,32 @@ class File:
         self.read_ns = now_ns
         try:
             value = self.parse(self.blob.get(now_ns))
-        except (OSError, ValueError) as exc:
-            self.raw = NAN
-            self.errors += 1
-            if self.errors == 1:
-                log.warning("jetson: reading %s (%s) failed: %s; retried every tick",
-                            self.what, self.blob.path, exc)  # fmt: skip
+        except OSError as exc:
+            self.blob.stale = True
+            self.fail(exc, "reopened once a second until it reads")
             return
+        except ValueError as exc:
+            self.fail(exc, "retried on every read")
+            return
+        if self.failing:
+            self.failing = False
+            say = log.info if self.runs == 1 else log.debug
+            say("jetson: %s (%s) reads again", self.what, self.blob.path)
         if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
             self.raw = value
             self.sample_ns = now_ns
+
+    def fail(self, exc: Exception, then: str, say: Callable[..., None] | None = None) -> None:
+        """A read that failed: NaN, and one line where a run of failures starts."""
+        self.raw = NAN
+        self.errors += 1
+        if self.failing:
+            return
+        self.failing = True
+        self.runs += 1
+        if say is None:
+            say = log.warning if self.runs == 1 else log.debug
+        say("jetson: reading %s (%s) failed: %s; %s", self.what, self.blob.path, exc, then)
 
 
 class Value:

@@ -339,3 +339,48 @@ def test_a_replaced_or_vanished_file_is_reopened_off_the_fast_path(
     assert "gone since it was opened" in said[0]
     assert said[1].startswith("jetson: GPU load")
     assert said[1].endswith("reads again")
+
+
+def test_implausible_readings_are_none_with_one_line_each(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disabled zone's sentinel (below -100 C), a temperature over 200 C, a negative voltage
+    or current, a power over 10 kW: no reading, one line per field, back when it is plausible."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    hwmon = root / "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon3"
+    zone = root / "sys/devices/virtual/thermal/thermal_zone0/temp"  # cpu-thermal
+    caplog.set_level(logging.INFO, logger="hfsampler")
+    src, _ = _open(root)
+    caplog.clear()
+    fields = (F.BY_NAME["hfsampler_jetson_temp_celsius"].instance("cpu-thermal"),
+              F.BY_NAME["hfsampler_jetson_rail_current_amperes"].instance("VDD_CPU_CV"),
+              F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"])  # fmt: skip
+    values = np.zeros((1, 3))
+    ts = np.zeros((1, 3), dtype=np.int64)
+    steps = [  # cpu-thermal m°C, VDD_CPU_CV mA, VDD_GPU_SOC mV and mA
+        (-1_000_000, -5, 5000, 1000),
+        (250_000, -5, 20_000, 600_000),  # 12 kW
+        (45_000, 900, 5000, 1000),
+    ]
+    got = []
+    for k, (temp, cpu_ma, gpu_mv, gpu_ma) in enumerate(steps):
+        zone.write_text(f"{temp}\n")
+        (hwmon / "curr2_input").write_text(f"{cpu_ma}\n")
+        (hwmon / "in1_input").write_text(f"{gpu_mv}\n")
+        (hwmon / "curr1_input").write_text(f"{gpu_ma}\n")
+        src.read(fields, values, ts, T0 + k * 100 * MS)
+        got.append([float(v) for v in values[0]])
+    src.close()
+    assert np.isnan(got[0][:2]).all()
+    assert got[0][2] == pytest.approx(5.0)
+    assert np.isnan(got[1]).all()
+    assert got[2] == pytest.approx([45.0, 0.9, 5.0])
+    said = _lines(caplog, logging.WARNING)
+    assert len(said) == 3, said
+    assert said[0].startswith("jetson: reading cpu-thermal temperature")
+    assert "-1e+06 is outside the plausible -100000 to 200000" in said[0]
+    assert said[1].startswith("jetson: reading VDD_CPU_CV current")
+    assert "-5 is outside the plausible 0 to inf" in said[1]
+    assert said[2].startswith("jetson: VDD_GPU_SOC power (W) 12000 is outside")
+    assert sum("reads again" in m for m in _lines(caplog)) == 2

@@ -41,15 +41,21 @@ import numpy as np
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 from hfsampler.sources.jetson_files import (
+    ANY,
     DEAD,
     DIFF,
+    MAX_W,
+    MILLI_C,
+    MILLI_W,
     MIN_SKIP_NS,
     NAN,
+    NOT_NEGATIVE,
     ONE,
     PRODUCT,
     RATIO,
     UNKNOWN_PERIOD_NS,
     Blob,
+    Bounds,
     File,
     Parse,
     Value,
@@ -111,6 +117,7 @@ class JetsonSource:
         self._lacking: set[tuple[Path, str]] = set()  # a value its file does not have
         self._checked_ns = 0  # when the files were last checked (_check)
         self._recipes: dict[Field, Value | None] = {}
+        self._rail_values: dict[tuple[str, str], Value | None] = {}
         self._energy: _Energy | None = None
         self._up = np.ones(1, dtype=np.bool_)
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
@@ -187,6 +194,7 @@ class JetsonSource:
         self._lacking.clear()
         self._checked_ns = 0
         self._recipes.clear()
+        self._rail_values.clear()
         self._plans.clear()
         self._energy = None
 
@@ -216,7 +224,7 @@ class JetsonSource:
 
     def _file(self, what: str, path: Path | None, parse: Parse = parse_int, *,
               declared_s: float | None = None, hw_s: float | None = None, size: int = 64,
-              optional: bool = False) -> File | None:  # fmt: skip
+              optional: bool = False, bounds: Bounds = ANY) -> File | None:  # fmt: skip
         """The file, opened; None where the layout found none (it said so), or where the file
         lacks this value (``optional``: NvMapMemUsed in some kernels' meminfo; logged once).
 
@@ -236,9 +244,9 @@ class JetsonSource:
             blob = self._blobs[path] = Blob(path, size)
             with contextlib.suppress(OSError):
                 blob.open()
-        f = File(what, blob, parse, declared_s, hw_s)
+        f = File(what, blob, parse, declared_s, hw_s, bounds)
         try:
-            f.parse(blob.read())
+            f.decode(blob.read())
         except OSError as exc:
             f.fail(exc, "reopened once a second until it reads", self._say_open)
         except ValueError as exc:
@@ -251,11 +259,20 @@ class JetsonSource:
         return f
 
     def _rail_recipe(self, rail: Rail, what: str) -> Value | None:
+        """One value per rail and quantity, shared by the fields that read it (the GPU rail's
+        power, its energy, its per-rail series)."""
+        key = (rail.name, what)
+        if key not in self._rail_values:
+            self._rail_values[key] = self._build_rail_recipe(rail, what)
+        return self._rail_values[key]
+
+    def _build_rail_recipe(self, rail: Rail, what: str) -> Value | None:
         """Opens only the files ``what`` needs: a field the discovery kept must not reopen (and
         log again) a file that failed for another field of the same rail."""
 
-        def file(name: str, path: Path | None) -> File | None:
-            return self._file(f"{rail.name} {name}", path, hw_s=rail.update_interval_s)
+        def file(name: str, path: Path | None, bounds: Bounds = NOT_NEGATIVE) -> File | None:
+            return self._file(f"{rail.name} {name}", path, hw_s=rail.update_interval_s,
+                              bounds=bounds)  # fmt: skip
 
         if what == "rail_voltage":
             v = file("voltage", rail.voltage)
@@ -263,10 +280,12 @@ class JetsonSource:
         if what == "rail_current":
             i = file("current", rail.current)
             return Value(ONE, i, None, 1e-3) if i else None
-        if power := file("power", rail.power):
+        if power := file("power", rail.power, MILLI_W):
             return Value(ONE, power, None, 1e-3)  # JetPack 4: mW
         v, i = file("voltage", rail.voltage), file("current", rail.current)
-        return Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
+        if not (v and i):
+            return None
+        return Value(PRODUCT, i, v, 1e-6, hi=MAX_W, what=f"{rail.name} power (W)")  # mA x mV
 
     def _recipe(self, f: Field, lay: Layout) -> Value | None:
         if f in self._recipes:
@@ -290,7 +309,7 @@ class JetsonSource:
         if key in ("zone_temp", "gpu_temp"):
             name = own.get("zone") if key == "zone_temp" else lay.gpu_zone
             zone = next((z for z in lay.zones if z.name == name), None)
-            t = self._file(f"{name} temperature", zone.temp) if zone else None
+            t = self._file(f"{name} temperature", zone.temp, bounds=MILLI_C) if zone else None
             return Value(ONE, t, None, 1e-3) if t else None
         simple: dict[str, tuple[str, Path | None, Parse, float, float | None]] = {
             "gpu_load": ("GPU load", lay.load, parse_int, 0.1, None),

@@ -25,6 +25,12 @@ MIN_SKIP_NS = 2_000_000  # files refreshing faster than this are read on every t
 UNKNOWN_PERIOD_NS = 1_000_000_000  # a value that never changed still counts once a second
 
 Parse = Callable[[bytes], float]
+Bounds = tuple[float, float]  # the plausible readings of a file, in its own unit
+ANY: Bounds = (-math.inf, math.inf)
+MILLI_C: Bounds = (-100_000, 200_000)  # a thermal zone: below -100 C is a disabled zone's sentinel
+NOT_NEGATIVE: Bounds = (0, math.inf)  # a rail's voltage (mV) and current (mA)
+MILLI_W: Bounds = (0, 10_000_000)  # a rail's power: over 10 kW no Jetson draws
+MAX_W = 10_000.0
 ONE, PRODUCT, RATIO, DIFF = 0, 1, 2, 3
 
 
@@ -146,14 +152,15 @@ class File:
     debug level after the first time.
     """
 
-    __slots__ = ("blob", "declared_ns", "errors", "failing", "hw_ns", "parse", "period_ns",
-                 "raw", "read_ns", "runs", "sample_ns", "skip_ns", "what")  # fmt: skip
+    __slots__ = ("blob", "declared_ns", "errors", "failing", "hi", "hw_ns", "lo", "parse",
+                 "period_ns", "raw", "read_ns", "runs", "sample_ns", "skip_ns", "what")  # fmt: skip
 
     def __init__(self, what: str, blob: Blob, parse: Parse, declared_s: float | None,
-                 hw_s: float | None) -> None:  # fmt: skip
+                 hw_s: float | None, bounds: Bounds = ANY) -> None:  # fmt: skip
         self.what = what
         self.blob = blob
         self.parse = parse
+        self.lo, self.hi = bounds  # a reading outside is a failed read: no driver means it
         self.declared_ns = int(declared_s * 1e9) if declared_s else 0  # a driver's own period
         self.hw_ns = int(hw_s * 1e9) if hw_s else 0  # a converter's timer: nothing new sooner
         self.period_ns = UNKNOWN_PERIOD_NS
@@ -171,7 +178,7 @@ class File:
             return  # the hardware cannot have refreshed since the last read
         self.read_ns = now_ns
         try:
-            value = self.parse(self.blob.get(now_ns))
+            value = self.decode(self.blob.get(now_ns))
         except OSError as exc:
             self.blob.stale = True
             self.fail(exc, "reopened once a second until it reads")
@@ -186,6 +193,13 @@ class File:
         if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
             self.raw = value
             self.sample_ns = now_ns
+
+    def decode(self, data: bytes) -> float:
+        """The file's text as a number, if it is a plausible one (ValueError otherwise)."""
+        value = self.parse(data)
+        if not self.lo <= value <= self.hi:
+            raise ValueError(f"{value:g} is outside the plausible {self.lo:g} to {self.hi:g}")
+        return value
 
     def fail(self, exc: Exception, then: str, say: Callable[..., None] | None = None) -> None:
         """A read that failed: NaN, and one line where a run of failures starts."""
@@ -208,10 +222,13 @@ class Value:
     the current it multiplies.
     """
 
-    __slots__ = ("a", "b", "last", "last_ns", "op", "scale")
+    __slots__ = ("a", "b", "hi", "last", "last_ns", "op", "refused", "scale", "what")
 
-    def __init__(self, op: int, a: File, b: File | None, scale: float) -> None:
+    def __init__(self, op: int, a: File, b: File | None, scale: float, *, hi: float = math.inf,
+                 what: str = "") -> None:  # fmt: skip
         self.op, self.a, self.b, self.scale = op, a, b, scale
+        self.hi, self.what = hi, what  # from two files: above hi is no reading (logged once)
+        self.refused = False
         self.last = NAN
         self.last_ns = 0
 
@@ -233,6 +250,12 @@ class Value:
             value = a.raw / b.raw * self.scale if b.raw else NAN
         if value != value:  # NaN
             return value, 0
+        if value > self.hi:
+            if not self.refused:
+                self.refused = True
+                log.warning("jetson: %s %g is outside the plausible 0 to %g; read as none",
+                            self.what, value, self.hi)  # fmt: skip
+            return NAN, 0
         seen = max(a.sample_ns, b.sample_ns)
         if value != self.last or not 0 <= seen - self.last_ns < min(a.period_ns, b.period_ns):
             self.last, self.last_ns = value, seen

@@ -7,6 +7,7 @@ under a fixture root (tests/jetson_trees.py), and the tests damage that tree.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -14,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -267,7 +270,9 @@ def _reader(src: JetsonSource, *names: str) -> Callable[[int], list[float]]:
 
 
 def _lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno >= level]
+    """What was logged; but the energy counter's gaps, which a made-up clock's jumps make."""
+    said = [r.getMessage() for r in caplog.records if r.levelno >= level]
+    return [m for m in said if not m.startswith("jetson: GPU rail energy")]
 
 
 def test_a_file_unreadable_at_open_is_sampled_once_it_reads(
@@ -384,3 +389,77 @@ def test_implausible_readings_are_none_with_one_line_each(
     assert "-5 is outside the plausible 0 to inf" in said[1]
     assert said[2].startswith("jetson: VDD_GPU_SOC power (W) 12000 is outside")
     assert sum("reads again" in m for m in _lines(caplog)) == 2
+
+
+GPU_MV = 4992  # the AGX Orin fixture's GPU rail (VDD_GPU_SOC) bus voltage
+
+
+def test_no_energy_is_credited_across_an_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the GPU rail cannot be read the counter stands still: the last power is not
+    held across the gap, which is counted and said once."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    current = root / "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon3/curr1_input"
+    src = JetsonSource(root, measure_s=0.0)
+    (energy,) = src.open((F.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"],)).fields
+    caplog.set_level(logging.INFO, logger="hfsampler")
+    values = np.zeros((1, 1))
+    ts = np.zeros((1, 1), dtype=np.int64)
+    for ms in range(0, 430, 10):
+        current.write_text("N/A\n" if 20 <= ms < 410 else "1000\n")
+        src.read((energy,), values, ts, T0 + ms * MS)
+    src.close()
+    watts = GPU_MV * 1000 * 1e-6
+    assert values[0, 0] == pytest.approx(watts * 10 + watts * 10)  # [0, 10] and [410, 420] ms
+    said = [m for r in caplog.records if (m := r.getMessage()).startswith("jetson: GPU rail ene")]
+    assert said == [
+        "jetson: GPU rail energy: 0.4 s without a reading left uncounted (0.4 s in all)"
+    ]
+
+
+def test_energy_counts_every_conversion_when_only_a_slow_group_reads_it(tmp_path: Path) -> None:
+    """With the counter in the 100 ms group alone, reads see one conversion in 14: a 30 ms
+    spike between two of them was missed whole (or, caught, held for 100 ms). A thread then
+    reads the rail at its cycle, and the counter is the energy (real time: the thread's)."""
+    board = jt.BOARDS["agx-orin-jp6"]
+    root = jt.build(board, tmp_path / board.name)
+    fd = os.open(root / jt.agx_orin().spike_signal_path(), os.O_WRONLY)
+    src = JetsonSource(root, measure_s=0.0)
+    (energy,) = src.open((F.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"],)).fields
+    values = np.zeros((1, 1))
+    ts = np.zeros((1, 1), dtype=np.int64)
+    writes: list[tuple[int, int]] = []  # (wall ns, mA)
+
+    def put(ma: int) -> None:
+        os.pwrite(fd, f"{ma:>12d}\n".encode(), 0)
+        writes.append((time.time_ns(), ma))
+
+    reads: list[tuple[int, float]] = []
+    try:
+        put(1000)
+        for _ in range(16):  # the slow group's reads, a spike between each two
+            now = time.time_ns()
+            src.read((energy,), values, ts, now)
+            reads.append((now, float(values[0, 0])))
+            time.sleep(0.035)
+            put(5000)
+            time.sleep(0.030)
+            put(1000)
+            time.sleep(0.035)
+        threads = {t.name for t in threading.enumerate()}
+    finally:
+        src.close()
+        os.close(fd)
+    assert "jetson-energy" in threads
+    assert "jetson-energy" not in {t.name for t in threading.enumerate()}
+    (t_a, e_a), (t_b, e_b) = reads[5], reads[-1]  # once the thread runs
+    got_w = (e_b - e_a) / ((t_b - t_a) / 1e6)
+    truth = 0.0
+    for (t0, ma), (t1, _) in itertools.pairwise([*writes, (t_b, 0)]):
+        lo, hi = max(t0, t_a), min(t1, t_b)
+        truth += max(hi - lo, 0) * GPU_MV * ma * 1e-12  # ns x mV x mA -> mJ
+    truth_w = truth / ((t_b - t_a) / 1e6)  # mJ per ms
+    assert truth_w > 9  # the spikes are a third of each 100 ms at five times the power
+    assert got_w == pytest.approx(truth_w, rel=0.05)

@@ -288,8 +288,10 @@ def test_energy_integrates_the_gpu_rail(board: jt.Board, tree: Path) -> None:
         _write(tree, path, value)
         got = _read(src, live, T0 + step * 10 * MS)
         watts.append(got["DCGM_FI_DEV_POWER_USAGE_INSTANT"])
-    # held power x time between samples, in mJ: 10 ms at the first, 10 ms at the second
-    assert got[energy] == pytest.approx((watts[0] + watts[1]) * 10.0)
+    # trapezoids between consecutive samples, in mJ: W x ms
+    assert got[energy] == pytest.approx(
+        (watts[0] + watts[1]) / 2 * 10 + (watts[1] + watts[2]) / 2 * 10
+    )
     src.close()
 
 
@@ -512,5 +514,6 @@ def test_a_clock_stepped_back_does_not_stall_reading(board: jt.Board, tree: Path
     _write(tree, path, 3000)
     later = _read(src, live, stepped + 10 * MS)
     assert later[power] == pytest.approx(3 * first)
-    assert later[energy] == pytest.approx(got[energy] + 2 * first * 10.0)  # 10 ms at 2x
+    # the step back restarts the integral (no credit for it), 10 ms from 2x to 3x later
+    assert later[energy] == pytest.approx(got[energy] + (2 + 3) / 2 * first * 10.0)
     src.close()

@@ -17,7 +17,7 @@ I2C transaction, re-read only once half the chip's conversion cycle has passed (
 ``update_interval`` on JetPack 5+, the chip's default 6.6 ms on JetPack 4, which declares none),
 as nothing newer can be there sooner. A measured period never slows reading: a signal quiet
 during the measurement may not be later. The GPU rail's power is integrated into an energy
-counter.
+counter (``jetson_energy``), from every reading of the rail whichever group asks.
 
 A file the layout does not find costs one log line and its fields, never the source. One that
 cannot be read at open, or fails later, costs one line and reads as no sample until it reads
@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ import numpy as np
 
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources.jetson_energy import Energy
 from hfsampler.sources.jetson_files import (
     ANY,
     DEAD,
@@ -74,28 +76,9 @@ SLOW_READ_NS = 20_000_000  # a read this long after its group's previous one is 
 
 
 @dataclass(slots=True)
-class _Energy:
-    """The GPU rail's power integrated over its distinct samples, in mJ since the source opened."""
-
-    power: Value
-    total_mj: float = 0.0
-    last_w: float = NAN
-    last_ns: int = 0
-
-    def update(self) -> None:
-        value, ts = self.power.evaluate()
-        if ts == self.last_ns or math.isnan(value):
-            return
-        if self.last_ns and ts > self.last_ns and not math.isnan(self.last_w):
-            self.total_mj += self.last_w * (ts - self.last_ns) * 1e-6  # W x ns -> mJ
-        self.last_w, self.last_ns = value, ts
-
-
-@dataclass(slots=True)
 class _Plan:
     files: tuple[File, ...]  # polled each read, each once
     cols: tuple[Value | None, ...]  # None: the energy counter
-    energy: bool  # the plan polls the GPU rail: advance the energy counter
     last_ns: int = 0  # the previous read of this plan: far back, a slow group's
 
 
@@ -118,7 +101,8 @@ class JetsonSource:
         self._checked_ns = 0  # when the files were last checked (_check)
         self._recipes: dict[Field, Value | None] = {}
         self._rail_values: dict[tuple[str, str], Value | None] = {}
-        self._energy: _Energy | None = None
+        self._energy: Energy | None = None
+        self._lock = threading.Lock()
         self._up = np.ones(1, dtype=np.bool_)
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
 
@@ -159,34 +143,38 @@ class JetsonSource:
             plan = self._plan(fields)
             if isinstance(fields, tuple) and len(self._plans) < 64:
                 self._plans[id(fields)] = (fields, plan)
-        for f in plan.files:
-            f.poll(now_ns)
-        since, plan.last_ns = now_ns - plan.last_ns, now_ns
-        if not 0 <= now_ns - self._checked_ns < CHECK_NS:
-            # due: on a slow group's read, never on a fast tick unless no slow one comes
-            if not self._checked_ns:
-                self._checked_ns = now_ns  # the first read: everything was just opened
-            elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
-                self._check(now_ns)
-        energy = self._energy
-        if plan.energy and energy is not None:
-            energy.update()
-        row, stamps = values[0], driver_ts_us[0]
-        for k, recipe in enumerate(plan.cols):
-            if recipe is None:
-                if energy is None or not energy.last_ns:
-                    row[k], stamps[k] = NAN, 0
-                else:
-                    row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
-                continue
-            value, ts = recipe.evaluate()
-            row[k], stamps[k] = value, ts // 1000
+        with self._lock:  # the energy counter's thread polls the GPU rail's files too
+            for f in plan.files:
+                f.poll(now_ns)
+            since, plan.last_ns = now_ns - plan.last_ns, now_ns
+            if not 0 <= now_ns - self._checked_ns < CHECK_NS:
+                # due: on a slow group's read, never on a fast tick unless no slow one comes
+                if not self._checked_ns:
+                    self._checked_ns = now_ns  # the first read: everything was just opened
+                elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
+                    self._check(now_ns)
+            energy = self._energy
+            if energy is not None:  # every plan polls the GPU rail (_plan): every reading counts
+                energy.update()
+                energy.watch()
+            row, stamps = values[0], driver_ts_us[0]
+            for k, recipe in enumerate(plan.cols):
+                if recipe is None:
+                    if energy is None or not energy.last_ns:
+                        row[k], stamps[k] = NAN, 0
+                    else:
+                        row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
+                    continue
+                value, ts = recipe.evaluate()
+                row[k], stamps[k] = value, ts // 1000
 
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
 
     def close(self) -> None:
+        if self._energy is not None:
+            self._energy.stop()
         for blob in self._blobs.values():
             blob.close()
         self._blobs.clear()
@@ -293,7 +281,7 @@ class JetsonSource:
         recipe = self._build_recipe(f, lay)
         self._recipes[f] = recipe
         if f.jetson == "gpu_rail_energy" and recipe is not None:
-            self._energy = _Energy(recipe)
+            self._energy = Energy(recipe, self._lock)
         return recipe
 
     def _build_recipe(self, f: Field, lay: Layout) -> Value | None:
@@ -396,12 +384,14 @@ class JetsonSource:
         for f in fields:
             if f.jetson == "gpu_rail_energy":
                 cols.append(None)
-                value = energy.power if energy is not None else None
+                value = None
             else:
                 value = self._recipes.get(f) or Value(ONE, DEAD, None, 1.0)  # unsupported: NaN
                 cols.append(value)
             for part in value.files if value is not None else ():
                 if part is not DEAD:
                     files[id(part)] = part
-        touches = energy is not None and any(id(p) in files for p in energy.power.files)
-        return _Plan(tuple(files.values()), tuple(cols), touches)
+        # whatever group the counter is in, each read of any group polls the GPU rail for it
+        for part in energy.files if energy is not None else ():
+            files[id(part)] = part
+        return _Plan(tuple(files.values()), tuple(cols))

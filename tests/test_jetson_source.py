@@ -394,6 +394,23 @@ def test_config_keys(tmp_path: Path) -> None:
         from_mapping({"jetsn": {}})
 
 
+def test_check_config_shows_what_a_jetson_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check-config on a jetson config counts the fields a Jetson has files for (not NVML's)
+    and shows jetson.sysfs_root."""
+    from hfsampler.cli import main
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"source: jetson\njetson: {{sysfs_root: {tmp_path}}}\n")
+    assert main(["check-config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert f"jetson.sysfs_root: {tmp_path}" in out
+    for group in (F.FAST, F.SLOW):
+        n = sum(f.group == group and f.jetson is not None for f in F.CATALOGUE)
+        assert f"group {group}: {n} fields every" in out
+
+
 def test_the_jetson_fields_can_be_selected_by_name() -> None:
     """--fields took names by upper-casing them, which only the DCGM names survive."""
     names = ["hfsampler_jetson_rail_power_watts", "HFSAMPLER_JETSON_TEMP_CELSIUS", "power_usage"]

@@ -6,13 +6,13 @@ between consecutive distinct ones. For that to be the energy every conversion mu
 whatever group asks for the counter, the source polls the rail on every read of any group (the
 rail's files are re-read only once half a cycle has passed), and where no group reads that often
 (only slow groups: the counter alone in the 100 ms group) a helper thread of the sampler process
-reads the rail at its cycle. Between 10 readings a second a 30 ms spike is caught or missed
-whole, and the counter then over- or under-reads by the spike's energy times the gap over its
-length: the reviewer's TOTAL_ENERGY-only run read 27 % high.
+reads the rail at its cycle. From 10 readings a second a 30 ms spike is missed whole or, caught,
+counted for 100 ms (with the counter alone selected, the AGX Orin fixture's read 27 % high).
 
 No energy is credited where the rail could not be read: a failed reading ends the integration,
 and the next good one starts it again; two readings further apart than ``MAX_GAP_NS`` (a stalled
-process) are not joined either. The time left out is counted, and said once.
+process) are not joined either. The time left out is counted and logged (after the first time,
+at debug level).
 """
 
 from __future__ import annotations

@@ -130,8 +130,10 @@ class Blob:
             try:
                 st = os.stat(self.path)
             except OSError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+                    return False  # the path cannot be looked at now; the descriptor still reads
                 self.close()
-                self.why = (exc.errno or errno.EIO, f"{exc.strerror} (gone since it was opened)")
+                self.why = (exc.errno, f"{exc.strerror} (gone since it was opened)")
                 return False
             if (st.st_dev, st.st_ino) == self.ident:
                 return False

@@ -116,14 +116,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_file(args.file)
     fields = config.selected_fields()
+    jetson = config.source == "jetson"
+    if jetson:  # the fields a Jetson has files for; a per-rail or per-zone one counts once
+        fields = tuple(f for f in fields if f.jetson)
     print(f"{args.file}: OK")
     for warning in config.warnings():
         print(f"  warning: {warning}")
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {config.listen}")
+    if config.jetson_sysfs_root:
+        print(f"  jetson.sysfs_root: {config.jetson_sysfs_root} (tests only: a Jetson reads /)")
     groups = sorted({f.group for f in fields})
     for g in groups:
         n = sum(f.group == g for f in fields)
         print(f"  group {g}: {n} fields every {config.intervals_s[g] * 1e3:g} ms")
+    if jetson and any(f.per for f in fields):
+        print("  (a per-rail or per-zone field becomes one field per rail or zone found)")
     if config.external_labels:
         labels = ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
         print(f"  external labels: {labels}")

@@ -239,6 +239,7 @@ CATALOGUE: tuple[Field, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+_BY_LOWER: dict[str, str] = {name.lower(): name for name in BY_NAME}  # names are case-insensitive
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,19 +314,16 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
         elif low in DEFAULT_GROUP_INTERVALS_S:
             wanted.update(f.name for f in CATALOGUE if f.group == low)
         else:
-            name = token.upper()
-            if name not in BY_NAME:
-                name = "DCGM_FI_DEV_" + token.upper()
-            if name not in BY_NAME:
-                name = "DCGM_FI_PROF_" + token.upper()
-            if name not in BY_NAME:
+            found = next((_BY_LOWER[c] for c in (low, "dcgm_fi_dev_" + low,
+                          "dcgm_fi_prof_" + low) if c in _BY_LOWER), None)  # fmt: skip
+            if found is None:
                 raise ConfigError(
                     "fields",
                     f"unknown field {token!r}",
                     "use a catalogue name such as DCGM_FI_DEV_POWER_USAGE, a group "
                     "(fast, slow, gpm) or all; `hfsampler fields` lists them",
                 )
-            wanted.add(name)
+            wanted.add(found)
     if not wanted:
         raise ConfigError("fields", "selects no field", "name at least one field or group")
     return tuple(f for f in CATALOGUE if f.name in wanted)

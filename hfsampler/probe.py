@@ -333,8 +333,14 @@ def register(sub: Any) -> dict[str, Callable[[argparse.Namespace], int]]:
     p = sub.add_parser("probe", help="measure field latency and refresh periods, recommend groups")
     add_sampling_flags(
         p,
-        ("--source", "--gpus", "--duration", "--fields"),
-        wording={"--source": None, "--duration": "refresh measurement length", "--fields": None},
+        ("--config", "--source", "--gpus", "--duration", "--fields"),
+        wording={
+            "--config": "YAML config file (repeatable; flags override it): its source, fields, "
+            "jetson.sysfs_root...",
+            "--source": None,
+            "--duration": "refresh measurement length",
+            "--fields": None,
+        },
         sources=("auto", "nvml", "sim", "jetson"),
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")

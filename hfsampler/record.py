@@ -350,6 +350,8 @@ def register(sub: Any) -> dict[str, Any]:
         description="Run CMD as a child and record the GPUs it may use for exactly its life.",
     )
     wording = {
+        "--config": "YAML config file (repeatable; flags override it): its source, fields, "
+        "intervals, jetson.sysfs_root...",
         "--interval": "the fast group's interval (default 1ms)",
         "--window": "window length for the statistics (1s)",
         "--label": "job label",
@@ -358,7 +360,7 @@ def register(sub: Any) -> dict[str, Any]:
         "--fields": "field names or groups (default all)",
     }
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
-    add_sampling_flags(p, ("--interval", "--window"), wording=wording)
+    add_sampling_flags(p, ("--config", "--interval", "--window"), wording=wording)
     # Not the sampling --gpus (how many simulated GPUs): which of this node's GPUs to record.
     gpus_help = "GPU indices or UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
     p.add_argument("--gpus", dest="gpu_list", metavar="LIST", help=gpus_help)

@@ -24,7 +24,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -410,7 +410,7 @@ def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         raise
     s = status.array
     s[_PID] = os.getpid()
-    source = open_source(plan.source)
+    source = open_source(replace(plan.source, reopened=True))  # discovery logged what it found
     try:
         all_fields = [f for g in plan.groups for f in g.fields]
         source.open(all_fields)

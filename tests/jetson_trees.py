@@ -63,11 +63,12 @@ class Board:
     rails: tuple[str, ...]
     gpu_rail: str
     gpu_rail_mv: int  # the GPU rail's (constant) bus voltage: spike power = mV x spike mA
-    zones: tuple[str, ...]  # readable zones
+    zones: tuple[str, ...]  # every zone the source samples, readable or not
     gpu_zone: str
     emc: bool
     nvmap: bool
-    unreadable: tuple[str, ...] = ()  # what the source must log once and skip
+    # what reads nothing: the source logs it once and retries it, and it exports no sample
+    unreadable: tuple[str, ...] = ()
 
     def spike_signal_path(self) -> str:
         """The file the source takes the GPU rail's power from: JetPack 4's in_power (mW), else
@@ -269,7 +270,7 @@ def orin_nano() -> Board:
     )
     return Board("orin-nano-jp5", files, links, signals, "NVIDIA Jetson Orin Nano Developer Kit",
                  "L4T 35.5.0", dev, ("VDD_IN", "VDD_CPU_GPU_CV", "VDD_SOC"), "VDD_CPU_GPU_CV",
-                 5024, tuple(zone_types[:-1]), "GPU-therm", emc=False, nvmap=False,
+                 5024, tuple(zone_types), "GPU-therm", emc=False, nvmap=False,
                  unreadable=("tj-therm temperature",))  # fmt: skip
 
 

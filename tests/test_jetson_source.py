@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,9 +222,8 @@ def test_repeats_keep_their_timestamp(tree: Path) -> None:
 
 def test_a_rail_is_not_reread_before_its_converter_can_refresh(board: jt.Board, tree: Path) -> None:
     """An INA3221 read is an I2C transaction: inside half the chip's conversion cycle
-    (JetPack 5+'s update_interval, 7 ms here) the last reading stands."""
-    if "in_power" in board.spike_signal_path():
-        pytest.skip("JetPack 4's ina3221x declares no conversion interval")
+    (JetPack 5+'s update_interval, 7 ms here; JetPack 4's ina3221x declares none, and the chip's
+    default 6.6 ms stands in) the last reading stands."""
     src, live = _open(tree)
     k = next(i for i, f in enumerate(live) if f.name == "DCGM_FI_DEV_POWER_USAGE_INSTANT")
     path = board.spike_signal_path()
@@ -237,6 +237,48 @@ def test_a_rail_is_not_reread_before_its_converter_can_refresh(board: jt.Board, 
     src.close()
 
 
+def test_a_signal_quiet_at_start_is_not_read_less_often_later(tmp_path: Path) -> None:
+    """Where no driver declares a period (the GPU load; JetPack 4's rails) the period measured
+    at start is no reason to read less often: a load that changed every 60 ms then is read on
+    every tick later, and a JetPack 4 rail every half of the chip's default cycle (3.3 ms)."""
+    board = jt.BOARDS["xavier-nx-jp4"]
+    root = jt.build(board, tmp_path / board.name)
+    load, power = "sys/devices/gpu.0/load", board.spike_signal_path()
+    stop = threading.Event()
+
+    def quiet() -> None:
+        k = 0
+        while not stop.wait(0.06):
+            k += 1
+            _write(root, load, 400 + k % 2)
+            _write(root, power, 3500 + k % 2)
+
+    writer = threading.Thread(target=quiet)
+    writer.start()
+    try:
+        src = JetsonSource(root, measure_s=0.3)
+        inv = src.open(
+            (F.BY_NAME["DCGM_FI_DEV_GPU_UTIL"], F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"])
+        )
+    finally:
+        stop.set()
+        writer.join()
+    assert {f.what: f.period_ns for f in src.files}["GPU load"] > 30 * MS  # as it was at start
+    fields = inv.fields
+    values = np.zeros((1, 2))
+    ts = np.zeros((1, 2), dtype=np.int64)
+    seen_load, power_stamps = [], set()
+    for ms in range(200):  # now both change on every 1 ms tick
+        _write(root, load, 100 + ms)
+        _write(root, power, 1000 + ms)
+        src.read(fields, values, ts, T0 + ms * MS)
+        seen_load.append(values[0, 0])
+        power_stamps.add(int(ts[0, 1]))
+    src.close()
+    assert seen_load == pytest.approx([(100 + ms) / 10 for ms in range(200)])
+    assert len(power_stamps) == pytest.approx(200 / 4, abs=2)  # re-read every 4th 1 ms tick
+
+
 def test_energy_integrates_the_gpu_rail(board: jt.Board, tree: Path) -> None:
     src, live = _open(tree)
     path = board.spike_signal_path()
@@ -246,8 +288,10 @@ def test_energy_integrates_the_gpu_rail(board: jt.Board, tree: Path) -> None:
         _write(tree, path, value)
         got = _read(src, live, T0 + step * 10 * MS)
         watts.append(got["DCGM_FI_DEV_POWER_USAGE_INSTANT"])
-    # held power x time between samples, in mJ: 10 ms at the first, 10 ms at the second
-    assert got[energy] == pytest.approx((watts[0] + watts[1]) * 10.0)
+    # trapezoids between consecutive samples, in mJ: W x ms
+    assert got[energy] == pytest.approx(
+        (watts[0] + watts[1]) / 2 * 10 + (watts[1] + watts[2]) / 2 * 10
+    )
     src.close()
 
 
@@ -350,6 +394,33 @@ def test_config_keys(tmp_path: Path) -> None:
         from_mapping({"jetsn": {}})
 
 
+def test_check_config_shows_what_a_jetson_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check-config on a jetson config counts the fields a Jetson has files for (not NVML's)
+    and shows jetson.sysfs_root."""
+    from hfsampler.cli import main
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"source: jetson\njetson: {{sysfs_root: {tmp_path}}}\n")
+    assert main(["check-config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert f"jetson.sysfs_root: {tmp_path}" in out
+    for group in (F.FAST, F.SLOW):
+        n = sum(f.group == group and f.jetson is not None for f in F.CATALOGUE)
+        assert f"group {group}: {n} fields every" in out
+
+
+def test_the_jetson_fields_can_be_selected_by_name() -> None:
+    """--fields took names by upper-casing them, which only the DCGM names survive."""
+    names = ["hfsampler_jetson_rail_power_watts", "HFSAMPLER_JETSON_TEMP_CELSIUS", "power_usage"]
+    assert [f.name for f in F.select(names)] == [
+        "DCGM_FI_DEV_POWER_USAGE",
+        "hfsampler_jetson_rail_power_watts",
+        "hfsampler_jetson_temp_celsius",
+    ]
+
+
 def test_reading_is_cheap(tree: Path) -> None:
     """A fast tick is a few preads on open descriptors: well under the 1 ms interval."""
     src, live = _open(tree)
@@ -405,6 +476,34 @@ def test_cli_takes_source_jetson_and_lists_how_each_field_is_read(
     assert "call:util_gpu" in util
 
 
+def test_probe_and_record_take_the_config_s_sysfs_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``jetson.sysfs_root`` is a config key: probe and record take --config like run."""
+    import json
+
+    from hfsampler.cli import build_parser, main
+    from hfsampler.record import options
+
+    board = jt.BOARDS["xavier-nx-jp4"]
+    root = jt.build(board, tmp_path / "nx")
+    cfg = tmp_path / "c.yml"
+    cfg.write_text(f"jetson: {{sysfs_root: {root}}}\n")
+    fields = "DCGM_FI_DEV_GPU_UTIL,hfsampler_jetson_rail_power_watts"
+    argv = ["probe", "--config", str(cfg), "--source", "jetson", "--duration", "0.2s",
+            "--fields", fields, "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["source"] == "jetson"
+    probed = {(f["name"], dict(f["labels"]).get("rail")): f["supported"] for f in out["fields"]}
+    assert probed[("DCGM_FI_DEV_GPU_UTIL", None)]
+    assert {rail for (name, rail), ok in probed.items() if name.endswith("watts") and ok} == set(
+        board.rails
+    )
+    args = build_parser()[0].parse_args(["record", "--config", str(cfg), "--duration", "1s"])
+    assert options(args).config.jetson_sysfs_root == str(root)
+
+
 def test_a_value_missing_from_meminfo_leaves_the_others(tmp_path: Path) -> None:
     """No NvMapMemUsed in this kernel's meminfo: that field goes, MemTotal/MemAvailable stay,
     whichever is asked for first."""
@@ -432,5 +531,6 @@ def test_a_clock_stepped_back_does_not_stall_reading(board: jt.Board, tree: Path
     _write(tree, path, 3000)
     later = _read(src, live, stepped + 10 * MS)
     assert later[power] == pytest.approx(3 * first)
-    assert later[energy] == pytest.approx(got[energy] + 2 * first * 10.0)  # 10 ms at 2x
+    # the step back restarts the integral (no credit for it), 10 ms from 2x to 3x later
+    assert later[energy] == pytest.approx(got[energy] + (2 + 3) / 2 * first * 10.0)
     src.close()

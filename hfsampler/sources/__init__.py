@@ -58,6 +58,9 @@ class SourceSpec:
     dcgm_host: str = "localhost"  # dcgm: the host engine
     dcgm_interval_s: float = 0.1  # dcgm: how often DCGM samples the watched fields
     jetson_root: str = "/"  # jetson: where /sys, /proc and /etc are (another root: tests only)
+    # the sampler process's open, after discovery's in the service: what open finds (a missing
+    # file, a period) was logged there, and is not logged again
+    reopened: bool = False
 
 
 class Source(Protocol):
@@ -110,5 +113,5 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "jetson":
         from hfsampler.sources.jetson import JetsonSource
 
-        return JetsonSource(root=spec.jetson_root)
+        return JetsonSource(root=spec.jetson_root, reopened=spec.reopened)
     raise ValueError(f"unknown source kind {spec.kind!r}")

@@ -9,24 +9,31 @@ At open it measures each file's true refresh period: it reads them all back to b
 ``measure_s`` and takes the median gap between value changes, as ``hfsampler probe`` does for NVML
 (an INA3221 channel refreshes every conversion time x averaging x channels, the GPU load when the
 PMU updates it). Where nothing changed, the period a driver declares (the INA3221's
-``update_interval``, devfreq's ``polling_interval``) stands in, else one second. The period then
-does two things on the hot path: a file is re-read only once half its period has passed (an
-INA3221 read is an I2C transaction: reading it at 1 kHz would only read repeats and load the bus),
-and a reading is a distinct sample when its value changed or a whole period has passed since the
-last one, so repeats stay out of the window statistics (the sampler drops a reading whose
-timestamp did not move). The GPU rail's power is integrated into an energy counter.
+``update_interval``, devfreq's ``polling_interval``) stands in, else one second. A reading is a
+distinct sample when its value changed or a whole period has passed since the last one, so
+repeats stay out of the window statistics (the sampler drops a reading whose timestamp did not
+move). Files are read on every tick of the groups that ask for them, except an INA3221 rail: an
+I2C transaction, re-read only once half the chip's conversion cycle has passed (its
+``update_interval`` on JetPack 5+, the chip's default 6.6 ms on JetPack 4, which declares none),
+as nothing newer can be there sooner. A measured period never slows reading: a signal quiet
+during the measurement may not be later. The GPU rail's power is integrated into an energy
+counter (``jetson_energy``), from every reading of the rail whichever group asks.
 
-A file that is missing or unreadable at open, or fails later, costs one log line and its fields,
-never the source.
+A file the layout does not find costs one log line and its fields, never the source. One that
+cannot be read at open, or fails later, costs one line and reads as no sample until it reads
+again: a parse error is retried on every read, a failed open once a second; about once a second,
+on a slow group's read, every path's inode is checked too, so a file replaced (by a rename, a
+driver rebound) is reopened rather than read stale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,183 +41,68 @@ import numpy as np
 
 from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources.jetson_energy import Energy
+from hfsampler.sources.jetson_files import (
+    ANY,
+    DEAD,
+    DIFF,
+    MAX_W,
+    MILLI_C,
+    MILLI_W,
+    MIN_SKIP_NS,
+    NAN,
+    NOT_NEGATIVE,
+    ONE,
+    PRODUCT,
+    RATIO,
+    UNKNOWN_PERIOD_NS,
+    Blob,
+    Bounds,
+    File,
+    Parse,
+    Value,
+    meminfo_kib,
+    parse_int,
+    parse_runtime_status,
+)
 from hfsampler.sources.jetson_sysfs import Layout, Rail, find_layout
 
 log = logging.getLogger(__name__)
 
 MEASURE_S = 0.5  # how long open() watches the files for their refresh periods
 MEASURE_PAUSE_S = 0.0005
-MIN_SKIP_NS = 2_000_000  # files refreshing faster than this are read on every tick
-UNKNOWN_PERIOD_NS = 1_000_000_000  # a value that never changed still counts once a second
-_NAN = math.nan
-
-Parse = Callable[[bytes], float]
-ONE, PRODUCT, RATIO, DIFF = 0, 1, 2, 3
-
-
-def parse_int(data: bytes) -> float:
-    return float(int(data))
-
-
-def parse_runtime_status(data: bytes) -> float:
-    """Runtime PM's state: 1 when suspended (the GPU's rail is gated), 0 when active."""
-    word = data.strip()
-    if word in (b"active", b"resuming"):
-        return 0.0
-    if word in (b"suspended", b"suspending"):
-        return 1.0
-    raise ValueError(f"runtime PM status {word.decode(errors='replace')!r}")
-
-
-def meminfo_kib(key: str) -> Parse:
-    """One /proc/meminfo line's value (kB) from the whole file's text."""
-    tag = key.encode() + b":"
-
-    def parse(data: bytes) -> float:
-        at = data.find(tag)
-        while at > 0 and data[at - 1] != 0x0A:  # MemFree: inside NvMapMemFree:
-            at = data.find(tag, at + 1)
-        if at < 0:
-            raise ValueError(f"no {key} in meminfo")
-        return float(int(data[at + len(tag) : data.index(b"kB", at)]))
-
-    return parse
-
-
-class _Blob:
-    """One open file, read once per instant however many values it holds (/proc/meminfo)."""
-
-    __slots__ = ("at_ns", "data", "fd", "path", "size")
-
-    def __init__(self, path: Path, size: int) -> None:
-        self.path = path
-        self.size = size
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self.at_ns = -1
-        self.data = b""
-
-    def get(self, now_ns: int) -> bytes:
-        if now_ns != self.at_ns:
-            self.data = os.pread(self.fd, self.size, 0)
-            self.at_ns = now_ns
-        return self.data
-
-
-class _File:
-    """One value: a blob, how to parse it, its refresh period and its latest distinct sample."""
-
-    __slots__ = ("blob", "declared_ns", "errors", "hw_ns", "parse", "period_ns", "raw",
-                 "read_ns", "sample_ns", "skip_ns", "what")  # fmt: skip
-
-    def __init__(self, what: str, blob: _Blob, parse: Parse, declared_s: float | None,
-                 hw_s: float | None) -> None:  # fmt: skip
-        self.what = what
-        self.blob = blob
-        self.parse = parse
-        self.declared_ns = int(declared_s * 1e9) if declared_s else 0  # a driver's own period
-        self.hw_ns = int(hw_s * 1e9) if hw_s else 0  # a converter's timer: nothing new sooner
-        self.period_ns = UNKNOWN_PERIOD_NS
-        self.skip_ns = 0
-        self.read_ns = -(1 << 62)
-        self.sample_ns = 0
-        self.raw = _NAN
-        self.errors = 0
-
-    def poll(self, now_ns: int) -> None:
-        # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
-        if 0 <= now_ns - self.read_ns < self.skip_ns:
-            return  # the hardware cannot have refreshed since the last read
-        self.read_ns = now_ns
-        try:
-            value = self.parse(self.blob.get(now_ns))
-        except (OSError, ValueError) as exc:
-            self.raw = _NAN
-            self.errors += 1
-            if self.errors == 1:
-                log.warning("jetson: reading %s (%s) failed: %s; retried every tick",
-                            self.what, self.blob.path, exc)  # fmt: skip
-            return
-        if value != self.raw or not 0 <= now_ns - self.sample_ns < self.period_ns:
-            self.raw = value
-            self.sample_ns = now_ns
-
-
-class _Value:
-    """A field's value from one file, or two (voltage x current, total - available), scaled.
-
-    From two files it is a new sample when the result changed, or when the faster input's period
-    passed since the last: a steady voltage counted once a period must not double the samples of
-    the current it multiplies.
-    """
-
-    __slots__ = ("a", "b", "last", "last_ns", "op", "scale")
-
-    def __init__(self, op: int, a: _File, b: _File | None, scale: float) -> None:
-        self.op, self.a, self.b, self.scale = op, a, b, scale
-        self.last = _NAN
-        self.last_ns = 0
-
-    @property
-    def files(self) -> tuple[_File, ...]:
-        return (self.a,) if self.b is None else (self.a, self.b)
-
-    def evaluate(self) -> tuple[float, int]:
-        """(value, its sample time in ns; 0 when there is no value)."""
-        a, b = self.a, self.b
-        if b is None:
-            value = a.raw * self.scale
-            return value, (0 if value != value else a.sample_ns)
-        if self.op == PRODUCT:
-            value = a.raw * b.raw * self.scale
-        elif self.op == DIFF:
-            value = (a.raw - b.raw) * self.scale
-        else:
-            value = a.raw / b.raw * self.scale if b.raw else _NAN
-        if value != value:  # NaN
-            return value, 0
-        seen = max(a.sample_ns, b.sample_ns)
-        if value != self.last or not 0 <= seen - self.last_ns < min(a.period_ns, b.period_ns):
-            self.last, self.last_ns = value, seen
-        return value, self.last_ns
+CHECK_NS = 1_000_000_000  # how often files are checked for replacement and reopened
+SLOW_READ_NS = 20_000_000  # a read this long after its group's previous one is a slow group's
 
 
 @dataclass(slots=True)
-class _Energy:
-    """The GPU rail's power integrated over its distinct samples, in mJ since the source opened."""
-
-    power: _Value
-    total_mj: float = 0.0
-    last_w: float = _NAN
-    last_ns: int = 0
-
-    def update(self) -> None:
-        value, ts = self.power.evaluate()
-        if ts == self.last_ns or math.isnan(value):
-            return
-        if self.last_ns and ts > self.last_ns and not math.isnan(self.last_w):
-            self.total_mj += self.last_w * (ts - self.last_ns) * 1e-6  # W x ns -> mJ
-        self.last_w, self.last_ns = value, ts
-
-
-@dataclass(frozen=True, slots=True)
 class _Plan:
-    files: tuple[_File, ...]  # polled each read, each once
-    cols: tuple[_Value | None, ...]  # None: the energy counter
-    energy: bool  # the plan polls the GPU rail: advance the energy counter
+    files: tuple[File, ...]  # polled each read, each once
+    cols: tuple[Value | None, ...]  # None: the energy counter
+    last_ns: int = 0  # the previous read of this plan: far back, a slow group's
 
 
 class JetsonSource:
     """The ``Source`` over a Jetson's sysfs: one GPU, ``gpu="0"``."""
 
-    def __init__(self, root: str | Path = "/", measure_s: float = MEASURE_S) -> None:
+    def __init__(
+        self, root: str | Path = "/", measure_s: float = MEASURE_S, *, reopened: bool = False
+    ) -> None:
+        """``reopened``: the sampler process's open, after discovery's (``SourceSpec.reopened``),
+        which logged what open finds; this one logs only what happens while reading."""
         self.root = Path(root)
         self.measure_s = measure_s
+        self._say_open = log.debug if reopened else log.warning
+        self._tell_open = log.debug if reopened else log.info
         self.layout: Layout | None = None
-        self._blobs: dict[Path, _Blob] = {}
-        self._files: dict[tuple[Path, str], _File] = {}
-        self._unreadable: set[Path | tuple[Path, str]] = set()  # a file, or one value in it
-        self._recipes: dict[Field, _Value | None] = {}
-        self._energy: _Energy | None = None
+        self._blobs: dict[Path, Blob] = {}
+        self._files: dict[tuple[Path, str], File] = {}
+        self._lacking: set[tuple[Path, str]] = set()  # a value its file does not have
+        self._checked_ns = 0  # when the files were last checked (_check)
+        self._recipes: dict[Field, Value | None] = {}
+        self._rail_values: dict[tuple[str, str], Value | None] = {}
+        self._energy: Energy | None = None
+        self._lock = threading.Lock()
         self._up = np.ones(1, dtype=np.bool_)
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
 
@@ -223,7 +115,7 @@ class JetsonSource:
         keys = {f.jetson for f in fields}
         for note, costs in lay.notes:
             if not costs or costs & keys:
-                log.warning("jetson: %s", note)
+                self._say_open("jetson: %s", note)
         wanted = self._expand(tuple(fields), lay)
         supported = [self._recipe(f, lay) is not None for f in wanted]
         self._measure()
@@ -251,42 +143,55 @@ class JetsonSource:
             plan = self._plan(fields)
             if isinstance(fields, tuple) and len(self._plans) < 64:
                 self._plans[id(fields)] = (fields, plan)
-        for f in plan.files:
-            f.poll(now_ns)
-        energy = self._energy
-        if plan.energy and energy is not None:
-            energy.update()
-        row, stamps = values[0], driver_ts_us[0]
-        for k, recipe in enumerate(plan.cols):
-            if recipe is None:
-                if energy is None or not energy.last_ns:
-                    row[k], stamps[k] = _NAN, 0
-                else:
-                    row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
-                continue
-            value, ts = recipe.evaluate()
-            row[k], stamps[k] = value, ts // 1000
+        with self._lock:  # the energy counter's thread polls the GPU rail's files too
+            for f in plan.files:
+                f.poll(now_ns)
+            since, plan.last_ns = now_ns - plan.last_ns, now_ns
+            if not 0 <= now_ns - self._checked_ns < CHECK_NS:
+                # due: on a slow group's read, never on a fast tick unless no slow one comes
+                if not self._checked_ns:
+                    self._checked_ns = now_ns  # the first read: everything was just opened
+                elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
+                    self._check(now_ns)
+            energy = self._energy
+            if energy is not None:  # every plan polls the GPU rail (_plan): every reading counts
+                energy.update()
+                energy.watch()
+            row, stamps = values[0], driver_ts_us[0]
+            for k, recipe in enumerate(plan.cols):
+                if recipe is None:
+                    if energy is None or not energy.last_ns:
+                        row[k], stamps[k] = NAN, 0
+                    else:
+                        row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
+                    continue
+                value, ts = recipe.evaluate()
+                row[k], stamps[k] = value, ts // 1000
 
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
 
     def close(self) -> None:
+        if self._energy is not None:
+            self._energy.stop()
         for blob in self._blobs.values():
-            os.close(blob.fd)
+            blob.close()
         self._blobs.clear()
         self._files.clear()
-        self._unreadable.clear()
+        self._lacking.clear()
+        self._checked_ns = 0
         self._recipes.clear()
+        self._rail_values.clear()
         self._plans.clear()
         self._energy = None
 
     @property
-    def files(self) -> tuple[_File, ...]:
+    def files(self) -> tuple[File, ...]:
         """Every file the opened fields read, with its measured period (for logs and tests)."""
         return tuple(self._files.values())
 
-    def files_for(self, fields: Sequence[Field]) -> tuple[_File, ...]:
+    def files_for(self, fields: Sequence[Field]) -> tuple[File, ...]:
         """The files one read of ``fields`` polls (a group's tick), each once."""
         return self._plan(fields).files
 
@@ -300,58 +205,86 @@ class JetsonSource:
             if f.per is None or f.labels or f.jetson is None:
                 out.append(f)
             elif f.per == "rail":
-                out.extend(f.instance(r.name) for r in lay.rails if _rail_has(r, f.jetson))
+                out.extend(f.instance(r.name) for r in lay.rails if r.has(f.jetson))
             elif f.per == "zone":
                 out.extend(f.instance(z.name) for z in lay.zones)
         return tuple(out)
 
     def _file(self, what: str, path: Path | None, parse: Parse = parse_int, *,
-              declared_s: float | None = None, hw_s: float | None = None,
-              size: int = 64) -> _File | None:  # fmt: skip
-        """The opened file, or None if it cannot be opened, read and parsed (logged once; a file
-        the layout did not find at all was logged there)."""
+              declared_s: float | None = None, hw_s: float | None = None, size: int = 64,
+              optional: bool = False, bounds: Bounds = ANY) -> File | None:  # fmt: skip
+        """The file, opened; None where the layout found none (it said so), or where the file
+        lacks this value (``optional``: NvMapMemUsed in some kernels' meminfo; logged once).
+
+        A file that cannot be opened or read now is kept, with one line, and its fields are NaN
+        until it reads: a parse error is retried on every read, an open that failed once a
+        second (``_check``). A zone empty at start may read two seconds later.
+        """
         if path is None:
             return None
         key = (path, what)
-        if path in self._unreadable or key in self._unreadable:
+        if key in self._lacking:
             return None
         if key in self._files:
             return self._files[key]
+        blob = self._blobs.get(path)
+        if blob is None:
+            blob = self._blobs[path] = Blob(path, size)
+            with contextlib.suppress(OSError):
+                blob.open()
+        f = File(what, blob, parse, declared_s, hw_s, bounds)
         try:
-            blob = self._blobs.get(path) or _Blob(path, size)
-            self._blobs[path] = blob
-            f = _File(what, blob, parse, declared_s, hw_s)
-            f.parse(os.pread(blob.fd, size, 0))
-        except (OSError, ValueError) as exc:
-            log.warning("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
-            # a file that cannot be read, or one value the file lacks (NvMapMemUsed in meminfo)
-            self._unreadable.add(path if isinstance(exc, OSError) else key)
-            return None
+            f.decode(blob.read())
+        except OSError as exc:
+            f.fail(exc, "reopened once a second until it reads", self._say_open)
+        except ValueError as exc:
+            if optional:
+                self._say_open("jetson: cannot read %s (%s): %s; skipped", what, path, exc)
+                self._lacking.add(key)
+                return None
+            f.fail(exc, "retried on every read", self._say_open)
         self._files[key] = f
         return f
 
-    def _rail_recipe(self, rail: Rail, what: str) -> _Value | None:
-        interval = rail.update_interval_s
-        v = self._file(f"{rail.name} voltage", rail.voltage, hw_s=interval)
-        i = self._file(f"{rail.name} current", rail.current, hw_s=interval)
-        if what == "rail_voltage":
-            return _Value(ONE, v, None, 1e-3) if v else None
-        if what == "rail_current":
-            return _Value(ONE, i, None, 1e-3) if i else None
-        if rail.power is not None and (p := self._file(f"{rail.name} power", rail.power)):
-            return _Value(ONE, p, None, 1e-3)  # JetPack 4: mW
-        return _Value(PRODUCT, i, v, 1e-6) if v and i else None  # mA x mV = uW
+    def _rail_recipe(self, rail: Rail, what: str) -> Value | None:
+        """One value per rail and quantity, shared by the fields that read it (the GPU rail's
+        power, its energy, its per-rail series)."""
+        key = (rail.name, what)
+        if key not in self._rail_values:
+            self._rail_values[key] = self._build_rail_recipe(rail, what)
+        return self._rail_values[key]
 
-    def _recipe(self, f: Field, lay: Layout) -> _Value | None:
+    def _build_rail_recipe(self, rail: Rail, what: str) -> Value | None:
+        """Opens only the files ``what`` needs: a field the discovery kept must not reopen (and
+        log again) a file that failed for another field of the same rail."""
+
+        def file(name: str, path: Path | None, bounds: Bounds = NOT_NEGATIVE) -> File | None:
+            return self._file(f"{rail.name} {name}", path, hw_s=rail.update_interval_s,
+                              bounds=bounds)  # fmt: skip
+
+        if what == "rail_voltage":
+            v = file("voltage", rail.voltage)
+            return Value(ONE, v, None, 1e-3) if v else None
+        if what == "rail_current":
+            i = file("current", rail.current)
+            return Value(ONE, i, None, 1e-3) if i else None
+        if power := file("power", rail.power, MILLI_W):
+            return Value(ONE, power, None, 1e-3)  # JetPack 4: mW
+        v, i = file("voltage", rail.voltage), file("current", rail.current)
+        if not (v and i):
+            return None
+        return Value(PRODUCT, i, v, 1e-6, hi=MAX_W, what=f"{rail.name} power (W)")  # mA x mV
+
+    def _recipe(self, f: Field, lay: Layout) -> Value | None:
         if f in self._recipes:
             return self._recipes[f]
         recipe = self._build_recipe(f, lay)
         self._recipes[f] = recipe
         if f.jetson == "gpu_rail_energy" and recipe is not None:
-            self._energy = _Energy(recipe)
+            self._energy = Energy(recipe, self._lock)
         return recipe
 
-    def _build_recipe(self, f: Field, lay: Layout) -> _Value | None:
+    def _build_recipe(self, f: Field, lay: Layout) -> Value | None:
         key, own = f.jetson, dict(f.labels)
         if key is None:
             return None
@@ -364,8 +297,8 @@ class JetsonSource:
         if key in ("zone_temp", "gpu_temp"):
             name = own.get("zone") if key == "zone_temp" else lay.gpu_zone
             zone = next((z for z in lay.zones if z.name == name), None)
-            t = self._file(f"{name} temperature", zone.temp) if zone else None
-            return _Value(ONE, t, None, 1e-3) if t else None
+            t = self._file(f"{name} temperature", zone.temp, bounds=MILLI_C) if zone else None
+            return Value(ONE, t, None, 1e-3) if t else None
         simple: dict[str, tuple[str, Path | None, Parse, float, float | None]] = {
             "gpu_load": ("GPU load", lay.load, parse_int, 0.1, None),
             "gpu_freq": ("GPU clock", lay.cur_freq, parse_int, 1e-6, lay.polling_interval_s),
@@ -377,29 +310,29 @@ class JetsonSource:
         if key in simple:
             what, path, parse, scale, declared = simple[key]
             one = self._file(what, path, parse, declared_s=declared)
-            return _Value(ONE, one, None, scale) if one else None
+            return Value(ONE, one, None, scale) if one else None
         if key == "emc_load":  # actmon's busy rate (kHz) over the EMC clock (kHz), in percent
             act = self._file("EMC activity", lay.emc_activity)
             rate = self._file("EMC clock", lay.emc_rate)
-            return _Value(RATIO, act, rate, 1e5) if act and rate else None
+            return Value(RATIO, act, rate, 1e5) if act and rate else None
         mem = {"mem_used": "MemTotal", "mem_available": "MemAvailable",
                "nvmap_used": "NvMapMemUsed"}  # fmt: skip
         if key in mem:
             main = self._meminfo(lay, mem[key])
             if key != "mem_used":
-                return _Value(ONE, main, None, 1 / 1024) if main else None
+                return Value(ONE, main, None, 1 / 1024) if main else None
             avail = self._meminfo(lay, "MemAvailable")
-            return _Value(DIFF, main, avail, 1 / 1024) if main and avail else None
+            return Value(DIFF, main, avail, 1 / 1024) if main and avail else None
         return None
 
-    def _meminfo(self, lay: Layout, key: str) -> _File | None:
-        return self._file(key, lay.meminfo, meminfo_kib(key), size=16384)
+    def _meminfo(self, lay: Layout, key: str) -> File | None:
+        return self._file(key, lay.meminfo, meminfo_kib(key), size=16384, optional=True)
 
     def _measure(self) -> None:
         """Each file's refresh period: the median gap between value changes over ``measure_s``."""
         files = list(self._files.values())
         changes: list[list[int]] = [[] for _ in files]
-        last = [_NAN] * len(files)
+        last = [NAN] * len(files)
         end = time.perf_counter_ns() + int(self.measure_s * 1e9)
         while (now := time.perf_counter_ns()) < end:
             for k, f in enumerate(files):
@@ -419,51 +352,46 @@ class JetsonSource:
             if measured and declared:
                 measured = min(measured, declared)  # runs of equal values read long
             f.period_ns = measured or declared or UNKNOWN_PERIOD_NS
-            # re-read only after half a period, where the period is known: measured, or the
-            # converter's own timer (not the devfreq governor's, which other things can pre-empt)
-            known = measured or f.hw_ns
+            # Re-read after half a cycle only where a converter's own timer says nothing new can
+            # come sooner: an INA3221 rail, whose every read is an I2C transfer. Anything else is
+            # read on every tick of its group (a pread of sysfs is cheap): a period measured at
+            # start on a quiet signal would read too seldom once it moves.
+            known = min(measured, f.hw_ns) if measured else f.hw_ns
             f.skip_ns = known // 2 if known >= MIN_SKIP_NS else 0
             how = "measured" if measured else ("declared" if declared else "unchanged")
             report.setdefault((round(f.period_ns / 1e6, 1), how), []).append(f.what)
-            f.read_ns, f.sample_ns, f.raw = -(1 << 62), 0, _NAN
+            f.read_ns, f.sample_ns, f.raw = -(1 << 62), 0, NAN
         for blob in self._blobs.values():
             blob.at_ns = -1
         if report:
-            log.info("jetson: refresh periods: %s", "; ".join(
+            self._tell_open("jetson: refresh periods: %s", "; ".join(
                 f"{ms:g} ms {how}: {', '.join(what)}" for (ms, how), what in sorted(report.items())
             ))  # fmt: skip
 
+    def _check(self, now_ns: int) -> None:
+        """Reopen the files that failed or were replaced, close those that are gone: a stat per
+        file, about once a second (``Blob.check``)."""
+        self._checked_ns = now_ns
+        for blob in self._blobs.values():
+            if blob.check():
+                say = log.info if blob.replaced == 1 else log.debug
+                say("jetson: %s was replaced (a new file at its path): reopened", blob.path)
+
     def _plan(self, fields: Sequence[Field]) -> _Plan:
-        files: dict[int, _File] = {}
-        cols: list[_Value | None] = []
+        files: dict[int, File] = {}
+        cols: list[Value | None] = []
         energy = self._energy
         for f in fields:
             if f.jetson == "gpu_rail_energy":
                 cols.append(None)
-                value = energy.power if energy is not None else None
+                value = None
             else:
-                value = self._recipes.get(f) or _Value(ONE, _DEAD, None, 1.0)  # unsupported: NaN
+                value = self._recipes.get(f) or Value(ONE, DEAD, None, 1.0)  # unsupported: NaN
                 cols.append(value)
             for part in value.files if value is not None else ():
-                if part is not _DEAD:
+                if part is not DEAD:
                     files[id(part)] = part
-        touches = energy is not None and any(id(p) in files for p in energy.power.files)
-        return _Plan(tuple(files.values()), tuple(cols), touches)
-
-
-def _rail_has(rail: Rail, what: str) -> bool:
-    if what == "rail_voltage":
-        return rail.voltage is not None
-    if what == "rail_current":
-        return rail.current is not None
-    return rail.power is not None or (rail.voltage is not None and rail.current is not None)
-
-
-class _Dead(_File):
-    """The file behind an unsupported column: never polled, always NaN."""
-
-    def __init__(self) -> None:  # no blob: nothing to open
-        self.raw, self.sample_ns = _NAN, 0
-
-
-_DEAD = _Dead()
+        # whatever group the counter is in, each read of any group polls the GPU rail for it
+        for part in energy.files if energy is not None else ():
+            files[id(part)] = part
+        return _Plan(tuple(files.values()), tuple(cols))

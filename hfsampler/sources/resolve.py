@@ -1,8 +1,8 @@
 """Which source a ``Config`` asks for, as the ``SourceSpec`` the sampler opens.
 
 The one place ``source: auto`` is decided (nvml where a driver answers, else jetson on a Tegra,
-else sim with a warning),
-shared by every command that samples; it lives beside the sources rather than in the CLI, so
+else sim with a warning), and ``source: jetson`` refused where there is no Jetson; shared by
+every command that samples; it lives beside the sources rather than in the CLI, so
 `probe` and `record` need not import the CLI that registers them.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from hfsampler.config import Config
+from hfsampler.errors import ConfigError
 from hfsampler.sources import SourceSpec
 
 log = logging.getLogger("hfsampler")
@@ -41,6 +42,8 @@ def resolve_source(config: Config) -> SourceSpec:
                 config.sim_gpus,
             )
             kind = "sim"
+    elif kind == "jetson":
+        _check_jetson(root)
     return SourceSpec(
         kind=kind,
         gpus=config.sim_gpus,
@@ -51,3 +54,18 @@ def resolve_source(config: Config) -> SourceSpec:
         dcgm_interval_s=config.dcgm_interval_s,
         jetson_root=root,
     )
+
+
+def _check_jetson(root: str) -> None:
+    """``--source jetson`` where there is no Jetson is the user's mistake: say so, do not sample
+    a GPU that is not there."""
+    from hfsampler.sources.jetson_sysfs import NVIDIA_GPU_NODES, TEGRA, is_tegra
+
+    if not is_tegra(root):
+        where = "this machine" if root == "/" else f"jetson.sysfs_root {root!r}"
+        raise ConfigError(
+            "source",
+            f"jetson, but {where} is not a Jetson (no {TEGRA}* in proc/device-tree/compatible, "
+            f"no devfreq GPU node named {'/'.join(NVIDIA_GPU_NODES)})",
+            "run it on a Jetson, or use --source auto, nvml or sim",
+        )

@@ -35,6 +35,7 @@ from hfsampler.remote_write.sender import SAMPLES
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Series, SeriesRegistry, Snapshot
 from hfsampler.sources import DeviceInfo
+from hfsampler.window import exported_names
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -43,7 +44,7 @@ def series_for(gpus: int) -> list[Series]:
     """The series of a default run: every exported name per GPU, dcgm-exporter's labels."""
     reg = SeriesRegistry()
     fields = [f for f in Config().selected_fields() if f.nvml_readable]  # an NVML node's
-    names = [n for f in fields for n in f.exported_names]
+    names = [n for f in fields for n in exported_names(f)]
     host = host_labels(socket.gethostname(), instance="")
     out = []
     for g in range(gpus):

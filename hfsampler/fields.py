@@ -69,13 +69,6 @@ class Field:
             raise ValueError(f"{self.name} is not a per-instance field")
         return replace(self, labels=((self.per, value),))
 
-    @property
-    def exported_names(self) -> tuple[str, ...]:
-        """Every series name this field exports: its own name first, then the window siblings."""
-        from hfsampler.window import suffixes  # the window module builds on this one
-
-        return tuple(self.name + s for s in suffixes(self.kind))
-
 
 _MIB = 1.0 / (1 << 20)
 _PCT = 0.01  # GPM reports activity in percent, DCGM's DCGM_FI_PROF_* ratios are 0.0-1.0

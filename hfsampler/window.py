@@ -121,6 +121,11 @@ def suffixes(kind: Kind) -> tuple[str, ...]:
     return tuple(sorted((s.suffix for s in STATS if s.exports(kind)), key=bool))
 
 
+def exported_names(field: Field) -> tuple[str, ...]:
+    """Every series name a field exports: its own name first, then its window siblings."""
+    return tuple(field.name + s for s in suffixes(field.kind))
+
+
 @dataclass(frozen=True, slots=True)
 class WindowStats:
     """One group's statistics over ``[t0_ns, t1_ns)``: per statistic, an array ``[gpu, field]``."""

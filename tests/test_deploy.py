@@ -275,8 +275,9 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 def test_rules_use_only_exported_series() -> None:
     """Every metric a rule reads is one hfsampler exports (or a recording rule / ALERTS)."""
     from hfsampler import fields, selfmetrics
+    from hfsampler.window import exported_names
 
-    exported = {n for f in fields.CATALOGUE for n in f.exported_names}
+    exported = {n for f in fields.CATALOGUE for n in exported_names(f)}
     exported |= {d.name for d in selfmetrics.ALL}
     recorded: set[str] = set()
     used: set[str] = set()

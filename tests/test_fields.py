@@ -7,6 +7,7 @@ import pytest
 from hfsampler import fields
 from hfsampler.errors import ConfigError
 from hfsampler.fields import CATALOGUE, Kind
+from hfsampler.window import exported_names
 
 DCGM_EXPORTER_DEFAULTS = {
     "DCGM_FI_DEV_SM_CLOCK",
@@ -53,9 +54,9 @@ def test_counters_are_counters_and_only_gauges_have_siblings() -> None:
     energy = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
     assert energy.kind is Kind.COUNTER
     assert energy.prometheus_type == "counter"
-    assert energy.exported_names == (energy.name,)
+    assert exported_names(energy) == (energy.name,)
     power = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
-    assert power.exported_names == (
+    assert exported_names(power) == (
         "DCGM_FI_DEV_POWER_USAGE",
         "DCGM_FI_DEV_POWER_USAGE_min",
         "DCGM_FI_DEV_POWER_USAGE_max",

@@ -79,11 +79,12 @@ def _expected(r: JetsonRun) -> list[tuple[str, dict[str, str]]]:
     from hfsampler.config import Config
     from hfsampler.service import discover
     from hfsampler.sources import SourceSpec
+    from hfsampler.window import exported_names
 
     inv = discover(SourceSpec("jetson", jetson_root=str(r.root)), Config().selected_fields())
     silent = {v for f in inv.fields for v in dict(f.labels).values()
               if f"{v} temperature" in r.board.unreadable}  # fmt: skip
-    return [(name, dict(f.labels)) for f in inv.fields for name in f.exported_names
+    return [(name, dict(f.labels)) for f in inv.fields for name in exported_names(f)
             if not silent & set(dict(f.labels).values())]  # fmt: skip
 
 

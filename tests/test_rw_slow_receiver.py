@@ -69,8 +69,11 @@ async def test_slow_receiver_bounded_memory_and_disk_drops_counted(tmp_path: Pat
     assert delivered < pushed / 2, "the receiver was not slower than the input"
     assert dropped > 0
     assert delivered + dropped + left == pushed
-    # Memory: capacity plus what the writer thread had not yet put on disk (a few windows).
-    assert peak_memory <= CAPACITY + 5 * len(series), peak_memory
+    # Memory: capacity plus what was not yet encoded and put on disk. Windows come 100x faster
+    # than real time here, and encoding runs on the writer's own thread (never on the event loop,
+    # so it no longer slows the producer down): on a loaded 2-core runner some 25 windows can
+    # wait for it. Unbounded growth would be all 300.
+    assert peak_memory <= CAPACITY + 40 * len(series), peak_memory
     assert peak_disk <= MAX_DISK, peak_disk
     assert segment_bytes(tmp_path) <= MAX_DISK
     assert elapsed < 30

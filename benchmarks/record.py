@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hfsampler.fields import CATALOGUE, DEFAULT_GROUP_INTERVALS_S, Kind  # noqa: E402
+from hfsampler.plan import plan_groups  # noqa: E402
 from hfsampler.record import store_window  # noqa: E402
 from hfsampler.recording import RecordingWriter  # noqa: E402
 from hfsampler.ring import RingRows  # noqa: E402
-from hfsampler.service import plan_groups  # noqa: E402
 from hfsampler.sources.sim import SimSource  # noqa: E402
 from hfsampler.window import WindowClock  # noqa: E402
 

@@ -48,9 +48,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler import fields as catalogue
+from hfsampler.plan import plan_groups
 from hfsampler.ring import Ring
 from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
-from hfsampler.service import plan_groups
 from hfsampler.sources import Inventory, SourceSpec, open_source
 from hfsampler.window import WindowClock, reduce, suffixes
 

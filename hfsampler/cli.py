@@ -19,8 +19,7 @@ from hfsampler import fields as catalogue
 from hfsampler.config import Config, load_file
 from hfsampler.errors import ConfigError, HfsamplerError
 from hfsampler.flags import add_sampling_flags, config_from_args
-from hfsampler.probe import apply_recommendation, probe
-from hfsampler.sources.resolve import resolve_source
+from hfsampler.plan import build_run
 
 log = logging.getLogger("hfsampler")
 
@@ -85,32 +84,22 @@ def run_async(factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hfsampler.service import Service, discover
+    from hfsampler.service import Service
 
     config = config_from_args(args)
     logs.setup(config.log_level, config.log_format)
-    spec = resolve_source(config)
-    if config.auto_intervals:
-        log.info("measuring refresh periods for --intervals auto (a few seconds)...")
-        result = probe(spec, config.selected_fields(), window_s=config.window_s)
-        config = apply_recommendation(config, result)
-        log.info(
-            "groups from the probe: %s",
-            ", ".join(f"{n} {s * 1e3:g} ms" for n, s in sorted(config.intervals_s.items())),
-        )
-    inventory = discover(spec, config.selected_fields())
-    if not inventory.devices:
-        log.error("the %s source found no GPU", spec.kind)
+    plan = build_run(config)
+    if not plan.inventory.devices:
+        log.error("the %s source found no GPU", plan.spec.kind)
         return EXIT_FAILURE
-    if not inventory.fields:
+    if not plan.inventory.fields:
         log.error("none of the selected fields is supported by these GPUs")
         return EXIT_FAILURE
-    service_config = config
 
     def reload() -> Config:
         return config_from_args(args)  # the same files and flags, read again (SIGHUP)
 
-    return run_async(lambda: Service(service_config, spec, inventory, loader=reload).run())
+    return run_async(lambda: Service(plan.config, plan.spec, plan.inventory, loader=reload).run())
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

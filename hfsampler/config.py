@@ -202,7 +202,8 @@ class Config:
             if "\n" in self.instance or "\r" in self.instance:
                 raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
             _check_utf8(self.instance, "instance")
-        self.selected_fields()  # unknown names fail here, at load time
+        # unknown names fail here, at load time, and so does a field no group samples
+        check_intervals(self.selected_fields(), self.intervals_s)
 
     def warnings(self) -> list[str]:
         """What is accepted but will not do what it might seem to: said at check and at start."""
@@ -248,6 +249,18 @@ class Config:
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
         chosen = catalogue.select(self.fields)
         return catalogue.regroup(chosen, dict(self.field_groups))
+
+
+def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str, float]) -> None:
+    """Every field's group has an interval: a field is sampled, or refused, never dropped."""
+    for f in fields:
+        if f.group not in intervals_s:
+            raise ConfigError(
+                f"intervals.{f.group}",
+                f"not given, yet {f.name} (group {f.group}) is selected",
+                f"add intervals.{f.group}, move the field with field_groups, or leave it out "
+                "of fields",
+            )
 
 
 def _check_queue_dir(path: str) -> None:

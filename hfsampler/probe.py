@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from hfsampler import fields as catalogue
-from hfsampler.config import MIN_INTERVAL_S
+from hfsampler.config import MIN_INTERVAL_S, Config
 from hfsampler.fields import Field
 from hfsampler.flags import add_sampling_flags, config_from_args
 from hfsampler.sources import Source, SourceSpec, open_source
@@ -356,7 +356,19 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def apply_recommendation(config: Any, result: ProbeResult) -> Any:
-    """``config`` with the probe's groups in place of its intervals and field groups."""
+def apply_recommendation(config: Config, result: ProbeResult) -> Config:
+    """``config`` with the probe's groups in place of its intervals and field groups.
+
+    A selected field the probe found unsupported has no recommended group, and no GPU gives it:
+    it leaves ``fields`` rather than need an interval. Where the probe placed no field at all,
+    ``config`` stays as it is (discovery then finds nothing to sample and says so).
+    """
+    if not result.field_groups:
+        return config
     kept = {n: min(s, config.window_s) for n, s in result.intervals_s.items()}
-    return replace(config, intervals_s=kept, field_groups=dict(result.field_groups))
+    names = [f.name for f in config.selected_fields()]
+    fields = config.fields
+    if any(n not in result.field_groups for n in names):
+        fields = tuple(n for n in dict.fromkeys(names) if n in result.field_groups)
+    groups = dict(result.field_groups)
+    return replace(config, intervals_s=kept, field_groups=groups, fields=fields)

@@ -1,10 +1,12 @@
 """`hfsampler record`: sample the GPUs for exactly one command's life and keep it all in a file.
 
-It reuses the service's pieces (``Sampler`` in its own process, its rings, ``WindowClock``,
-``WindowReader``, ``reduce``); only the ending differs: each window's distinct raw samples and its
-statistics go to a ``RecordingWriter`` instead of Remote-Write. The command runs as a child in the
-same process group (so it keeps the terminal); signals sent to the recorder are passed on to it,
-and the recorder exits with the child's exit code (128 + N when a signal N ended it).
+It builds its run as `run` does (``hfsampler.plan.build_run``: the same source, fields and groups
+from the same config and flags) and reuses the service's pieces (``Sampler`` in its own process,
+its rings, ``WindowClock``, ``WindowReader``, ``reduce``); only the ending differs: each window's
+distinct raw samples and its statistics go to a ``RecordingWriter`` instead of Remote-Write. The
+command runs as a child in the same process group (so it keeps the terminal); signals sent to the
+recorder are passed on to it, and the recorder exits with the child's exit code (128 + N when a
+signal N ended it).
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from hfsampler.config import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, POWER, Kind, locate
 from hfsampler.flags import add_sampling_flags, config_from_args
+from hfsampler.plan import RunPlan, build_run
 from hfsampler.recording import RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
-from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
-from hfsampler.sources.resolve import resolve_source
+from hfsampler.sources import DeviceInfo, open_source
 from hfsampler.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
@@ -157,15 +159,13 @@ class RecordOptions:
 class Recorder:
     """Runs the sampler, the child and the window loop, and writes the recording."""
 
-    def __init__(self, opts: RecordOptions, spec: SourceSpec, inventory: Inventory,
-                 keep: Sequence[int], out: TextIO | None) -> None:  # fmt: skip
-        from hfsampler.service import plan_groups
-
-        self.opts = opts
-        self.spec = spec
-        self.inventory = inventory
+    def __init__(self, opts: RecordOptions, plan: RunPlan, keep: Sequence[int],
+                 out: TextIO | None) -> None:  # fmt: skip
+        self.opts = replace(opts, config=plan.config)
+        self.spec = plan.spec
+        self.inventory = plan.inventory
         self.keep = list(keep)
-        self.plans = plan_groups(inventory.fields, dict(opts.config.intervals_s))
+        self.plans = list(plan.groups)
         self.out = out
         self.child: subprocess.Popen[bytes] | None = None
         self._stop = False
@@ -192,7 +192,8 @@ class Recorder:
 
     def run(self) -> int:
         cfg = self.opts.config
-        sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s)
+        sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s,
+                          max_ring_bytes=cfg.max_ring_bytes)  # fmt: skip
         writer: RecordingWriter | None = None
         side = self._side_source()
         code = 0
@@ -245,7 +246,8 @@ class Recorder:
             if now >= clock.due_ns:
                 if sampling and not sampler.alive():
                     # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
-                    log.error("the sampler process died; the recording stops here")
+                    log.error("the sampler process died (%s); the recording stops here",
+                              sampler.exit_reason())  # fmt: skip
                     self._write(readers, writer, clock.t0_ns, now)
                     sampling = False
                 if sampling:
@@ -377,7 +379,7 @@ def register(sub: Any) -> dict[str, Any]:
 
 def options(args: argparse.Namespace) -> RecordOptions:
     command = tuple(args.argv[1:] if args.argv[:1] == ["--"] else args.argv)
-    config = config_from_args(args, Config(intervals_s={FAST: 0.001, "slow": 0.1}, listen=None))
+    config = config_from_args(args, Config(listen=None))  # `run`'s groups, gpm too
     if not command and config.duration_s is None:
         raise ConfigError("record", "nothing to record", "give -- CMD ARGS or --duration 10s")
     wanted = visible_gpus(args.gpu_list, os.environ)
@@ -390,23 +392,19 @@ def options(args: argparse.Namespace) -> RecordOptions:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from hfsampler.service import discover
-
     opts = options(args)
     logs.setup(opts.config.log_level, opts.config.log_format)
-    spec = resolve_source(opts.config)
-    inventory = discover(spec, opts.config.selected_fields())
-    keep = choose(inventory.devices, opts.gpus)
-    if spec.kind == "nvml" and len(keep) < len(inventory.devices):
+    plan = build_run(opts.config)
+    keep = choose(plan.inventory.devices, opts.gpus)
+    if plan.spec.kind == "nvml" and len(keep) < len(plan.inventory.devices):
         # open only the job's GPUs: the others are not ours to read at 1 kHz
-        spec = SourceSpec("nvml", indices=tuple(inventory.devices[p].index for p in keep))
-        inventory = discover(spec, opts.config.selected_fields())
-        keep = list(range(len(inventory.devices)))
-    if not keep or not inventory.fields:
+        plan = plan.only(keep)
+        keep = list(range(len(plan.inventory.devices)))
+    if not keep or not plan.fields:
         log.error("nothing to record: no GPU or no supported field")
         return 1
-    fast = [f for f in inventory.fields if f.group == FAST and f.kind is Kind.GAUGE]
-    log.info("recording %d GPU(s), %d fields (%d fast) to %s", len(keep), len(inventory.fields),
+    fast = [f for f in plan.fields if f.group == FAST and f.kind is Kind.GAUGE]
+    log.info("recording %d GPU(s), %d fields (%d fast) to %s", len(keep), len(plan.fields),
              len(fast), opts.output)  # fmt: skip
     out = sys.stderr if opts.status else None
-    return Recorder(opts, spec, inventory, keep, out).run()
+    return Recorder(opts, plan, keep, out).run()

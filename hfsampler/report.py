@@ -3,9 +3,9 @@
 The page embeds plotly.js once (no network needed to view it) and draws, per GPU: power (the raw
 samples as a min/max envelope per time bucket, the window min-max band and the window mean),
 utilization, memory used, temperature, SM clock, and throttle reasons as a timeline; then what a
-15 s scrape of the 1 s-averaged power would have shown beside the truth. Plots use SVG traces, not
-WebGL, so the page renders anywhere, headless browsers included; the envelope keeps every peak
-while bounding the points per trace.
+15 s scrape of the 1 s-averaged power would have shown beside the truth; last, each field's
+observed refresh period. Plots use SVG traces, not WebGL, so the page renders anywhere, headless
+browsers included; the envelope keeps every peak while bounding the points per trace.
 """
 
 from __future__ import annotations
@@ -165,8 +165,6 @@ def summary_html(summary: Summary) -> str:
         ("15 s scrape: energy", [_f(g["scrape_15s"]["energy_j"], " J", 0) for g in gpus]),
     ]  # fmt: skip
     table = _table(rows, ["", *(f"GPU {g['gpu']}" for g in gpus)])
-    refresh = _table([(k, [f"{v * 1e3:g} ms"]) for k, v in d["field_refresh_s"].items()],
-                     ["field", "observed refresh period"])  # fmt: skip
     job = {**d["labels"], **d["job"]}
     facts = [
         ("command", d["command"] or "(none: --duration)"),
@@ -179,7 +177,13 @@ def summary_html(summary: Summary) -> str:
     ]
     ctx = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                   for k, v in facts)  # fmt: skip
-    return f"<table>{ctx}</table><h2>Summary</h2>{table}<h2>Fields</h2>{refresh}"
+    return f"<table>{ctx}</table><h2>Summary</h2>{table}"
+
+
+def fields_html(summary: Summary) -> str:
+    """Every recorded field's observed refresh period: a reference, one row a field."""
+    rows = [(k, [f"{v * 1e3:g} ms"]) for k, v in summary.as_dict()["field_refresh_s"].items()]
+    return "<h2>Fields</h2>" + _table(rows, ["field", "observed refresh period"])
 
 
 STYLE = """body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;
@@ -188,7 +192,9 @@ background:#f5f5f5}"""
 
 
 def render_html(rec: Recording, summary: Summary) -> str:
-    """The whole page: context, summary table, one figure per GPU, the scrape comparison."""
+    """The whole page: context, summary table, one figure per GPU, the scrape comparison, then
+    the fields' refresh periods (after the plots: some 40 rows, the activity fields among them,
+    would push the first figure off the first screen)."""
     figures = [gpu_figure(rec, summary, i) for i in range(len(summary.gpus))]
     figures.append(scrape_figure(rec, summary))
     parts = [
@@ -200,6 +206,7 @@ def render_html(rec: Recording, summary: Summary) -> str:
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{STYLE}</style></head><body><h1>{title}</h1>{summary_html(summary)}"
         + "".join(parts)
+        + fields_html(summary)
         + "</body></html>"
     )
 

@@ -14,13 +14,12 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
-import numpy.typing as npt
 from aiohttp import web
 
 from hfsampler import exposition, logs
@@ -28,46 +27,21 @@ from hfsampler import selfmetrics as sm
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
 from hfsampler.errors import ConfigError
-from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, locate
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.metrics import MetricModel
+from hfsampler.plan import plan_groups
 from hfsampler.reload import plan_reload
 from hfsampler.remote_write import EndpointConfig, RemoteWriter
 from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
-from hfsampler.sources import Inventory, SourceSpec, open_source
+from hfsampler.sources import Inventory, SourceSpec
 from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
 FLUSH_DEADLINE_S = 5.0
-
-
-def discover(spec: SourceSpec, wanted: Sequence[Field]) -> Inventory:
-    """Open the source once here to learn the devices and fields, then release it.
-
-    Fields that no GPU supports are left out (the source logs each once).
-    """
-    source = open_source(spec)
-    try:
-        inventory = source.open(wanted)
-    finally:
-        source.close()
-    keep: npt.NDArray[np.bool_] = np.asarray(inventory.supported.any(axis=0))
-    if not keep.all():
-        kept = tuple(f for f, k in zip(inventory.fields, keep, strict=True) if k)
-        return Inventory(inventory.devices, kept, inventory.supported[:, keep])
-    return inventory
-
-
-def plan_groups(fields: Sequence[Field], intervals_s: dict[str, float]) -> list[GroupPlan]:
-    """One group per interval name that has fields, fastest first."""
-    groups = [
-        GroupPlan(name, interval, tuple(f for f in fields if f.group == name))
-        for name, interval in intervals_s.items()
-    ]
-    return sorted((g for g in groups if g.fields), key=lambda g: g.interval_s)
 
 
 @dataclass(slots=True)

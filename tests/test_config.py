@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from hfsampler import fields as catalogue
 from hfsampler.cli import build_parser, main
 from hfsampler.config import Config, from_mapping, load_file, parse_label
 from hfsampler.durations import parse_duration
@@ -284,3 +285,53 @@ def test_check_config_names_a_missing_password_file(
         "hfsampler: error: remote_write[0].basic_auth.password_file: cannot read "
         "/nonexistent/pw: No such file or directory (check the path and permissions)"
     ]
+
+
+def test_a_field_group_without_an_interval_is_refused_at_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``field_groups`` naming a group that ``intervals`` lacks: exit 2 in every command."""
+    path = tmp_path / "c.yml"
+    path.write_text("field_groups: {DCGM_FI_DEV_GPU_TEMP: medium}\n")
+    message = "field_groups.DCGM_FI_DEV_GPU_TEMP: unknown group 'medium' (one of fast, slow, gpm)"
+    for argv in (
+        ["check-config", str(path)],
+        ["run", "--config", str(path), "--source", "sim"],
+        ["record", "--config", str(path), "--source", "sim", "--", "true"],
+        ["probe", "--config", str(path), "--source", "sim"],
+    ):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip() == f"hfsampler: error: {message}", argv
+    path.write_text("intervals: {medium: 10ms}\nfield_groups: {DCGM_FI_DEV_GPU_TEMP: medium}\n")
+    assert load_file(path).intervals_s["medium"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("fields", [None, ("gpm",), ("DCGM_FI_PROF_SM_ACTIVE", "gpu_temp")])
+def test_a_selected_field_whose_group_has_no_interval_is_refused(
+    fields: tuple[str, ...] | None,
+) -> None:
+    """Intervals without the gpm group (record's own, before): refused naming field, group and
+    fix, never the gpm fields dropped in silence."""
+    with pytest.raises(ConfigError) as caught:
+        Config(intervals_s={"fast": 0.001, "slow": 0.1}, fields=fields)
+    text = str(caught.value)
+    assert text.startswith("intervals.gpm: not given, yet DCGM_FI_PROF_")
+    assert "(group gpm) is selected" in text
+    assert text.endswith("(add intervals.gpm, move the field with field_groups, or leave it out "
+                         "of fields)")  # fmt: skip
+    # fine: a selection of only the groups that have intervals, or the fields moved to one
+    Config(intervals_s={"fast": 0.001, "slow": 0.1}, fields=("fast", "slow"))
+    Config(
+        intervals_s={"fast": 0.001, "slow": 0.1},
+        fields=fields,
+        field_groups={f.name: "slow" for f in catalogue.CATALOGUE if f.group == "gpm"},
+    )
+
+
+def test_plan_groups_refuses_a_field_without_an_interval() -> None:
+    from hfsampler.plan import plan_groups
+
+    temp = catalogue.BY_NAME["DCGM_FI_DEV_GPU_TEMP"]
+    with pytest.raises(ConfigError, match=r"^intervals.slow: not given, yet DCGM_FI_DEV_GPU_TEMP"):
+        plan_groups([temp], {"fast": 0.001})
+    assert [g.name for g in plan_groups([temp], {"fast": 0.001, "slow": 0.1})] == ["slow"]

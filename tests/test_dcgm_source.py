@@ -101,14 +101,14 @@ def test_missing_bindings_say_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_config_dcgm_block_reaches_the_source_spec() -> None:
-    from hfsampler import cli
     from hfsampler.config import from_mapping
     from hfsampler.errors import ConfigError
+    from hfsampler.sources.resolve import resolve_source
 
     config = from_mapping(
         {"source": "dcgm", "dcgm": {"path": FAKE_PATH, "host": "engine:5555", "interval": "50ms"}}
     )
-    spec = cli.resolve_source(config)
+    spec = resolve_source(config)
     assert (spec.kind, spec.dcgm_path, spec.dcgm_host) == ("dcgm", FAKE_PATH, "engine:5555")
     assert spec.dcgm_interval_s == pytest.approx(0.05)
     with pytest.raises(ConfigError, match=r"^dcgm\.intervl.*'interval'"):

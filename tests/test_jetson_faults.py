@@ -28,8 +28,8 @@ import hfsampler
 from hfsampler import fields as F
 from hfsampler.cli import main
 from hfsampler.fields import Field
+from hfsampler.plan import discover, plan_groups
 from hfsampler.sampler import Sampler
-from hfsampler.service import discover, plan_groups
 from hfsampler.sources import SourceSpec
 from hfsampler.sources.jetson import JetsonSource
 from hfsampler.sources.jetson_files import Blob

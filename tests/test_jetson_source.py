@@ -19,14 +19,14 @@ import pytest
 from fake_nvml import install, make_fake, remove_library
 
 from hfsampler import fields as F
-from hfsampler.cli import resolve_source
 from hfsampler.config import Config, from_mapping
 from hfsampler.errors import ConfigError
 from hfsampler.fields import Field
-from hfsampler.service import discover
+from hfsampler.plan import discover
 from hfsampler.sources import SourceSpec
 from hfsampler.sources.jetson import JetsonSource
 from hfsampler.sources.jetson_sysfs import find_layout, gpu_rail, is_tegra
+from hfsampler.sources.resolve import resolve_source
 
 MS = 1_000_000
 T0 = 1_800_000_000 * 1_000_000_000

@@ -160,3 +160,24 @@ def test_intervals_auto_applies_the_recommendation() -> None:
     assert applied.intervals_s == {"every_100ms": 0.1}
     assert [f.group for f in applied.selected_fields()] == ["every_100ms"]
     assert np.isfinite(result.max_tick_hz)
+
+
+def test_intervals_auto_leaves_out_a_field_the_probe_found_unsupported() -> None:
+    """A GPU without GPM: the probe places no gpm field, so the applied config does not select
+    them (rather than select fields whose group has no interval); nothing placed: unchanged."""
+    from hfsampler.config import Config
+
+    probes = [
+        P.FieldProbe("DCGM_FI_DEV_GPU_TEMP", F.SLOW, True, 1, 2, (0.1,), "timestamps", 9),
+        P.FieldProbe("DCGM_FI_PROF_SM_ACTIVE", F.GPM, False, None, None, (), "none", 0),
+    ]
+    intervals, groups = P.recommend(probes, 10.0)
+    result = P.ProbeResult("sim", ("x",), 1.0, tuple(probes), (), 1.0, 2.0, 5e5, intervals, groups)
+    config = Config(fields=("gpu_temp", "gpm"))
+    applied = P.apply_recommendation(config, result)
+    assert applied.fields == ("DCGM_FI_DEV_GPU_TEMP",)
+    assert [(f.name, f.group) for f in applied.selected_fields()] == [
+        ("DCGM_FI_DEV_GPU_TEMP", "every_100ms")
+    ]
+    nothing = P.ProbeResult("sim", ("x",), 1.0, tuple(probes[1:]), (), 1.0, 2.0, 5e5, {}, {})
+    assert P.apply_recommendation(config, nothing) is config

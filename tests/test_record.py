@@ -11,7 +11,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from hfsampler import fields as F
+from hfsampler.cli import build_parser
+from hfsampler.flags import config_from_args
+from hfsampler.plan import build_run
 from hfsampler.recording import Recording
 from hfsampler.sources.sim import SimSource
 
@@ -90,3 +95,66 @@ def test_crash_leaves_a_readable_file_and_report(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     assert html.stat().st_size > 100_000
     assert "INCOMPLETE" in html.read_text()
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recording, str]:
+    """A default `hfsampler record --source sim` around a 2 s command, and what it logged."""
+    out = tmp_path_factory.mktemp("plan") / "x.hfs"
+    proc = subprocess.run(
+        _hfsampler("record", "--source", "sim", "--quiet", "-o", str(out), "--", sys.executable,
+                   "-c", "import time; time.sleep(2)"),
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return Recording(out), proc.stderr
+
+
+def test_record_samples_the_gpm_group_as_run_does(sim_run: tuple[Recording, str]) -> None:
+    """The twelve DCGM_FI_PROF_* activity fields are recorded, with samples, in the gpm group."""
+    rec, _ = sim_run
+    prof = [f.name for f in F.CATALOGUE if f.name.startswith("DCGM_FI_PROF_")]
+    assert len(prof) == 12
+    groups = {g.name: [f.name for f in g.fields] for g in rec.groups}
+    assert groups.get(F.GPM) == prof
+    assert rec.groups[rec.group_index(F.GPM)].interval_s == pytest.approx(0.1)
+    for name in prof:
+        ts, _ = rec.raw(name, 0)
+        assert len(ts) >= 5, name  # ~20 at 100 ms over 2 s
+
+
+def test_the_header_lists_what_run_samples_and_what_was_recorded(
+    sim_run: tuple[Recording, str],
+) -> None:
+    """The header's groups are the plan `run` builds from the same flags; each field has samples;
+    the "recording ... fields" line counts the same fields."""
+    rec, logged = sim_run
+    parser, _ = build_parser()
+    plan = build_run(config_from_args(parser.parse_args(["run", "--source", "sim"])))
+    header = [(g.name, g.interval_s, [f.name for f in g.fields]) for g in rec.groups]
+    assert header == [(g.name, g.interval_s, [f.name for f in g.fields]) for g in plan.groups]
+    recorded = {
+        f.name
+        for i, g in enumerate(rec.groups)
+        for c in rec.raw_chunks(i)
+        for f in (g.fields[j] for j in np.unique(c.field))
+    }
+    assert recorded == {f.name for g in rec.groups for f in g.fields}
+    assert f"recording 2 GPU(s), {len(plan.fields)} fields" in logged
+
+
+def test_record_takes_max_ring_bytes_from_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cap `run` honours: rings over it are refused (exit 2) before anything is sampled."""
+    from hfsampler.cli import main
+
+    cfg = tmp_path / "c.yml"
+    cfg.write_text("max_ring_bytes: 1MiB\n")
+    out = tmp_path / "x.hfs"
+    argv = ["record", "--config", str(cfg), "--source", "sim", "--quiet", "--window", "10s",
+            "--duration", "1s", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "hfsampler: error: max_ring_bytes: --window 10s with intervals" in err
+    assert not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import shm_dirs
 
 from hfsampler import fields
 from hfsampler.errors import ConfigError, SourceError
+from hfsampler.plan import discover, plan_groups
 from hfsampler.sampler import (
     GroupPlan,
     Sampler,
@@ -20,7 +22,6 @@ from hfsampler.sampler import (
     ring_capacity,
     shared_bytes_needed,
 )
-from hfsampler.service import discover, plan_groups
 from hfsampler.sources import SourceSpec
 
 SPEC = SourceSpec("sim", gpus=2, seed=1)
@@ -31,9 +32,14 @@ readonly_shm = shm_dirs.readonly_shm
 shm_dir = shm_dirs.shm_dir
 
 
+def _fast_slow(sampled: Sequence[fields.Field]) -> list[fields.Field]:
+    """The fields of the two groups these tests sample (the gpm group has no interval here)."""
+    return [f for f in sampled if f.group in ("fast", "slow")]
+
+
 def _sampler(spin_s: float | None = 0.0, window_s: float = 1.0, **kwargs: int) -> Sampler:
     inventory = discover(SPEC, fields.CATALOGUE)
-    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    groups = plan_groups(_fast_slow(inventory.fields), {"fast": 0.001, "slow": 0.1})
     return Sampler(SPEC, inventory, groups, window_s=window_s, spin_s=spin_s, **kwargs)
 
 
@@ -117,13 +123,14 @@ def test_sampler_dies_with_its_parent(tmp_path: object) -> None:
         import sys, time
         from hfsampler import fields
         from hfsampler.sampler import Sampler
-        from hfsampler.service import discover, plan_groups
+        from hfsampler.plan import discover, plan_groups
         from hfsampler.sources import SourceSpec
 
         if __name__ == "__main__":
             spec = SourceSpec("sim", gpus=1)
             inv = discover(spec, fields.CATALOGUE)
-            s = Sampler(spec, inv, plan_groups(inv.fields, {"fast": 0.001, "slow": 0.1}), 1.0)
+            sampled = [f for f in inv.fields if f.group != "gpm"]
+            s = Sampler(spec, inv, plan_groups(sampled, {"fast": 0.001, "slow": 0.1}), 1.0)
             s.start()
             print(s.pid, flush=True)
             time.sleep(60)
@@ -174,7 +181,7 @@ def test_an_hour_window_is_refused_before_any_memory_is_taken(shm_dir: Path) -> 
 
 def test_max_ring_bytes_is_the_cap(shm_dir: Path) -> None:
     inventory = discover(SPEC, fields.CATALOGUE)
-    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    groups = plan_groups(_fast_slow(inventory.fields), {"fast": 0.001, "slow": 0.1})
     need = shared_bytes_needed(groups, 2, 20.0)
     with _sampler(window_s=20.0, max_ring_bytes=need) as sampler:
         assert sampler.shared_bytes <= need
@@ -184,7 +191,7 @@ def test_max_ring_bytes_is_the_cap(shm_dir: Path) -> None:
 
 def test_a_small_shm_is_refused_naming_it_and_the_bytes(small_shm: Path) -> None:
     inventory = discover(SPEC, fields.CATALOGUE)
-    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1})
+    groups = plan_groups(_fast_slow(inventory.fields), {"fast": 0.001, "slow": 0.1})
     need = shared_bytes_needed(groups, 2, 10.0)
     with pytest.raises(ConfigError) as caught:
         _sampler(window_s=10.0)

@@ -77,7 +77,7 @@ def _expected(r: JetsonRun) -> list[tuple[str, dict[str, str]]]:
     """Every (series name, own labels) a default run on this tree exports: what discovery
     keeps, but a zone that reads nothing (kept, and retried) has no sample to export."""
     from hfsampler.config import Config
-    from hfsampler.service import discover
+    from hfsampler.plan import discover
     from hfsampler.sources import SourceSpec
     from hfsampler.window import exported_names
 

@@ -1,0 +1,98 @@
+"""The sampling plan: the one way a command turns a ``Config`` into what the sampler samples.
+
+`run` and `record` build their run here from the same config and flags: the source it names
+(``resolve_source``), the groups a probe recommends for ``intervals: auto``, the devices and
+fields the source has (``discover``), and one ``GroupPlan`` per interval (``plan_groups``). So a
+group or field that `run` samples is recorded too. ``Config`` refuses a selected field whose
+group has no interval at load; ``plan_groups`` refuses one too, never dropping it in silence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.config import Config, check_intervals
+from hfsampler.fields import Field
+from hfsampler.probe import apply_recommendation, probe
+from hfsampler.sampler import GroupPlan
+from hfsampler.sources import Inventory, SourceSpec, open_source
+from hfsampler.sources.resolve import resolve_source
+
+log = logging.getLogger("hfsampler")
+
+
+def discover(spec: SourceSpec, wanted: Sequence[Field]) -> Inventory:
+    """Open the source once here to learn the devices and fields, then release it.
+
+    Fields that no GPU supports are left out (the source logs each once).
+    """
+    source = open_source(spec)
+    try:
+        inventory = source.open(wanted)
+    finally:
+        source.close()
+    keep: npt.NDArray[np.bool_] = np.asarray(inventory.supported.any(axis=0))
+    if not keep.all():
+        kept = tuple(f for f, k in zip(inventory.fields, keep, strict=True) if k)
+        return Inventory(inventory.devices, kept, inventory.supported[:, keep])
+    return inventory
+
+
+def plan_groups(fields: Sequence[Field], intervals_s: Mapping[str, float]) -> list[GroupPlan]:
+    """One group per interval name that has fields, fastest first.
+
+    A field whose group has no interval is a ``ConfigError``: it is never left out unsaid.
+    """
+    check_intervals(fields, intervals_s)
+    groups = [
+        GroupPlan(name, interval, tuple(f for f in fields if f.group == name))
+        for name, interval in intervals_s.items()
+    ]
+    return sorted((g for g in groups if g.fields), key=lambda g: g.interval_s)
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What one run samples: its config (with any probed groups), source, inventory, groups."""
+
+    config: Config
+    spec: SourceSpec
+    inventory: Inventory
+    groups: tuple[GroupPlan, ...]
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        """Every field sampled, group by group (what a recording's header lists)."""
+        return tuple(f for g in self.groups for f in g.fields)
+
+    def only(self, positions: Sequence[int]) -> RunPlan:
+        """The plan for the devices at ``positions`` (nvml: the source opens only those)."""
+        if self.spec.kind != "nvml" or len(positions) == len(self.inventory.devices):
+            return self
+        indices = tuple(self.inventory.devices[p].index for p in positions)
+        return _planned(self.config, replace(self.spec, indices=indices))
+
+
+def build_run(config: Config) -> RunPlan:
+    """The run ``config`` asks for: every command that samples starts here."""
+    spec = resolve_source(config)
+    if config.auto_intervals:
+        log.info("measuring refresh periods for --intervals auto (a few seconds)...")
+        result = probe(spec, config.selected_fields(), window_s=config.window_s)
+        config = apply_recommendation(config, result)
+        log.info(
+            "groups from the probe: %s",
+            ", ".join(f"{n} {s * 1e3:g} ms" for n, s in sorted(config.intervals_s.items())),
+        )
+    return _planned(config, spec)
+
+
+def _planned(config: Config, spec: SourceSpec) -> RunPlan:
+    inventory = discover(spec, config.selected_fields())
+    groups = plan_groups(inventory.fields, config.intervals_s)
+    return RunPlan(config, spec, inventory, tuple(groups))

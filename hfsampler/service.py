@@ -28,7 +28,7 @@ from hfsampler import selfmetrics as sm
 from hfsampler.attribution import Labeller, build_labeller
 from hfsampler.config import Config, parse_listen
 from hfsampler.errors import ConfigError
-from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, locate
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Field, Role, expand_xid, locate
 from hfsampler.metrics import MetricModel
 from hfsampler.reload import plan_reload
 from hfsampler.remote_write import EndpointConfig, RemoteWriter
@@ -47,11 +47,12 @@ FLUSH_DEADLINE_S = 5.0
 def discover(spec: SourceSpec, wanted: Sequence[Field]) -> Inventory:
     """Open the source once here to learn the devices and fields, then release it.
 
-    Fields that no GPU supports are left out (the source logs each once).
+    Fields that no GPU supports are left out (the source logs each once). The XID counter is one
+    field per code (``expand_xid``).
     """
     source = open_source(spec)
     try:
-        inventory = source.open(wanted)
+        inventory = source.open(expand_xid(wanted))
     finally:
         source.close()
     keep: npt.NDArray[np.bool_] = np.asarray(inventory.supported.any(axis=0))

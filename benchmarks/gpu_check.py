@@ -183,7 +183,8 @@ def call_refresh(
 ) -> dict[str, Any]:
     """Per call-based field key: value changes seen while calling back to back for a while."""
     out: dict[str, Any] = {}
-    for key in keys or [k for k in calls.CALL_FIELDS if k != "xid"]:
+    # the XID ones are the event set's, not a call to repeat
+    for key in keys or [k for k, c in calls.CALL_FIELDS.items() if c.reader != "xid"]:
         spec = calls.CALL_FIELDS[key]
         reader, error = _working_reader(handle, spec.reader)
         if reader is None:

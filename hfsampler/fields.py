@@ -120,6 +120,10 @@ CATALOGUE: tuple[Field, ...] = (
     # Errors
     Field("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "1", Kind.STATE,
           SLOW, nvml_call="xid"),
+    # every XID event, counted in the sampler process, so a burst between two reads is all in
+    # the next value; expand_xid makes it one series per code (an `xid` label)
+    Field("hfsampler_xid_events_total", "XID events the driver reported since hfsampler started.",
+          "1", Kind.COUNTER, SLOW, nvml_call="xid_count"),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "1",
           Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
     Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "1",
@@ -232,6 +236,32 @@ CATALOGUE: tuple[Field, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+
+# The XID codes hfsampler_xid_events_total has a series for from the start (at 0, so the first
+# event is an increase), from NVIDIA's XID catalogue; any other code counts under "other", and
+# DCGM_FI_DEV_XID_ERRORS still says which it was. 13/31/43/45: application faults; 48, 63, 64,
+# 92, 94, 95: memory (ECC) errors and their page retirement or row remapping; 61/62: internal
+# microcontroller errors; 74: NVLink; 79: fallen off the bus; 119/120: GSP errors.
+XID_CODES: tuple[int, ...] = (13, 31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+XID_OTHER = "other"
+XID_LABELS: tuple[str, ...] = (*(str(c) for c in XID_CODES), XID_OTHER)
+
+
+def expand_xid(fields: Sequence[Field]) -> tuple[Field, ...]:
+    """``fields`` with the XID counter as one field per code of ``XID_LABELS`` (label ``xid``).
+
+    The codes are a fixed list, not something a device is found to have, so the caller expands
+    them before opening a source; unexpanded, the counter is every code's events together.
+    """
+    out: list[Field] = []
+    for f in fields:
+        if f.nvml_call == "xid_count" and not f.labels:
+            out.extend(replace(f, labels=(("xid", x),)) for x in XID_LABELS)
+        else:
+            out.append(f)
+    return tuple(out)
+
+
 _BY_LOWER: dict[str, str] = {name.lower(): name for name in BY_NAME}  # names are case-insensitive
 
 

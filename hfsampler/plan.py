@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler.config import Config, check_intervals
-from hfsampler.fields import Field
+from hfsampler.fields import Field, expand_xid
 from hfsampler.probe import apply_recommendation, probe
 from hfsampler.sampler import GroupPlan
 from hfsampler.sources import Inventory, SourceSpec, open_source
@@ -29,11 +29,12 @@ log = logging.getLogger("hfsampler")
 def discover(spec: SourceSpec, wanted: Sequence[Field]) -> Inventory:
     """Open the source once here to learn the devices and fields, then release it.
 
-    Fields that no GPU supports are left out (the source logs each once).
+    Fields that no GPU supports are left out (the source logs each once). The XID counter is one
+    field per code (``expand_xid``).
     """
     source = open_source(spec)
     try:
-        inventory = source.open(wanted)
+        inventory = source.open(expand_xid(wanted))
     finally:
         source.close()
     keep: npt.NDArray[np.bool_] = np.asarray(inventory.supported.any(axis=0))

@@ -185,6 +185,10 @@ class FakeNvml:
     def handle(self, i: int) -> Any:
         return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + i), pynvml.c_nvmlDevice_t)
 
+    def xid_burst(self, gpu: int, code: int, count: int) -> None:
+        """``count`` XID ``code`` events pending on ``gpu``, after those already pending."""
+        self.gpus[gpu].xids += [code] * count
+
     def gpu_of(self, handle: Any) -> tuple[int, FakeGpu]:
         addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
         i = addr - _HANDLE_BASE

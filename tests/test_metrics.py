@@ -246,3 +246,35 @@ def test_a_statistic_the_window_lacks_is_left_out() -> None:
     assert ("DCGM_FI_DEV_POWER_USAGE_p99", "0") not in values
     assert values[("DCGM_FI_DEV_POWER_USAGE_max", "0")] == 301
     assert values[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "0")] == 5e9
+
+
+def test_xid_counter_per_code_carries_the_gpu_labels_and_its_code() -> None:
+    xids = fields.expand_xid((fields.BY_NAME["hfsampler_xid_events_total"],))
+    inv = SimSource(2).open(xids)
+    assert inv.supported.all()
+    model = MetricModel(inv.devices, {"x": xids}, SelfMetrics(), hostname="node1")
+    c79 = fields.XID_LABELS.index("79")
+    counts = [[0.0] * len(xids), [0.0] * len(xids)]
+    counts[1][c79] = 5.0  # a burst of five XID 79 on gpu 1 within the window
+    snap = model.snapshot({"x": _stats(xids, counts)}, np.array([True, True]), 1)
+    got = _as_dict_xid(snap)
+    assert len(got) == 2 * len(fields.XID_LABELS)  # every code from the start, at 0
+    assert got[("1", "79")] == 5.0
+    assert got[("0", "79")] == 0.0
+    s = next(s for s in snap.series if s.name == "hfsampler_xid_events_total")
+    assert {"UUID", "Hostname", "modelName", "xid"} <= dict(s.labels).keys()
+    # a window without a fresh sample keeps the count: a counter never drops back
+    empty = [[np.nan] * len(xids)] * 2
+    again = _as_dict_xid(model.snapshot({"x": _stats(xids, empty)}, np.array([True, True]), 2))
+    assert again[("1", "79")] == 5.0
+    text = exposition.render(snap)
+    assert "# TYPE hfsampler_xid_events_total counter" in text
+    assert any('xid="79"' in x and x.endswith(" 5") for x in text.splitlines())
+
+
+def _as_dict_xid(snapshot) -> dict[tuple[str, str], float]:  # type: ignore[no-untyped-def]
+    return {
+        (dict(s.labels)["gpu"], dict(s.labels)["xid"]): v
+        for s, v in snapshot.items()
+        if s.name == "hfsampler_xid_events_total"
+    }

@@ -292,6 +292,102 @@ def test_xid_events(fake: FakeNvml, source: NvmlSource) -> None:
     assert values[:, 0].tolist() == [0.0, 79.0, 0.0]  # the last XID stays
 
 
+XID_EVENTS = F.BY_NAME["hfsampler_xid_events_total"]
+
+
+def _xid_column(fields: Sequence[Field], label: str) -> int:
+    return next(k for k, f in enumerate(fields) if f.labels == (("xid", label),))
+
+
+def test_xid_bursts_counted_per_code(fake: FakeNvml, source: NvmlSource) -> None:
+    inv = source.open(F.expand_xid((XID, XID_EVENTS)))
+    opened = inv.fields
+    assert opened[0] is XID
+    assert [dict(f.labels)["xid"] for f in opened[1:]] == list(F.XID_LABELS)
+    assert inv.supported.all()
+    c79, c48, other = (_xid_column(opened, x) for x in ("79", "48", F.XID_OTHER))
+    values, ts = read(source, opened)
+    assert (values[:, 1:] == 0).all()  # every tracked code is there at 0 before its first event
+    assert (ts[:, 1:] == 7_000_000).all()
+    # a burst on two GPUs between two reads: every event is counted, under its own code
+    fake.xid_burst(1, 48, 3)
+    fake.xid_burst(1, 79, 5)
+    fake.xid_burst(1, 200, 2)  # not a tracked code
+    fake.xid_burst(2, 94, 1)
+    values, _ = read(source, opened)
+    assert values[:, 0].tolist() == [0.0, 200.0, 94.0]  # the last code, as before
+    assert values[1, [c48, c79, other]].tolist() == [3.0, 5.0, 2.0]
+    assert values[2, _xid_column(opened, "94")] == 1.0
+    assert values[1].sum() - values[1, 0] == 10.0
+    assert values[0, 1:].sum() == 0.0
+    # cumulative: the next burst adds to what was counted, a read without events keeps it
+    fake.xid_burst(1, 79, 4)
+    read(source, opened)
+    values, _ = read(source, opened)
+    assert values[1, [c48, c79, other]].tolist() == [3.0, 9.0, 2.0]
+
+
+def test_xid_counts_of_a_subset_and_a_lost_gpu(fake: FakeNvml, source: NvmlSource) -> None:
+    opened = source.open(F.expand_xid((XID_EVENTS, POWER))).fields
+    c79 = _xid_column(opened, "79")
+    fake.xid_burst(0, 79, 2)
+    fake.xid_burst(2, 79, 1)
+    only = (opened[c79],)  # a group holding one code's counter still drains every event
+    values, _ = read(source, only)
+    assert values[:, 0].tolist() == [2.0, 0.0, 1.0]
+    fake.gpus[2].lost = True
+    values, ts = read(source, opened)
+    assert not source.gpu_up[2]
+    assert np.isnan(values[2]).all()
+    assert (ts[2] == 0).all()
+    assert values[0, c79] == 2.0
+
+
+def test_xid_bursts_across_two_windows_lose_nothing(fake: FakeNvml, source: NvmlSource) -> None:
+    from hfsampler.ring import RingRows
+    from hfsampler.window import LAST, reduce
+
+    opened = source.open(F.expand_xid((XID_EVENTS,))).fields
+    c79 = _xid_column(opened, "79")
+    rows = []
+    # 20 ticks of 10 ms, two windows of ten; bursts land between ticks, one on the boundary
+    bursts = {3: 4, 9: 2, 10: 5, 17: 1}
+    for tick in range(20):
+        fake.xid_burst(0, 79, bursts.get(tick, 0))
+        rows.append(read(source, opened, now_ns=7_000_000_000 + tick * 10_000_000))
+    values = np.stack([v for v, _ in rows])
+    ts = np.stack([t for _, t in rows])
+    t = 7_000_000_000 + np.arange(20, dtype=np.int64) * 10_000_000
+    lasts = []
+    for w in (slice(0, 10), slice(10, 20)):
+        window = RingRows(t[w], np.zeros(10, dtype=np.int64), values[w], ts[w])
+        lasts.append(reduce(window, opened, int(t[w][0]), int(t[w][-1]) + 1)[LAST][0, c79])
+    assert lasts == [6.0, 12.0]  # the second window's increase is its 6 events
+    assert lasts[1] == sum(bursts.values())
+
+
+def test_xid_counter_unexpanded_counts_every_code(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open((XID_EVENTS,))
+    fake.xid_burst(0, 79, 2)
+    fake.xid_burst(0, 200, 1)
+    values, _ = read(source, (XID_EVENTS,))
+    assert values[:, 0].tolist() == [3.0, 0.0, 0.0]
+
+
+def test_xid_counts_unsupported_without_events(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.missing.add("nvmlEventSetCreate")
+    with caplog.at_level(logging.WARNING):
+        inv = source.open(F.expand_xid((XID_EVENTS, POWER)))
+    told = [r for r in caplog.records if "hfsampler_xid_events_total" in r.getMessage()]
+    assert len(told) == 1  # once, not once per code
+    assert not inv.supported[:, :-1].any()
+    assert inv.supported[:, -1].all()
+    values, _ = read(source, inv.fields)
+    assert np.isnan(values[:, :-1]).all()
+
+
 def test_unopened_field_is_an_error(fake: FakeNvml, source: NvmlSource) -> None:
     source.open((INSTANT,))
     with pytest.raises(SourceError, match="not opened"):

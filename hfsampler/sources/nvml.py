@@ -22,7 +22,7 @@ from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 from hfsampler.sources import nvml_calls as calls
 from hfsampler.sources import nvml_gpm as gpm
-from hfsampler.sources.nvml_xid import XidWatcher
+from hfsampler.sources import nvml_xid as xid
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class _Plan:
     calls: list[list[tuple[str, list[tuple[int, calls.Extract, float]]]]]
     has_xid: bool
     gpm: gpm.GpmPlan | None = None  # the cells read from GPM sample pairs
+    xid_counts: xid.XidCells | None = None  # the per-code XID counts, from the XID watcher
 
 
 class NvmlSource:
@@ -114,7 +115,7 @@ class NvmlSource:
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
-        self._xid: XidWatcher | None = None
+        self._xid: xid.XidWatcher | None = None
         self._gpm: gpm.GpmReader | None = None
         self._open = False
 
@@ -229,8 +230,8 @@ class NvmlSource:
         for c, f in enumerate(fields):
             if f.nvml_field and ids[c] is None:
                 why.setdefault(c, {}).setdefault(f"pynvml lacks {f.nvml_field}", [])
-        if any(f.nvml_call == "xid" for f in fields):
-            self._xid = XidWatcher(self._handles)
+        if any(f.nvml_call in ("xid", "xid_count") for f in fields):
+            self._xid = xid.XidWatcher(self._handles)
         for g, handle in enumerate(self._handles):
             if not self._up[g]:
                 continue
@@ -253,8 +254,9 @@ class NvmlSource:
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
         self._probe_gpm(fields)
+        told: set[str] = set()  # the XID counter is one field per code: tell once for them all
         for c, f in enumerate(fields):
-            if f.gpm_metric or not f.nvml_readable:
+            if f.gpm_metric or not f.nvml_readable or f.name in told:
                 continue  # GPM: _probe_gpm logged it in one line; not NVML's (a Jetson's rails)
             if c in fallback:
                 log.info(
@@ -267,6 +269,7 @@ class NvmlSource:
                 log.warning(
                     "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
                 )
+                told.add(f.name)
 
     def _probe_gpm(self, fields: tuple[Field, ...]) -> None:
         cols = [c for c, f in enumerate(fields) if f.gpm_metric]
@@ -336,7 +339,7 @@ class NvmlSource:
         if isinstance(fields, tuple) and len(self._plan_by_id) < _MAX_PLANS:
             # Keyed by identity so the hot path skips hashing the fields; plan.fields keeps the
             # tuple alive, so the id cannot be reused while the entry exists.
-            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid, plan.gpm)
+            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid, plan.gpm, plan.xid_counts)
             self._plan_by_id[id(fields)] = plan
         return plan
 
@@ -353,16 +356,17 @@ class NvmlSource:
         for g in range(gpus):
             by_reader: dict[str, list[tuple[int, calls.Extract, float]]] = {}
             for k, f in enumerate(fields):
-                if mode[g, k] == _CALL and f.nvml_call:
+                if mode[g, k] == _CALL and f.nvml_call and f.nvml_call != "xid_count":
                     spec = calls.CALL_FIELDS[f.nvml_call]
                     by_reader.setdefault(spec.reader, []).append((k, spec.extract, f.scale))
             per_gpu.append(list(by_reader.items()))
-        has_xid = any(r == "xid" for work in per_gpu for r, _ in work)
+        xid_counts = xid.plan_counts(fields, mode == _CALL)
+        has_xid = xid_counts is not None or any(r == "xid" for work in per_gpu for r, _ in work)
         gpm_cols = [k for k in range(len(fields)) if (mode[:, k] == _GPM).any()]
         gpm_plan = None
         if gpm_cols and self._gpm is not None:
             gpm_plan = self._gpm.plan(fields, gpm_cols, mode[:, gpm_cols] == _GPM)
-        return _Plan(fields, batch, per_gpu, has_xid, gpm_plan)
+        return _Plan(fields, batch, per_gpu, has_xid, gpm_plan, xid_counts)
 
     def _build_batch(
         self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any
@@ -434,6 +438,8 @@ class NvmlSource:
                     if v is not None:
                         values[g, k] = v * scale
                         driver_ts_us[g, k] = now_us
+        if plan.xid_counts is not None and self._xid is not None:
+            xid.fill_counts(self._xid, plan.xid_counts, self._up, values, driver_ts_us, now_us)
 
     def _read_batch(self, b: _Batch, values: FloatArray, driver_ts_us: IntArray) -> None:
         fn, handles, up = self._fn, self._handles, self._up

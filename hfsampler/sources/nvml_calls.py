@@ -268,6 +268,7 @@ CALL_FIELDS: dict[str, CallField] = {
     "util_enc": CallField("encoder", _first),
     "util_dec": CallField("decoder", _first),
     "xid": CallField("xid", _value),  # the reader is the source's event-set poll
+    "xid_count": CallField("xid", _value),  # per code: read from the watcher, not extracted
     "fb_free": CallField("memory", _attr("free")),
     "fb_used": CallField("memory", _attr("used")),
     "fb_reserved": CallField("memory", _attr("reserved")),  # v1 struct has none: unsupported

@@ -1,8 +1,12 @@
-"""XID errors: one NVML event set for every GPU, drained without blocking, last XID per GPU.
+"""XID errors: one NVML event set for every GPU, drained without blocking, last XID and counts.
 
 XIDs arrive as events rather than as a value to read, so the ``xid`` field is the last code each
-GPU reported (0 until one arrives), as dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``. The event
-calls come from ``nvml_calls``, the only module that imports ``pynvml``.
+GPU reported (0 until one arrives), as dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS``, and the
+``xid_count`` fields are how many events of each code (``fields.XID_LABELS``; without a label,
+of every code) it reported since open. The counts are cumulative here, in the sampler process: a
+ring keeps one value per field per tick, so a burst of several events between two reads, or two
+windows, arrives whole as the next value. The event calls come from ``nvml_calls``, the only
+module that imports ``pynvml``.
 """
 
 from __future__ import annotations
@@ -10,9 +14,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from hfsampler.fields import XID_CODES, XID_LABELS, XID_OTHER, Field
+from hfsampler.sources import BoolArray, FloatArray, IntArray
 from hfsampler.sources import nvml_calls as calls
+
+_COLUMN = {c: i for i, c in enumerate(XID_CODES)}
+_OTHER = len(XID_CODES)
+_TOTAL = _OTHER + 1
 
 
 def handle_address(handle: Any) -> int | None:
@@ -22,12 +35,14 @@ def handle_address(handle: Any) -> int | None:
 
 
 class XidWatcher:
-    """Registers every GPU for critical XID events and keeps each one's last code."""
+    """Registers every GPU for critical XID events; keeps each one's last code and counts."""
 
     def __init__(self, handles: Sequence[Any]) -> None:
         self._events: Any = None
         self._gpu_of: dict[int | None, int] = {}
         self.last = [0.0] * len(handles)
+        # [gpu, XID_LABELS and then the total]
+        self.counts: FloatArray = np.zeros((len(handles), len(XID_LABELS) + 1))
         # why a GPU could not be registered (NOT_SUPPORTED until something says otherwise)
         self._failure = calls.NOT_SUPPORTED
         try:
@@ -58,10 +73,55 @@ class XidWatcher:
                 return  # TIMEOUT: nothing pending (other codes: try again next read)
             g = self._gpu_of.get(handle_address(data.device))
             if g is not None and data.eventType & calls.XID_CRITICAL:
-                self.last[g] = float(data.eventData)
+                code = int(data.eventData)
+                self.last[g] = float(code)
+                self.counts[g, _COLUMN.get(code, _OTHER)] += 1.0
+                self.counts[g, _TOTAL] += 1.0
+
+    @staticmethod
+    def column(label: str | None) -> int:
+        """The ``counts`` column of an ``xid`` label of ``fields.XID_LABELS`` (None: the total)."""
+        if label is None:
+            return _TOTAL
+        return _OTHER if label == XID_OTHER else _COLUMN[int(label)]
 
     def close(self) -> None:
         if self._events is not None:
             with contextlib.suppress(calls.NvmlError):
                 calls.free_event_set(self._events)
             self._events = None
+
+
+@dataclass(frozen=True, slots=True)
+class XidCells:
+    """A field tuple's ``xid_count`` cells: which columns, which counts, on which GPUs."""
+
+    cols: IntArray  # columns of ``values``
+    counts: IntArray  # the matching ``XidWatcher.counts`` columns
+    mask: BoolArray  # [gpu, cols]: cells the GPU reports
+
+
+def plan_counts(fields: Sequence[Field], mask: BoolArray) -> XidCells | None:
+    """The ``xid_count`` cells of ``fields``; ``mask[gpu, field]``: read by the XID watcher."""
+    cols = [k for k, f in enumerate(fields) if f.nvml_call == "xid_count"]
+    if not cols:
+        return None
+    return XidCells(
+        np.array(cols, dtype=np.int64),
+        np.array([XidWatcher.column(dict(fields[k].labels).get("xid")) for k in cols], np.int64),
+        mask[:, cols],
+    )
+
+
+def fill_counts(
+    watcher: XidWatcher,
+    cells: XidCells,
+    up: BoolArray,
+    values: FloatArray,
+    driver_ts_us: IntArray,
+    now_us: int,
+) -> None:
+    """Write the cumulative counts into ``values`` (NaN for a GPU that is down or unsupported)."""
+    ok = cells.mask & up[:, None]
+    values[:, cells.cols] = np.where(ok, watcher.counts[:, cells.counts], np.nan)
+    driver_ts_us[:, cells.cols] = np.where(ok, now_us, 0)

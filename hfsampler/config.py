@@ -24,6 +24,7 @@ from hfsampler.metrics import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
 from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
+    check_unique_names,
     endpoint_from_url,
     parse_remote_write,
     parse_size,
@@ -203,6 +204,7 @@ class Config:
                 raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
             _check_utf8(self.instance, "instance")
         # unknown names fail here, at load time, and so does a field no group samples
+        check_unique_names(self.remote_write)  # also across --remote-write URLs
         check_intervals(self.selected_fields(), self.intervals_s)
 
     def warnings(self) -> list[str]:

@@ -33,6 +33,7 @@ from hfsampler.plan import plan_groups
 from hfsampler.reload import plan_reload
 from hfsampler.remote_write import EndpointConfig, RemoteWriter
 from hfsampler.remote_write.dirlock import DirLock
+from hfsampler.remote_write.sender import orphan_spools
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
@@ -85,6 +86,8 @@ class Service:
         self._writers = [self._writer(ep) for ep in config.remote_write]
         self._loader = loader
         self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
+        self._held: dict[str, list[Snapshot]] = {}
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
         self._sampler: Sampler | None = None
         self._groups: list[_Group] = []
@@ -108,18 +111,45 @@ class Service:
             instance_port=config.instance_port,
         )
 
+    def _warn_orphan_spools(self) -> None:
+        if self._queue_dir is None:
+            return
+        for name, size in orphan_spools(self._queue_dir, self.config.remote_write):
+            log.warning(
+                "queue_dir %s: %d bytes are spooled for an endpoint named %r that is not "
+                "configured (removed, or renamed; an unnamed one is named by its URL's hash): "
+                "nothing sends them; configure it again with that name, or delete %s",
+                self._queue_dir,
+                size,
+                name,
+                self._queue_dir / name,
+            )
+
     def _writer(self, endpoint: EndpointConfig) -> RemoteWriter:
         # the model's families from the start: a spool replayed before the first window goes
         # out as 2.0 with its series' metadata
         return RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families)
 
     def request_reload(self) -> None:
-        """SIGHUP: load the configuration again and apply it (one reload at a time)."""
+        """SIGHUP: load the configuration again and apply it; one during a reload runs after it."""
         if self._loader is None:
             log.warning("SIGHUP: this run has no configuration to reload; ignored")
             return
-        if self._reloading is None or self._reloading.done():
-            self._reloading = asyncio.get_running_loop().create_task(self._reload(self._loader))
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self._reload_all(self._loader))
+
+    async def _reload_all(self, loader: Callable[[], Config]) -> None:
+        while True:
+            self._reload_again = False
+            try:
+                await self._reload(loader)
+            except Exception as err:  # never a traceback from a reload, and never half applied
+                log.error("configuration reload failed, the running one stays: %s", err)
+                self.metrics.set(sm.CONFIG_RELOAD_OK, 0.0)
+            if not self._reload_again:
+                return
 
     async def _reload(self, loader: Callable[[], Config]) -> None:
         loop = asyncio.get_running_loop()
@@ -137,23 +167,49 @@ class Service:
                 ", ".join(plan.needs_restart),
             )
         stopping = {ep.remote_name for ep in plan.stop}
+        restarting = stopping & {ep.remote_name for ep in plan.start}
         leaving = [w for w in self._writers if w.config.remote_name in stopping]
         self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
-        if plan.labels_changed:
-            # the old series end here, the new ones start with the next window
-            final = self.model.final_snapshot(self._clock_ns())
-            for w in [*self._writers, *leaving]:
-                w.push(final)
-            self.model = self._build_model(plan.config)
-        # a changed endpoint's queue is flushed (or stays spooled, its shards unlocked) before
-        # its new writer opens the same spool
-        await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in leaving))
-        started = [self._writer(ep) for ep in plan.start]
-        for w in started:
-            await w.start()
-        self._writers += started
+        # windows made while a changed endpoint's writer is replaced wait for the new one
+        self._held = {name: [] for name in restarting}
+        try:
+            if plan.labels_changed:
+                # the old series end here, the new ones start with the next window
+                final = self.model.final_snapshot(self._clock_ns())
+                for w in [*self._writers, *leaving]:
+                    w.push(final)
+                self.model = self._build_model(plan.config)
+            # a spooled queue stays on disk for the new writer (which opens the same spool once
+            # the old one has let go of it); a memory queue is flushed for a while first
+            await asyncio.gather(
+                *(
+                    w.close(0.0 if self._queue_dir else FLUSH_DEADLINE_S, drop_reason="reload")
+                    for w in leaving
+                )
+            )
+            started: list[RemoteWriter] = []
+            try:
+                for ep in plan.start:
+                    w = self._writer(ep)
+                    started.append(w)
+                    await w.start()
+            except Exception:
+                await asyncio.gather(*(w.close(0.0, drop_reason="reload") for w in started))
+                # put the endpoints back as they ran: the old configuration stays in force
+                for w in leaving:
+                    back = self._writer(w.config)
+                    await back.start()
+                    self._writers.append(back)
+                raise
+            for w in started:
+                for snapshot in self._held.get(w.config.remote_name, ()):
+                    w.push(snapshot)
+            self._writers += started
+        finally:
+            self._held = {}
         self.config = plan.config
         logs.set_level(plan.config.log_level)
+        self._warn_orphan_spools()
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
         self.metrics.set(sm.CONFIG_RELOAD_TIME, time.time())
         log.info(
@@ -167,6 +223,7 @@ class Service:
         """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""
         for warning in self.config.warnings():
             log.warning("%s", warning)
+        self._warn_orphan_spools()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -262,6 +319,8 @@ class Service:
         self.windows += 1
         for w in self._writers:
             w.push(snapshot)
+        for held in self._held.values():  # endpoints being replaced by a reload
+            held.append(snapshot)
         if self.out is not None:
             self.out.write(status_line(self.inventory, stats, t1) + "\n")
             self.out.flush()
@@ -315,6 +374,10 @@ class Service:
         return web.Response(status=200 if ok else 503, text="ok\n" if ok else "sampler down\n")
 
     async def _shutdown(self, runner: web.AppRunner | None) -> None:
+        if self._reloading is not None and not self._reloading.done():
+            # let a reload finish (bounded by its flush deadline) so no endpoint is half replaced
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._reloading), FLUSH_DEADLINE_S * 2)
         if self._labeller is not None:
             self._labeller.close()
         if self._writers:

@@ -316,3 +316,14 @@ def test_proxy_and_max_disk_bytes() -> None:
     assert err.key == "remote_write[0].queue_config.max_disk_bytes"
     err = error("remote_write:\n  - url: http://a/\n    queue_config: {max_disk_bytes: lots}\n")
     assert "not a size" in err.problem
+
+
+def test_endpoints_that_would_share_a_spool_or_an_authorization_are_refused() -> None:
+    err = error(
+        "remote_write:\n  - url: http://a/\n    name: a/b\n  - url: http://b/\n    name: a_b\n"
+    )
+    assert err.key == "remote_write[1].name"
+    assert "spool directory 'a_b'" in str(err)
+    err = error("remote_write:\n  - url: http://u:p@a/\n    bearer_token: t0k3n-xyz\n")
+    assert err.key == "remote_write[0].url"
+    assert "t0k3n-xyz" not in str(err)

@@ -11,7 +11,7 @@ import contextlib
 import difflib
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -289,6 +289,15 @@ class EndpointConfig:
             raise ConfigError(
                 "flavor", f"unknown flavor {self.flavor!r}", "one of " + ", ".join(FLAVORS)
             )
+        userinfo = False
+        with contextlib.suppress(ValueError):  # _check_url has said what is wrong with it
+            userinfo = urlsplit(self.url).username is not None
+        if userinfo and self.auth is not None:
+            raise ConfigError(
+                "url",
+                f"carries a user and password and {self.auth.kind} is set too",
+                "keep one: the URL's user:password or the auth block",
+            )
         if self.proxy_url:
             try:
                 _check_url(self.proxy_url)
@@ -312,6 +321,11 @@ class EndpointConfig:
     def display_url(self) -> str:
         """The URL without credentials, for logs, errors and metric labels."""
         return redact_url(self.url)
+
+    @property
+    def spool_name(self) -> str:
+        """The directory under ``queue_dir`` this endpoint's spool lives in (a file name)."""
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", self.remote_name)[:64]
 
     @property
     def remote_name(self) -> str:
@@ -360,16 +374,31 @@ def parse_remote_write(entries: object, key: str = "remote_write") -> tuple[Endp
     if not isinstance(entries, list):
         raise ConfigError(key, "must be a list of endpoints", "start each endpoint with '- url:'")
     out = [_parse_endpoint(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
+    check_unique_names(out, key)
+    return tuple(out)
+
+
+def check_unique_names(endpoints: Sequence[EndpointConfig], key: str = "remote_write") -> None:
+    """Every endpoint has its own name and its own spool directory (``a/b`` and ``a_b`` would
+    share one)."""
     seen: dict[str, int] = {}
-    for i, ep in enumerate(out):
+    spools: dict[str, int] = {}
+    for i, ep in enumerate(endpoints):
         if ep.remote_name in seen:
             raise ConfigError(
                 f"{key}[{i}].name",
                 f"{ep.remote_name!r} is already used by {key}[{seen[ep.remote_name]}]",
                 "give every endpoint a unique name",
             )
+        if ep.spool_name in spools:
+            raise ConfigError(
+                f"{key}[{i}].name",
+                f"{ep.remote_name!r} would share the spool directory {ep.spool_name!r} with "
+                f"{key}[{spools[ep.spool_name]}]",
+                "names differ in more than characters other than letters, digits, . _ -",
+            )
         seen[ep.remote_name] = i
-    return tuple(out)
+        spools[ep.spool_name] = i
 
 
 def _check_keys(

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -76,8 +76,22 @@ _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remo
 
 def spool_dir(queue_dir: Path, config: EndpointConfig) -> Path:
     """Where an endpoint's segments live: stable across restarts, safe as a file name."""
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", config.remote_name)[:64]
-    return queue_dir / safe
+    return queue_dir / config.spool_name
+
+
+def orphan_spools(queue_dir: Path, endpoints: Sequence[EndpointConfig]) -> list[tuple[str, int]]:
+    """Spool directories with segments that no configured endpoint reads, with their bytes: an
+    endpoint removed or renamed (an unnamed one is named by its URL's hash)."""
+    mine = {ep.spool_name for ep in endpoints}
+    out: list[tuple[str, int]] = []
+    if not queue_dir.is_dir():
+        return out
+    for d in sorted(queue_dir.iterdir()):
+        if d.is_dir() and d.name not in mine:
+            size = sum(f.stat().st_size for f in d.rglob("*.seg"))
+            if size:
+                out.append((d.name, size))
+    return out
 
 
 @dataclass(slots=True)
@@ -259,9 +273,14 @@ class RemoteWriter:
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
 
     async def close(
-        self, deadline_s: float, stop: asyncio.Event | None = None, grace_s: float = 0.0
+        self,
+        deadline_s: float,
+        stop: asyncio.Event | None = None,
+        grace_s: float = 0.0,
+        drop_reason: str = "shutdown",
     ) -> None:
-        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped.
+        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped
+        (``drop_reason``: ``shutdown``, or ``reload`` for an endpoint a reload replaced).
 
         Once ``stop`` is set (Ctrl-C during a long flush) at most ``grace_s`` more is waited."""
         self._closed = True
@@ -288,12 +307,13 @@ class RemoteWriter:
         self._inflight = [None] * self._n_shards
         if left:
             log.warning(
-                "remote write %s (%s): dropping %d samples not sent before shutdown",
+                "remote write %s (%s): dropping %d samples not sent before %s",
                 self.config.remote_name,
                 self.config.display_url,
                 left,
+                drop_reason,
             )
-            self._drop(left, "shutdown")
+            self._drop(left, drop_reason)
         self._metrics.set(QUEUE_SAMPLES, 0, self._labels)
         if self.disk_bytes():
             log.info(

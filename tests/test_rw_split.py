@@ -168,7 +168,7 @@ async def test_a_receiver_refusing_everything_as_too_large_costs_one_line_per_ba
     assert metrics.total(SAMPLES) == 0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) <= 3, [r.getMessage() for r in errors]  # one per batch, not per series
-    counts = [re.search(r"refused (\d+) series", r.getMessage()) for r in errors]
+    counts = [re.search(r"refused \d+ series \((\d+) samples\)", r.getMessage()) for r in errors]
     assert sum(int(m.group(1)) for m in counts if m) == 60
     assert len(rx.received) <= 3 * (2 * 20 + 2)
 
@@ -193,3 +193,19 @@ async def test_shutdown_during_a_split_batch_counts_each_sample_once() -> None:
     assert counted + metrics.get(DROPPED, labels_of(cfg, reason="shutdown")) == SERIES * WINDOWS
     # the request cut off by the shutdown may have reached the receiver, unanswered
     assert counted <= sent <= counted + SERIES
+
+
+async def test_a_backlog_batch_carries_each_series_once() -> None:
+    """Windows queued while a receiver was away go as one TimeSeries per series, not per window."""
+    async with Receiver() as rx:
+        queue = replace(FAST, max_samples_per_send=SERIES * WINDOWS, batch_send_deadline_s=0.5)
+        cfg = EndpointConfig(rx.url, name="t", queue=queue)
+        m = await push_windows(cfg, rx)
+    assert m.total(DROPPED) == 0
+    for r in rx.received:
+        uuids = [
+            next(lb.value for lb in ts.labels if lb.name == "UUID") for ts in r.request.timeseries
+        ]
+        assert len(uuids) == len(set(uuids)), "a series came twice in one request"
+    assert max(len(ts.samples) for r in rx.received for ts in r.request.timeseries) == WINDOWS
+    assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))

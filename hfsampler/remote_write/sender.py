@@ -373,8 +373,9 @@ class RemoteWriter:
             )
 
     def _requests(self, parts: list[bytes], samples: int) -> list[_Request]:
-        """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed."""
-        raw = b"".join(parts)
+        """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed, each
+        series' samples in one ``TimeSeries``."""
+        raw = b"".join(parts) if len(parts) == 1 else wire.merge_series(b"".join(parts))
         chunks = wire.split(raw, self._request_limit)
         v2 = self._v2 if self._negotiation.v2 else None
         if len(chunks) == 1:

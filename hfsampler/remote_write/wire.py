@@ -155,3 +155,36 @@ def _label_name(label: bytes) -> bytes:
         if f.number == _LABEL_NAME and f.wire_type == 2:
             return label[f.payload : f.end]
     return b""
+
+
+def merge_series(raw: bytes) -> bytes:
+    """The request with each series' ``TimeSeries`` entries (one per block it came in) joined
+    into one, samples in the order they came; other entries kept after them.
+
+    Blocks are encoded per window, so a batch of several windows would carry every label set
+    once per window; joined, a backlog is as small as one request of many samples per series.
+    Assumes hfsampler's own layout: a ``TimeSeries`` holds its labels first, then its samples.
+    """
+    by_labels: dict[bytes, list[bytes]] = {}
+    other: list[bytes] = []
+    for f in fields(raw):
+        if not _is_series(f):
+            other.append(raw[f.start : f.end])
+            continue
+        pos = f.payload
+        while pos < f.end and raw[pos] == 0x0A:  # the Label fields
+            length, pos = _varint_at(raw, pos + 1)
+            pos += length
+        samples = raw[pos : f.end]
+        parts = by_labels.get(raw[f.payload : pos])
+        if parts is None:
+            by_labels[raw[f.payload : pos]] = [samples]
+        else:
+            parts.append(samples)
+    if len(by_labels) + len(other) == sum(1 for _ in fields(raw)):
+        return raw  # every series came once: nothing to join
+    out = []
+    for labels, parts in by_labels.items():
+        body = labels + b"".join(parts)
+        out.append(_TIMESERIES_TAG + varint(len(body)) + body)
+    return b"".join(out) + b"".join(other)

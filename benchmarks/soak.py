@@ -41,7 +41,7 @@ from hfsampler.remote_write.prompb import remote_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 SERIES = "DCGM_FI_DEV_POWER_USAGE_max"
-GPUS = 4
+GPUS = 8
 ODD_RETRY_AFTER = ["0", "-5", "1e20", "999999", "Wed, 21 Oct 2015 07:28:00 GMT", "soon", "2"]
 # (mode, seconds) repeated until the time is up; "kill" and "hup" act on hfsampler at once
 SCHEDULE = [
@@ -147,6 +147,19 @@ def scrape_drops(port: int) -> dict[str, float]:
     return out
 
 
+def write_config(path: Path, queue: Path, port: int, remote_timeout: str) -> None:
+    # a disk bound the outages fill: 256 KiB holds about 20 s of GPUS sim GPUs' windows
+    path.write_text(json.dumps({
+        "queue_dir": str(queue),
+        "remote_write": [{
+            "url": f"http://127.0.0.1:{port}/api/v1/write", "name": "edge",
+            "remote_timeout": remote_timeout,
+            "queue_config": {"max_disk_bytes": "256KiB", "max_backoff": "2s",
+                             "max_retry_after": "5s"},
+        }],
+    }))  # fmt: skip
+
+
 def start(config: Path, listen: int, log: Path) -> Run:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", str(GPUS),
@@ -177,15 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.01)
     receiver.call(receiver.open())
     config = work / "hfsampler.yml"
-    config.write_text(json.dumps({
-        "queue_dir": str(queue),
-        "remote_write": [{
-            "url": f"http://127.0.0.1:{receiver.port}/api/v1/write", "name": "edge",
-            "remote_timeout": "3s",
-            "queue_config": {"max_disk_bytes": "1MiB", "max_backoff": "2s",
-                             "max_retry_after": "5s"},
-        }],
-    }))  # fmt: skip
+    write_config(config, queue, receiver.port, "3s")
+    reloads = 0
     listen = free_port()
     log = work / "hfsampler.log"
     runs = [start(config, listen, log)]
@@ -205,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(start(config, listen, log))
                 continue
             if mode == "hup":
+                # a real change: the endpoint is replaced (its spool handed to the new writer)
+                reloads += 1
+                write_config(config, queue, receiver.port, f"{3 + reloads % 2}s")
                 runs[-1].proc.send_signal(signal.SIGHUP)
                 continue
             was_down = receiver.mode == "down"
@@ -284,6 +293,7 @@ def account(
         "log_lines": text.count("\n"),
         "tracebacks_in_log": text.count("Traceback"),
         "schedule": [m for _, m in timeline],
+        "reloads_applied": text.count("configuration reloaded"),
     }
 
 

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import snappy
 
@@ -51,6 +51,7 @@ METRIC_TYPES: Mapping[str, int] = {
     "stateset": 7,
 }
 
+_T = TypeVar("_T")
 _pack_double = struct.Struct("<d").pack
 _UINT64 = 1 << 64
 
@@ -239,9 +240,21 @@ class Block:
 
     async def data(self) -> bytes:
         """The block's bytes, waiting for the encoding thread if it is not done yet."""
-        if self.encoded.done():
-            return self.encoded.result()
-        return await asyncio.wrap_future(self.encoded)
+        return await wait_done(self.encoded)
+
+
+async def wait_done(future: Future[_T]) -> _T:
+    """A thread's result, awaited by polling rather than through ``call_soon_threadsafe``.
+
+    Under uvloop a wakeup from another thread was now and then lost in long test runs (a shard
+    waited forever for a block encoded long before); an encode takes about a millisecond, so a
+    few short sleeps cost nothing and cannot be missed.
+    """
+    delay = 0.0002
+    while not future.done():
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.005)
+    return future.result()
 
 
 class BlockEncoder:

@@ -26,6 +26,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,7 +37,7 @@ from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, Requ
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
-from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress
+from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress, wait_done
 from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
@@ -66,6 +67,8 @@ PARTIAL_WRITES = sm.RW_PARTIAL_WRITES
 
 # Above this many samples a batch is concatenated and compressed in a thread, off the event loop.
 EXECUTOR_THRESHOLD_SAMPLES = 10_000
+# Threads for concatenating, cutting, compressing and 2.0-encoding large batches.
+_CPU = ThreadPoolExecutor(4, thread_name_prefix="rw-cpu")
 # Above this many bytes a 413's halves are compressed in a thread.
 EXECUTOR_THRESHOLD_BYTES = 1 << 20
 # After a fallback from 2.0, how long an endpoint stays on 1.0 before 2.0 is tried again.
@@ -350,7 +353,7 @@ class RemoteWriter:
     async def _off_loop(self, work: Callable[[], _T], large: bool) -> _T:
         if not large:
             return work()
-        return await asyncio.get_running_loop().run_in_executor(None, work)
+        return await wait_done(_CPU.submit(work))
 
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch

@@ -58,6 +58,9 @@ class SourceSpec:
     dcgm_host: str = "localhost"  # dcgm: the host engine
     dcgm_interval_s: float = 0.1  # dcgm: how often DCGM samples the watched fields
     jetson_root: str = "/"  # jetson: where /sys, /proc and /etc are (another root: tests only)
+    # sim: (field name, seconds) a read that includes the field takes, asleep with the GIL
+    # released as in a slow NVML query; for tests and benchmarks of slow reads
+    sim_read_cost_s: tuple[tuple[str, float], ...] = ()
 
 
 class Source(Protocol):
@@ -98,7 +101,7 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "sim":
         from hfsampler.sources.sim import SimSource
 
-        return SimSource(gpus=spec.gpus, seed=spec.seed)
+        return SimSource(gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s))
     if spec.kind == "nvml":
         from hfsampler.sources.nvml import NvmlSource
 

@@ -4,14 +4,21 @@ Every gauge is a pure function of (seed, gpu, field, time), so a test can recomp
 any window: a baseline, hash-based noise, transient power spikes of a few milliseconds, a slow
 framebuffer leak (a sawtooth), and throttling episodes during which the SM clock drops, power is
 capped and the SW power-cap reason bit is set. Counters (energy, violation time, NVLink) integrate
-the gauges from the moment the source is opened. Each field refreshes on its own period, and the
-driver timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+the gauges from a field set's first read. Each field refreshes on its own period, and the driver
+timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+
+Reads of different field sets may run at once on different threads (the sampler's two lanes):
+each field set keeps its own precomputed rows and counters, and what the sets share (the plans)
+is only ever added to, whole. A field may be given a read cost (``read_cost_s``): a read that
+includes it sleeps that long with the GIL released, as a slow NVML query (ECC counts, retired
+pages) waits in the driver.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,6 +144,7 @@ class _Plan:
     refresh_ns: IntArray
     shaped: tuple[tuple[int, str], ...]  # columns with their own shape (spikes, leak, throttle)
     counters: tuple[tuple[int, str], ...]
+    cost_s: float  # what one read of these fields takes in the "driver" (slept, GIL released)
 
 
 _SHAPED = frozenset(
@@ -168,6 +176,7 @@ _COUNTER_NAMES = frozenset(
 _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
 _BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
 _FREQUENT_MS = 5
+_MAX_READERS = 64  # tuples cached by identity: a caller making one per read must not grow it
 
 
 @dataclass(slots=True)
@@ -180,21 +189,33 @@ class _Block:
     last_ms: int
 
 
+@dataclass(slots=True)
+class _Reader:
+    """One field set's own state: its plan, precomputed rows and counters (one thread reads it)."""
+
+    fields: Sequence[Field] | None  # the tuple this reader is cached for by identity
+    plan: _Plan
+    block: _Block | None = None
+    counters: dict[str, FloatArray] | None = None
+    last_ns: int = 0
+
+
 class SimSource:
     """N synthetic GPUs whose every reading, and every spike, is known in advance."""
 
-    def __init__(self, gpus: int = 2, seed: int = 0) -> None:
+    def __init__(
+        self, gpus: int = 2, seed: int = 0, read_cost_s: Mapping[str, float] | None = None
+    ) -> None:
         if gpus < 1:
             raise ValueError("the sim source needs at least one GPU")
         self.gpus = gpus
         self.seed = seed
+        self._read_cost_s = dict(read_cost_s or {})
         self._gpu_ids = np.arange(gpus, dtype=np.int64)
         self._up = np.ones(gpus, dtype=np.bool_)
-        self._last_ns: int | None = None
-        self._counters: dict[str, FloatArray] = {}
         self._plans: dict[tuple[str, ...], _Plan] = {}
-        self._blocks: dict[int, _Block] = {}
-        self._plans_by_id: dict[int, tuple[Sequence[Field], _Plan]] = {}
+        self._readers_by_id: dict[int, _Reader] = {}  # the sampler's tuples, by identity
+        self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -221,29 +242,27 @@ class SimSource:
         driver_ts_us: IntArray,
         now_ns: int,
     ) -> None:
-        by_id = self._plans_by_id.get(id(fields))
-        if by_id is not None and by_id[0] is fields:
-            plan = by_id[1]  # the sampler passes the same tuple every tick: skip the names
-        else:
-            plan = self._plan(tuple(f.name for f in fields))
-            if isinstance(fields, tuple):
-                self._plans_by_id[id(fields)] = (fields, plan)
+        reader = self._readers_by_id.get(id(fields))
+        if reader is None or reader.fields is not fields:
+            reader = self._reader(fields)  # the sampler passes the same tuple every tick
+        plan = reader.plan
+        if plan.cost_s:
+            time.sleep(plan.cost_s)
         # Every refresh period is a whole number of milliseconds, so a read is that millisecond's
         # row; a frequent reader gets a block of rows computed in one vectorised call.
         ms = now_ns // 1_000_000
-        block = self._blocks.get(id(plan))
+        block = reader.block
         if block is None or not block.start_ms <= ms < block.start_ms + len(block.values):
             frequent = block is not None and 0 <= ms - block.last_ms <= _FREQUENT_MS
-            block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
-            self._blocks[id(plan)] = block
+            block = reader.block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
         block.last_ms = ms
         row = ms - block.start_ms
         values[:] = block.values[row]
         driver_ts_us[:] = block.driver_ts_us[row]
         if plan.counters:
-            self._advance_counters(now_ns)
+            counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
-                values[:, j] = self._counters[name]
+                values[:, j] = counters[name]
         values[~self._up, :] = np.nan
 
     @property
@@ -251,7 +270,8 @@ class SimSource:
         return self._up
 
     def close(self) -> None:
-        self._last_ns = None
+        self._readers_by_id.clear()  # counters start over on the next read
+        self._readers.clear()
 
     # -- ground truth ----------------------------------------------------------------------------
 
@@ -293,6 +313,19 @@ class SimSource:
 
     # -- the signals -----------------------------------------------------------------------------
 
+    def _reader(self, fields: Sequence[Field]) -> _Reader:
+        names = tuple(f.name for f in fields)
+        if not isinstance(fields, tuple) or len(self._readers_by_id) >= _MAX_READERS:
+            reader = self._readers.get(names)
+            if reader is None:
+                reader = self._readers[names] = _Reader(None, self._plan(names))
+            return reader
+        # Keyed by identity, so the hot path skips the names; the reader keeps the tuple alive,
+        # so its id cannot be reused while the entry exists.
+        reader = _Reader(fields, self._plan(names))
+        self._readers_by_id[id(fields)] = reader
+        return reader
+
     def _plan(self, names: tuple[str, ...]) -> _Plan:
         plan = self._plans.get(names)
         if plan is None:
@@ -304,8 +337,9 @@ class SimSource:
                 refresh_ns=np.array([p.refresh_ns for p in profiles], dtype=np.int64),
                 shaped=tuple((j, n) for j, n in enumerate(names) if n in _SHAPED),
                 counters=tuple((j, n) for j, n in enumerate(names) if n in _COUNTER_NAMES),
+                cost_s=sum(self._read_cost_s.get(n, 0.0) for n in names),
             )
-            self._plans[names] = plan
+            self._plans[names] = plan  # two threads making the same plan: either one is kept
         return plan
 
     def _block(self, plan: _Plan, ms: int, rows: int) -> _Block:
@@ -380,20 +414,31 @@ class SimSource:
         length = 200_000_000 + (_unit(self.seed, g, bucket, 13) * 600_000_000).astype(np.int64)
         return start, np.where(exists, start + length, start), exists.astype(np.float64)
 
-    def _advance_counters(self, now_ns: int) -> None:
-        if self._last_ns is None:
-            self._last_ns = now_ns
-            self._counters = {name: np.zeros(self.gpus) for name in _COUNTER_NAMES}
-            self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += 1.0e9 + self._gpu_ids * 1e7
-            return
-        dt_ns = now_ns - self._last_ns
+    def _advance_counters(self, reader: _Reader, now_ns: int) -> dict[str, FloatArray]:
+        """The reader's counters at ``now_ns``: zero (energy: an offset) at its first read."""
+        counters = reader.counters
+        if counters is None:
+            reader.last_ns = now_ns
+            counters = reader.counters = {
+                name: np.zeros(self.gpus) for _, name in reader.plan.counters
+            }
+            energy = counters.get("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+            if energy is not None:
+                energy += 1.0e9 + self._gpu_ids * 1e7
+            return counters
+        dt_ns = now_ns - reader.last_ns
         if dt_ns <= 0:
-            return
-        self._last_ns = now_ns
+            return counters
+        reader.last_ns = now_ns
         t = np.full(self.gpus, now_ns, dtype=np.int64)
-        power_w = self.value_at("DCGM_FI_DEV_POWER_USAGE", t)
-        self._counters["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] += power_w * dt_ns / 1e6  # mJ
-        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
-        self._counters["DCGM_FI_DEV_POWER_VIOLATION"] += np.where(throttled, dt_ns / 1e3, 0.0)
+        energy = counters.get("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        if energy is not None:
+            energy += self.value_at("DCGM_FI_DEV_POWER_USAGE", t) * dt_ns / 1e6  # mJ
+        violation = counters.get("DCGM_FI_DEV_POWER_VIOLATION")
+        if violation is not None:
+            throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
+            violation += np.where(throttled, dt_ns / 1e3, 0.0)
         for name, rate in _COUNTER_RATES.items():
-            self._counters[name] += rate * dt_ns / 1e9
+            if name in counters:
+                counters[name] += rate * dt_ns / 1e9
+        return counters

@@ -8,10 +8,10 @@ the gauges from a field set's first read. Each field refreshes on its own period
 timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
-each field set keeps its own precomputed rows and counters, and what the sets share (the plans)
-is only ever added to, whole. A field may be given a read cost (``read_cost_s``): a read that
-includes it sleeps that long with the GIL released, as a slow NVML query (ECC counts, retired
-pages) waits in the driver.
+each field set keeps its own precomputed rows and counters, and what the sets share (the plans,
+the tables of spikes and throttling episodes per time bucket) is only ever added to, whole. A
+field may be given a read cost (``read_cost_s``): a read that includes it sleeps that long with
+the GIL released, as a slow NVML query (ECC counts, retired pages) waits in the driver.
 """
 
 from __future__ import annotations
@@ -177,6 +177,8 @@ _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
 _BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
 _FREQUENT_MS = 5
 _MAX_READERS = 64  # tuples cached by identity: a caller making one per read must not grow it
+_EVENT_BUCKETS_MAX = 64  # buckets one event table spans; wider asks are computed directly
+_EVENT_TABLES_MAX = 256  # tables kept before the cache starts over
 
 
 @dataclass(slots=True)
@@ -200,6 +202,10 @@ class _Reader:
     last_ns: int = 0
 
 
+# per (gpu, bucket) of one kind of event, raveled gpu-major: start, end, peak
+_EventTable = tuple[IntArray, IntArray, FloatArray]
+
+
 class SimSource:
     """N synthetic GPUs whose every reading, and every spike, is known in advance."""
 
@@ -212,10 +218,11 @@ class SimSource:
         self.seed = seed
         self._read_cost_s = dict(read_cost_s or {})
         self._gpu_ids = np.arange(gpus, dtype=np.int64)
-        self._up = np.ones(gpus, dtype=np.bool_)
+        self._up = np.ones(gpus, dtype=np.bool_)  # a sim GPU is never lost
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self._readers_by_id: dict[int, _Reader] = {}  # the sampler's tuples, by identity
         self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
+        self._events: dict[tuple[str, int, int], _EventTable] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -263,7 +270,6 @@ class SimSource:
             counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
                 values[:, j] = counters[name]
-        values[~self._up, :] = np.nan
 
     @property
     def gpu_up(self) -> BoolArray:
@@ -392,10 +398,37 @@ class SimSource:
     ) -> tuple[npt.NDArray[np.bool_], FloatArray, IntArray]:
         """Whether each t is inside its bucket's event, the event's peak, and t - event start."""
         bucket = t // bucket_ns
-        params = self._spike_params if kind == "spike" else self._throttle_params
-        start, end, peak = params(g, bucket)
+        start, end, peak = self._event_params(kind, g, bucket)
         rel: IntArray = (t - start).astype(np.int64)
         return (t >= start) & (t < end), peak.astype(np.float64), rel
+
+    def _event_params(
+        self, kind: str, g: IntArray, bucket: IntArray
+    ) -> tuple[IntArray, IntArray, FloatArray]:
+        """Each (gpu, bucket)'s event, from a table per span of buckets computed once.
+
+        Buckets are 1 s (spikes) or 10 s (throttling) long: the rows a read needs seldom span
+        more than one, so a table of every GPU's events there is a few entries, looked up
+        instead of hashed for every row and field. The same numbers as ``params(g, bucket)``.
+        """
+        params = self._spike_params if kind == "spike" else self._throttle_params
+        if not bucket.size or not g.size:
+            return params(g, bucket)
+        lo, hi = int(bucket.min()), int(bucket.max())
+        if hi - lo >= _EVENT_BUCKETS_MAX or int(g.min()) < 0 or int(g.max()) >= self.gpus:
+            return params(g, bucket)
+        key = (kind, lo, hi)
+        table = self._events.get(key)
+        if table is None:
+            width = hi - lo + 1
+            gpu = np.repeat(self._gpu_ids, width)
+            table = params(gpu, np.tile(np.arange(lo, hi + 1, dtype=np.int64), self.gpus))
+            if len(self._events) >= _EVENT_TABLES_MAX:
+                self._events.clear()
+            self._events[key] = table  # whole, once made: another thread sees it or none
+        at = g * (hi - lo + 1) + (bucket - lo)
+        start, end, peak = table
+        return start[at], end[at], peak[at]
 
     def _spike_params(self, g: IntArray, bucket: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
         exists = _unit(self.seed, g, bucket, 1) < _SPIKE_PROBABILITY

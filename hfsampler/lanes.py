@@ -2,7 +2,8 @@
 
 A read that takes long (an ECC or retired-pages query, a GPM sample pair, an XID event wait) must
 never delay a millisecond tick, so the fastest group (normally ``fast``, 1 ms) has the process's
-main thread to itself: its deadline loop does one read, one ring row and a few counters per tick.
+main thread to itself: its deadline loop does one read, one ring row and a few counters per tick
+(repeats are marked by the rings' readers; GPUs up and the heartbeat every 16 ticks).
 Every other group runs on the slow lane, a second thread with its own deadlines, its own rings
 (one writer per ring, as before) and its own status slots. NVML's calls go through ctypes, which
 releases the GIL, so while the slow lane waits in a slow call the fast lane runs; the slow lane's
@@ -172,19 +173,16 @@ def _fast_lane(
     threshold_ns: int,
     slow: _SlowLane | None,
 ) -> None:
-    """One group's deadline loop: sleep, read, drop repeats, publish the row, count."""
+    """One group's deadline loop: sleep, read, publish the row, count."""
     group = plan.groups[index]
     fields, ring = group.fields, rings[index]
     interval = int(group.interval_s * 1e9)
     base = GLOBAL_SLOTS + PER_GROUP * index
     gpu_slot = GLOBAL_SLOTS + PER_GROUP * len(plan.groups)
     gpus = plan.gpus
-    shape = (gpus, len(fields))
-    last_driver = np.full(shape, -1, dtype=np.int64)
     # from the block, not 0: the parent counts what was added since it last looked
     ticks, late, missed_total = (int(c) for c in s[base : base + PER_GROUP])
     perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
-    nan = np.nan
     now = perf_ns()
     deadline = now - now % interval + interval
     while not s[STOP]:
@@ -204,10 +202,7 @@ def _fast_lane(
         values, driver = ring.slot()
         read_at = wall_ns()
         src.read(fields, values, driver, read_at)
-        repeat = driver == last_driver
-        values[repeat] = nan
-        last_driver[...] = driver
-        ring.commit(read_at, lateness)
+        ring.commit(read_at, lateness)  # repeats are the reader's to mark, once per window
         ticks += 1
         s[base] = ticks
         if lateness > threshold_ns:
@@ -266,7 +261,6 @@ class _SlowLane:
         rings = [self._rings[k] for k in self._indices]
         bases = [GLOBAL_SLOTS + PER_GROUP * k for k in self._indices]
         intervals = [int(g.interval_s * 1e9) for g in groups]
-        last_driver = [np.full((plan.gpus, len(g.fields)), -1, dtype=np.int64) for g in groups]
         n = len(groups)
         fastest_ns = int(min(g.interval_s for g in plan.groups) * 1e9)
         # stagger the groups inside the fastest interval, between the fast lane's ticks, so the
@@ -291,9 +285,6 @@ class _SlowLane:
             values, driver = ring.slot()
             read_at = wall_ns()
             src.read(groups[j].fields, values, driver, read_at)
-            repeat = driver == last_driver[j]
-            values[repeat] = np.nan
-            last_driver[j][...] = driver
             ring.commit(read_at, lateness)
             base = bases[j]
             s[base] += 1

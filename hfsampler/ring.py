@@ -1,7 +1,10 @@
 """Bounded sample rings in shared memory: one writer (the sampler process), readers that copy out.
 
 One ring holds one sampling group. Each row is one tick: the host time of the read, the tick's
-lateness, and per GPU and field the value (NaN when no distinct sample) and the driver timestamp.
+lateness, and per GPU and field the value and the driver timestamp as read. A value whose driver
+timestamp is the row before's is a repeat, no distinct sample: readers get NaN there. The reader
+marks repeats, in one vectorised pass over the rows it copies, so that the writer's millisecond
+tick does not (three small numpy operations a tick, measured as a fifth of its CPU).
 The ring never grows: when a reader falls behind, the writer overwrites the oldest rows and the
 reader counts what it lost. The writer publishes a row by bumping ``write_seq`` after the row is
 complete; a reader re-checks ``write_seq`` after copying and discards rows that may have been
@@ -42,7 +45,7 @@ class RingRows:
 
     time_ns: npt.NDArray[np.int64]  # [n] host wall-clock time of each tick's read
     lateness_ns: npt.NDArray[np.int64]  # [n]
-    values: npt.NDArray[np.float64]  # [n, gpu, field], NaN where no distinct sample
+    values: npt.NDArray[np.float64]  # [n, gpu, field], NaN where no distinct sample (a repeat)
     driver_ts_us: npt.NDArray[np.int64]  # [n, gpu, field]
 
     def __len__(self) -> int:
@@ -317,19 +320,30 @@ class Ring:
     # -- reader ----------------------------------------------------------------------------------
 
     def read_since(self, seq: int) -> tuple[int, RingRows, int]:
-        """Rows written after ``seq``: (new seq, rows, rows lost to overwriting)."""
+        """Rows written after ``seq``: (new seq, rows, rows lost to overwriting).
+
+        Values that repeat the row before's driver timestamp are NaN, the first row's judged
+        against the row before it while the ring still holds that one.
+        """
         head = self.write_seq
         start = max(seq, head - self.capacity)
         lost = start - seq
-        rows = self._copy(start, head)
+        first = start - 1 if start > max(0, head - self.capacity) else start
+        rows = self._copy(first, head)
         # rows the writer may have overwritten while we copied are dropped and counted as lost
         after = self.write_seq
-        safe_start = after - self.capacity + 1
-        if safe_start > start:
-            drop = min(safe_start - start, head - start)
-            rows = rows.select(slice(drop, None))
-            lost += drop
-        return head, rows, lost
+        valid = max(first, after - self.capacity + 1)
+        if valid > start:
+            lost += min(valid, head) - start
+        keep = max(start, valid)
+        if keep >= head:
+            return head, RingRows.empty(self.gpus, self.fields), lost
+        driver = rows.driver_ts_us
+        repeat = np.zeros(driver.shape, dtype=np.bool_)
+        np.equal(driver[1:], driver[:-1], out=repeat[1:])
+        repeat[valid - first] = False  # its predecessor was not copied, or may be torn
+        np.putmask(rows.values, repeat, np.nan)
+        return head, rows.select(slice(keep - first, None)), lost
 
     def _copy(self, start: int, stop: int) -> RingRows:
         if stop <= start:

@@ -5,8 +5,9 @@ holds the GIL for milliseconds and the ticks would be late. Each sampling group 
 interval and ring. Inside the process (``hfsampler.lanes``) the fastest group has a thread to
 itself and every other group shares a second one, so a slow read never delays a fast tick; each
 loop sleeps to its next deadline (the fast one spins the last stretch only when a calibration at
-start shows that sleep alone overshoots too much), counts ticks, late ticks and missed ticks per
-group, and keeps repeats (a driver timestamp that did not change) out of the samples.
+start shows that sleep alone overshoots too much) and counts ticks, late ticks and missed ticks
+per group. Repeats (a driver timestamp that did not change) are kept out of the samples by the
+rings' readers, once per window rather than on every tick.
 
 The rings are checked before they are made: no more than ``max_ring_bytes`` in all, and room for
 them in the shared-memory directory. When the process ends on its own, the parent learns why (its

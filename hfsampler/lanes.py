@@ -145,6 +145,8 @@ def run_lanes(
         else:
             spin_ns = calibrate_spin_ns(threshold_ns, interval_ns)
         s[SPIN_NS] = spin_ns
+        for ring in rings:
+            ring.slot()  # the writer's row arrays, made before the first deadline
         gpu_slot = GLOBAL_SLOTS + PER_GROUP * len(groups)
         s[gpu_slot : gpu_slot + plan.gpus] = 1
         s[STATE] = RUNNING

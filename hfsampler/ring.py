@@ -252,6 +252,16 @@ def ring_bytes(capacity: int, gpus: int, fields: int) -> int:
     return block_bytes(_nbytes(capacity, gpus, fields))
 
 
+@dataclass(slots=True)
+class _Writer:
+    """The writer's side of a ring, made on its first row: what each tick needs, ready."""
+
+    seq: int  # rows written: kept here, as there is one writer
+    ints: memoryview  # the header, times and latenesses as int64: a store is a plain store
+    values: list[npt.NDArray[np.float64]]  # every row's arrays, made once
+    driver: list[npt.NDArray[np.int64]]
+
+
 class Ring:
     """A fixed-size ring of ticks in one shared-memory block."""
 
@@ -273,6 +283,7 @@ class Ring:
         self._values: npt.NDArray[np.float64] = np.ndarray(shape, np.float64, buf, off)
         off += 8 * c * cells
         self._driver: npt.NDArray[np.int64] = np.ndarray(shape, np.int64, buf, off)
+        self._writer: _Writer | None = None
 
     @classmethod
     def create(cls, capacity: int, gpus: int, fields: int, prefix: str = "hfs") -> Ring:
@@ -303,19 +314,34 @@ class Ring:
         return int(self._header[_SEQ])
 
     # -- writer ----------------------------------------------------------------------------------
+    # A millisecond tick runs with cold caches after each sleep, so the writer's path is short:
+    # no numpy scalar reads or writes, and no array made per row.
 
     def slot(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-        """The next row's value and driver-timestamp arrays, for the source to fill in place."""
-        i = int(self._header[_SEQ]) % self.capacity
-        return self._values[i], self._driver[i]
+        """The next row's value and driver-timestamp arrays, for the source to fill in place.
+
+        The first call makes every row's arrays (a few ms for thousands of rows): a writer
+        calls it once before its first deadline.
+        """
+        w = self._writer or self._make_writer()
+        i = w.seq % self.capacity
+        return w.values[i], w.driver[i]
 
     def commit(self, time_ns: int, lateness_ns: int) -> None:
         """Publish the row filled through ``slot()``."""
-        seq = int(self._header[_SEQ])
+        w = self._writer or self._make_writer()
+        seq = w.seq
         i = seq % self.capacity
-        self._time[i] = time_ns
-        self._late[i] = lateness_ns
-        self._header[_SEQ] = seq + 1
+        ints = w.ints
+        ints[_HEADER_SLOTS + i] = time_ns
+        ints[_HEADER_SLOTS + self.capacity + i] = lateness_ns
+        ints[_SEQ] = seq + 1  # the row is complete: publish it
+        w.seq = seq + 1
+
+    def _make_writer(self) -> _Writer:
+        ints = self._shm.buf[: 8 * (_HEADER_SLOTS + 2 * self.capacity)].cast("q")
+        self._writer = _Writer(self.write_seq, ints, list(self._values), list(self._driver))
+        return self._writer
 
     # -- reader ----------------------------------------------------------------------------------
 
@@ -353,6 +379,9 @@ class Ring:
 
     def close(self) -> None:
         """Drop this process's mapping; the owner also frees the block."""
+        if self._writer is not None:
+            self._writer.ints.release()
+            self._writer = None
         for attr in ("_header", "_time", "_late", "_values", "_driver"):
             with contextlib.suppress(AttributeError):
                 delattr(self, attr)

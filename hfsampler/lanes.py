@@ -265,11 +265,15 @@ class _SlowLane:
         intervals = [int(g.interval_s * 1e9) for g in groups]
         n = len(groups)
         fastest_ns = int(min(g.interval_s for g in plan.groups) * 1e9)
-        # stagger the groups inside the fastest interval, between the fast lane's ticks, so the
-        # slow lane's Python work seldom coincides with a fast tick
-        phase = fastest_ns // (n + 1)
+        # Halfway between two fast ticks, so that the slow lane's Python work seldom meets one;
+        # and the groups spread over the shortest slow interval, so that one group's slow call
+        # (5 ms of ECC counts) does not make the next group's tick late as well.
+        spread = min(intervals) // n
         now = time.perf_counter_ns()
-        deadlines = [now - now % iv + iv + (j + 1) * phase for j, iv in enumerate(intervals)]
+        deadlines = [
+            now - now % iv + iv + fastest_ns // 2 + j * (spread - spread % fastest_ns)
+            for j, iv in enumerate(intervals)
+        ]
         perf_ns, wall_ns, wait = time.perf_counter_ns, time.time_ns, self.stop.wait
         while not s[STOP]:
             j = min(range(n), key=deadlines.__getitem__)

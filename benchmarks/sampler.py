@@ -492,7 +492,7 @@ async def run_scenario(
     sampler: AnySampler
     if sc.in_process:
         sampler = Sampler(spec, inventory, groups, window_s=WINDOW_S)
-    elif sc.kind == "one-lane":
+    elif sc.kind.startswith("one-lane"):
         sampler = OneLaneSampler(spec, groups, sc.gpus, spin_s)
     else:
         sampler = ThreadSampler(spec, groups, sc.gpus, spin_s)
@@ -506,8 +506,9 @@ async def run_scenario(
         # machine allows any sampler right now (run beside it, it measured the sampler instead)
         floor = await loop.run_in_executor(None, platform_floor, floor_s)
         await loop.run_in_executor(None, sampler.start)
-        if sc.kind == "process+fifo" and isinstance(sampler, Sampler) and sampler.pid:
-            # what a real-time sampler would get: it preempts the parent and everyone else
+        if sc.kind.endswith("+fifo") and not isinstance(sampler, ThreadSampler) and sampler.pid:
+            # what a real-time sampler would get: it preempts the parent and everyone else (set
+            # on the main thread: the fast lane, or the one lane)
             os.sched_setscheduler(sampler.pid, os.SCHED_FIFO, os.sched_param(10))
         if sc.kind == "process+slice" and isinstance(sampler, Sampler) and sampler.pid:
             set_fair_slice(sampler.pid, SHORT_SLICE_S)
@@ -709,7 +710,7 @@ def print_report(report: dict[str, Any]) -> None:
             )
     for c in report["peer_over_process"]:
         print(
-            f"{c['gpus']} GPU, {c['parent']} parent{c['slow']}: {c['peer']} / process p99 = "
+            f"{c['gpus']} GPU, {c['parent']} parent{c['slow']}: {c['peer']} / {c['process']} p99 = "
             f"{c['peer_p99_us']:.0f} / {c['process_p99_us']:.0f} µs = {c['p99_ratio']:.1f}x; "
             f"missed {c['peer_missed_pct']:.3f}% vs {c['process_missed_pct']:.3f}%"
         )
@@ -862,6 +863,8 @@ def main(argv: list[str] | None = None) -> int:
             plan.append(("process+slice", True, 0.0))
             if _may_set_fifo():
                 plan += [("process+fifo", True, 0.0), ("process+fifo", True, slow)]
+                if not args.no_one_lane:
+                    plan.append(("one-lane+fifo", True, slow))
         for kind, busy, slow_s in dict.fromkeys(plan):  # without a slow call: once
             sc = Scenario(gpus, busy, kind, slow_s)
             print(f"{sc.label}: {args.seconds:g} s ...", flush=True)
@@ -877,20 +880,22 @@ def main(argv: list[str] | None = None) -> int:
         r["floor_start"] = floor
         r["p99_over_floor"] = r["fast"].get("p99_us", float("nan")) / max(floor["p99_us"], 1e-9)
     for r in results:
-        if r["sampler"] not in ("thread", "one-lane"):
+        if not r["sampler"].startswith(("thread", "one-lane")):
             continue
+        process = "process+fifo" if r["sampler"].endswith("+fifo") else "process"
         for p in results:
             same = (p["gpus"], p["parent"], p["slow_call_ms"]) == (
                 r["gpus"],
                 r["parent"],
                 r["slow_call_ms"],
             )
-            if p["sampler"] == "process" and same:
+            if p["sampler"] == process and same:
                 ratios.append({
                     "gpus": r["gpus"],
                     "parent": r["parent"],
                     "slow": f", {r['slow_call_ms']:g} ms slow read" if r["slow_call_ms"] else "",
                     "peer": r["sampler"],
+                    "process": process,
                     "process_p99_us": p["fast"].get("p99_us"),
                     "peer_p99_us": r["fast"].get("p99_us"),
                     "p99_ratio": r["fast"]["p99_us"] / max(p["fast"]["p99_us"], 1e-9),

@@ -1,11 +1,24 @@
 """Benchmark: the sampler's tick lateness, missed ticks, CPU and memory at 1 kHz on sim GPUs.
 
-Scenarios: {1, 8} sim GPUs x {idle, busy} parent. The parent runs a uvloop event loop; "busy"
+Scenarios: {1, 8} sim GPUs x {idle, busy} parent, and with a busy parent a slow read: the slow
+group's ECC field takes 5 ms (slept with the GIL released, as a slow NVML query waits in the
+driver) on every slow tick, every 100 ms. The parent runs a uvloop event loop; "busy"
 adds what a loaded hfsampler service does in the same interpreter: coroutines doing pure-Python
 work in chunks of 1-5 ms, and JSON and protobuf-style encoding of a window every 50 ms, so the
 parent holds the GIL and keeps a core busy. Like the service, the parent reads the rings once a
 second (in an executor) and reduces the window; every tick's lateness comes from
 ``rows.lateness_ns``, missed ticks from the sampler's counters.
+
+The floor: a bare 1 kHz sleep loop that does no work, in a process of its own. It opens the run
+alone with an idle parent (the floor the table's "xstart" ratio divides by, as in issue 16), and
+runs again before each scenario, under that scenario's parent (idle or busy) and neighbours, just
+before the sampler starts ("xbefore"): the machine is shared, and what it allows moves from
+minute to minute. (Run beside the sampler instead, the floor waited behind the sampler's own
+lanes and measured them.)
+
+A peer in the same run for the busy scenarios, ``one-lane``: the design the two lanes replace,
+every group in one deadline loop in a process of its own, reading the same sim source into the
+same rings, so a slow read delays the next fast tick.
 
 The peer, in the same run: the design the process split replaces, the same deadline loop (sleep to
 the deadline, spin the process's calibrated ``spin_s``, read the same sim source, write the same
@@ -16,9 +29,10 @@ scheduler for more: a 100 µs EEVDF slice (``sched_setattr``, unprivileged on Li
 SCHED_FIFO (root or CAP_SYS_NICE), both set on the sampler's pid from here after it starts. Each
 row also shows how long the sampler waited, runnable, for a CPU (``/proc/<pid>/schedstat``).
 
-Also measured: the sampler's CPU (``/proc/<pid>/stat``, or the thread's ``/proc/self/task/<tid>``),
-per GPU; RSS, PSS and USS (``/proc/<pid>/smaps_rollup``) of the sampler and the parent; ring bytes;
-and ``SimSource.read`` alone per group, to tell the source's cost from the loop's.
+Also measured: the sampler's CPU (every thread's ``schedstat`` run time, exact to the ns), per
+GPU, beside the floor's (what waking 1000 times a second costs on this machine, paid by any
+sampler); RSS, PSS and USS (``/proc/<pid>/smaps_rollup``) of the sampler and the parent; ring
+bytes; and ``SimSource.read`` alone per group, to tell the source's cost from the loop's.
 
     python benchmarks/sampler.py [--seconds 10] [--gpus 1,8] [--out benchmarks/out/sampler.json]
 """
@@ -49,7 +63,7 @@ import numpy.typing as npt
 
 from hfsampler import fields as catalogue
 from hfsampler.plan import plan_groups
-from hfsampler.ring import Ring
+from hfsampler.ring import Ring, SharedInts
 from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
 from hfsampler.sources import Inventory, SourceSpec, open_source
 from hfsampler.window import WindowClock, reduce, suffixes
@@ -58,8 +72,12 @@ WINDOW_S = 1.0
 SHORT_SLICE_S = 100e-6  # the shortest slice EEVDF accepts
 WARMUP_S = 1.0
 LATE_NS = 200_000  # the sampler's default late threshold at 1 ms
+SLOW_CALL_S = 0.005  # the slow scenario's ECC read, on every slow tick (100 ms)
+SLOW_FIELD = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
 TARGETS = {
     "p99_lateness_busy_us": 200.0,
+    "p99_over_floor": 1.5,  # the floor alone at the start of the run, as in issue 16's table
+    "p99_over_floor_before": 1.5,  # the floor under the scenario's parent, just before it
     "missed_pct": 0.1,
     "cpu_per_gpu_pct": 3.0,
     "rss_8gpu_mb": 80.0,
@@ -76,6 +94,15 @@ def cpu_seconds(stat_path: str) -> float:
     text = Path(stat_path).read_text()
     after_comm = text[text.rindex(")") + 2 :].split()
     return (int(after_comm[11]) + int(after_comm[12])) / CLK_TCK  # fields 14 and 15
+
+
+def run_seconds(pid: int) -> float:
+    """CPU time of every thread of a process, from ``schedstat`` (ns, not clock ticks)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def sched_wait(task_dir: str) -> tuple[float, int]:
@@ -263,6 +290,100 @@ class ThreadSampler:
         src.close()
 
 
+# -- the peer: every group in one deadline loop, in its own process --------------------------------
+
+
+class OneLaneSampler:
+    """The design the two lanes replaced: one loop in a process of its own reads every group."""
+
+    def __init__(self, spec: SourceSpec, groups: Sequence[GroupPlan], gpus: int, spin_s: float):
+        self.spec = spec
+        self.groups = tuple(groups)
+        self.spin_ns = int(spin_s * 1e9)
+        self.rings = {
+            g.name: Ring.create(ring_capacity(g.interval_s, WINDOW_S), gpus, len(g.fields))
+            for g in self.groups
+        }
+        self.status = SharedInts.create(2 + 3 * len(self.groups))  # stop, running, counts
+        self._process: multiprocessing.process.BaseProcess | None = None
+
+    @property
+    def shared_bytes(self) -> int:
+        return sum(r.nbytes for r in self.rings.values())
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def counts(self, k: int) -> tuple[int, int, int]:
+        s = self.status.array
+        return int(s[2 + 3 * k]), int(s[3 + 3 * k]), int(s[4 + 3 * k])
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        names = tuple(self.rings[g.name].name for g in self.groups)
+        args = (self.spec, self.groups, names, self.status.name, self.spin_ns)
+        self._process = ctx.Process(target=_one_lane_main, args=args, daemon=True)
+        self._process.start()
+        while not self.status.array[1]:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.status.array[0] = 1
+        if self._process is not None:
+            self._process.join(5.0)
+        for r in self.rings.values():
+            r.close()
+        self.status.close()
+
+
+def _one_lane_main(
+    spec: SourceSpec, groups: Sequence[GroupPlan], ring_names: Sequence[str], status: str, spin: int
+) -> None:
+    """The sampler's loop before it had two lanes: sleep to the earliest deadline of any group."""
+    reduce_timer_slack()
+    shared = SharedInts.attach(status)
+    rings = [Ring.attach(name) for name in ring_names]
+    s = shared.array
+    src = open_source(spec)
+    src.open([f for g in groups for f in g.fields])
+    fields = [g.fields for g in groups]
+    intervals = [int(g.interval_s * 1e9) for g in groups]
+    last = [np.full((spec.gpus, len(g.fields)), -1, dtype=np.int64) for g in groups]
+    n = len(intervals)
+    now = time.perf_counter_ns()
+    phase = min(intervals) // n
+    deadlines = [now - now % iv + iv + k * phase for k, iv in enumerate(intervals)]
+    perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
+    s[1] = 1
+    while not s[0]:
+        i = min(range(n), key=deadlines.__getitem__)
+        deadline = deadlines[i]
+        remaining = deadline - perf_ns()
+        if remaining > spin:
+            sleep((remaining - spin) / 1e9)
+        while perf_ns() < deadline:
+            pass
+        lateness = perf_ns() - deadline
+        missed = lateness // intervals[i]
+        lateness -= missed * intervals[i]
+        deadline += missed * intervals[i]
+        values, driver = rings[i].slot()
+        read_at = wall_ns()
+        src.read(fields[i], values, driver, read_at)
+        values[driver == last[i]] = np.nan
+        last[i][...] = driver
+        rings[i].commit(read_at, lateness)
+        s[2 + 3 * i] += 1
+        s[3 + 3 * i] += lateness > LATE_NS
+        s[4 + 3 * i] += missed
+        deadlines[i] = deadline + intervals[i]
+    src.close()
+    for r in rings:
+        r.close()
+    shared.close()
+
+
 # -- one scenario --------------------------------------------------------------------------------
 
 
@@ -271,12 +392,15 @@ class Scenario:
     gpus: int
     busy: bool
     # "process"; "process+slice" / "process+fifo": a 100 µs EEVDF slice / SCHED_FIFO set on it
-    # from here, to measure what the sampler would gain by asking for them; "thread": the peer
+    # from here, to measure what the sampler would gain by asking for them; "thread" and
+    # "one-lane": the peers
     kind: str
+    slow_call_s: float = 0.0  # the slow group's ECC read takes this long (0: as the sim is)
 
     @property
     def label(self) -> str:
-        return f"{self.gpus} GPU, {'busy' if self.busy else 'idle'} parent, {self.kind}"
+        slow = f", {self.slow_call_s * 1e3:g} ms slow read" if self.slow_call_s else ""
+        return f"{self.gpus} GPU, {'busy' if self.busy else 'idle'} parent, {self.kind}{slow}"
 
     @property
     def in_process(self) -> bool:
@@ -336,60 +460,83 @@ async def _collect(
         clock.catch_up()
 
 
-def _counts(sampler: Sampler, group_index: int) -> tuple[int, int, int]:
-    c = sampler.counters(group_index)
-    return c.ticks, c.late, c.missed
+AnySampler = Sampler | ThreadSampler | OneLaneSampler
+
+
+def _counts(sampler: AnySampler, group_index: int) -> tuple[int, int, int]:
+    if isinstance(sampler, Sampler):
+        got = sampler.counters(group_index)
+        return got.ticks, got.late, got.missed
+    if isinstance(sampler, OneLaneSampler):
+        return sampler.counts(group_index)
+    ticks, late, missed = sampler.counts[group_index]
+    return ticks, late, missed
 
 
 async def run_scenario(
-    sc: Scenario, inventory: Inventory, groups: list[GroupPlan], seconds: float, spin_s: float
+    sc: Scenario,
+    inventory: Inventory,
+    groups: list[GroupPlan],
+    seconds: float,
+    spin_s: float,
+    floor_s: float,
 ) -> dict[str, Any]:
-    spec = SourceSpec("sim", gpus=sc.gpus)
+    loadavg_before = os.getloadavg()
+    costs = ((SLOW_FIELD, sc.slow_call_s),) if sc.slow_call_s else ()
+    spec = SourceSpec("sim", gpus=sc.gpus, sim_read_cost_s=costs)
     loop = asyncio.get_running_loop()
     load = Load()
     tasks: list[asyncio.Task[None]] = []
-    sampler: Sampler | ThreadSampler
+    sampler: AnySampler
     if sc.in_process:
         sampler = Sampler(spec, inventory, groups, window_s=WINDOW_S)
+    elif sc.kind.startswith("one-lane"):
+        sampler = OneLaneSampler(spec, groups, sc.gpus, spin_s)
     else:
         sampler = ThreadSampler(spec, groups, sc.gpus, spin_s)
     try:
-        await loop.run_in_executor(None, sampler.start)
-        if sc.kind == "process+fifo" and isinstance(sampler, Sampler) and sampler.pid:
-            # what a real-time sampler would get: it preempts the parent and everyone else
-            os.sched_setscheduler(sampler.pid, os.SCHED_FIFO, os.sched_param(10))
-        if sc.kind == "process+slice" and isinstance(sampler, Sampler) and sampler.pid:
-            set_fair_slice(sampler.pid, SHORT_SLICE_S)
         if sc.busy:
             names = [f.name for f in inventory.fields]
             workers: list[Coroutine[Any, Any, None]] = [cpu_worker(load, k) for k in range(8)]
             workers.append(encode_worker(load, sc.gpus, names, 99))
             tasks = [asyncio.create_task(w) for w in workers]
+        # the floor under this scenario's parent, just before the sampler starts: what the
+        # machine allows any sampler right now (run beside it, it measured the sampler instead)
+        floor = await loop.run_in_executor(None, platform_floor, floor_s)
+        await loop.run_in_executor(None, sampler.start)
+        if sc.kind.endswith("+fifo") and not isinstance(sampler, ThreadSampler) and sampler.pid:
+            # what a real-time sampler would get: it preempts the parent and everyone else (set
+            # on the main thread: the fast lane, or the one lane)
+            os.sched_setscheduler(sampler.pid, os.SCHED_FIFO, os.sched_param(10))
+        if sc.kind == "process+slice" and isinstance(sampler, Sampler) and sampler.pid:
+            set_fair_slice(sampler.pid, SHORT_SLICE_S)
         await asyncio.sleep(WARMUP_S)
-        if isinstance(sampler, Sampler):
-            assert sampler.pid is not None
-            task = f"/proc/{sampler.pid}"
-            counts0 = [_counts(sampler, i) for i in range(len(groups))]
-            spin = sampler.spin_s
-        else:
+        pid = sampler.pid if not isinstance(sampler, ThreadSampler) else None
+        if isinstance(sampler, ThreadSampler):
             task = f"/proc/self/task/{sampler.native_id}"
-            counts0 = [(c[0], c[1], c[2]) for c in sampler.counts]
             spin = spin_s
+
+            def cpu() -> float:
+                return cpu_seconds(f"{task}/stat")
+        else:
+            assert pid is not None
+            task = f"/proc/{pid}"  # its main thread: the fast lane
+            spin = sampler.spin_s if isinstance(sampler, Sampler) else spin_s
+
+            def cpu() -> float:
+                return run_seconds(pid)
+
+        counts0 = [_counts(sampler, i) for i in range(len(groups))]
         load0 = Load(load.chunks, load.units, load.encodes, load.encoded_bytes)
         wall0, wait0 = time.monotonic(), sched_wait(task)
-        cpu0, parent0 = cpu_seconds(f"{task}/stat"), cpu_seconds("/proc/self/stat")
+        cpu0, parent0 = cpu(), cpu_seconds("/proc/self/stat")
         got = Collected()
         await _collect(sampler.rings, groups, seconds, got)
         wall1, wait1 = time.monotonic(), sched_wait(task)
-        cpu1, parent1 = cpu_seconds(f"{task}/stat"), cpu_seconds("/proc/self/stat")
+        cpu1, parent1 = cpu(), cpu_seconds("/proc/self/stat")
         pressure = cpu_pressure()
-        if isinstance(sampler, Sampler):
-            counts1 = [_counts(sampler, i) for i in range(len(groups))]
-            assert sampler.pid is not None
-            mem = memory_mb(sampler.pid)
-        else:
-            counts1 = [(c[0], c[1], c[2]) for c in sampler.counts]
-            mem = {}
+        counts1 = [_counts(sampler, i) for i in range(len(groups))]
+        mem = memory_mb(pid) if pid is not None else {}
         shared = sampler.shared_bytes
     finally:
         for t in tasks:
@@ -400,6 +547,7 @@ async def run_scenario(
     ticks = counts1[0][0] - counts0[0][0]
     missed = counts1[0][2] - counts0[0][2]
     cpu_pct = (cpu1 - cpu0) / elapsed * 100
+    fast = lateness_stats(got.lateness_ns)
     parent_cpu_pct = (parent1 - parent0) / elapsed * 100
     if sc.kind == "thread":
         parent_cpu_pct -= cpu_pct  # the rest of the parent, as for the process
@@ -407,13 +555,22 @@ async def run_scenario(
         "gpus": sc.gpus,
         "parent": "busy" if sc.busy else "idle",
         "sampler": sc.kind,
+        "slow_call_ms": sc.slow_call_s * 1e3,
         "seconds": elapsed,
         "spin_us": spin * 1e6,
-        "fast": lateness_stats(got.lateness_ns),
+        "fast": fast,
         "slow": lateness_stats(got.slow_lateness_ns),
+        "groups": {
+            g.name: dict(
+                zip(("ticks", "late", "missed"), np.subtract(c1, c0).tolist(), strict=True)
+            )
+            for g, c0, c1 in zip(groups, counts0, counts1, strict=True)
+        },
         "counter_ticks": ticks,
         "missed_ticks": missed,
         "missed_pct": missed / max(1, ticks + missed) * 100,
+        "floor_before": floor,
+        "p99_over_floor_before": fast.get("p99_us", float("nan")) / max(floor["p99_us"], 1e-9),
         "ring_lost_rows": got.lost_rows,
         "cpu_pct": cpu_pct,
         "cpu_per_gpu_pct": cpu_pct / sc.gpus,
@@ -428,6 +585,7 @@ async def run_scenario(
         "sampler_memory_mb": mem,
         "parent_memory_mb": memory_mb(os.getpid()),
         "shared_ring_bytes": shared,
+        "loadavg_before": loadavg_before,
         "loadavg_after": os.getloadavg(),
     }
     return result
@@ -464,16 +622,22 @@ def source_read_cost(gpus: int, groups: list[GroupPlan], reads: int = 2000) -> d
 # -- the report ----------------------------------------------------------------------------------
 
 
+def _kind(r: dict[str, Any]) -> str:
+    slow = f" +{r['slow_call_ms']:g}ms" if r.get("slow_call_ms") else ""
+    return f"{r['sampler']}{slow}"
+
+
 def _row(r: dict[str, Any]) -> str:
-    f = r["fast"]
+    f, before = r["fast"], r["floor_before"]
     rss = r["sampler_memory_mb"].get("rss")
     return (
-        f"{r['gpus']:>4} {r['parent']:<5} {r['sampler']:<13}{f.get('ticks', 0):>7}"
-        f"{f.get('p50_us', float('nan')):>8.0f}{f.get('p99_us', float('nan')):>8.0f}"
-        f"{f.get('max_us', float('nan')):>8.0f}{f.get('late_pct', float('nan')):>7.2f}"
-        f"{r['missed_pct']:>8.3f}{r['cpu_pct']:>7.1f}{r['cpu_per_gpu_pct']:>8.2f}"
-        f"{rss if rss is not None else float('nan'):>7.1f}{r['spin_us']:>6.0f}"
-        f"{r['runqueue_wait_ms_per_s']:>7.1f}{r['parent_work_units_per_s'] / 1e3:>9.1f}"
+        f"{r['gpus']:>4} {r['parent']:<5} {_kind(r):<18}{f.get('ticks', 0):>7}"
+        f"{f.get('p50_us', float('nan')):>6.0f}{f.get('p99_us', float('nan')):>6.0f}"
+        f"{f.get('max_us', float('nan')):>6.0f}{r['missed_pct']:>8.3f}{r['p99_over_floor']:>7.2f}"
+        f"{before['p99_us']:>7.0f}{r['p99_over_floor_before']:>8.2f}{before['missed_pct']:>8.3f}"
+        f"{r['cpu_pct']:>6.2f}{r['cpu_per_gpu_pct']:>8.2f}{before['cpu_pct']:>7.2f}"
+        f"{rss if rss is not None else float('nan'):>6.1f}{r['runqueue_wait_ms_per_s']:>6.1f}"
+        f"{r['parent_work_units_per_s'] / 1e3:>7.1f}  {r['loadavg_before'][0]:.2f}"
     )
 
 
@@ -487,13 +651,20 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     proc = [r for r in results if r["sampler"] == "process"]
     for r in proc:
-        where = f"{r['gpus']} GPU {r['parent']}"
+        where = f"{r['gpus']} GPU {r['parent']}" + (
+            f", {r['slow_call_ms']:g} ms slow read" if r.get("slow_call_ms") else ""
+        )
         if r["parent"] == "busy":
             p99 = r["fast"].get("p99_us")
             out.append(_target("p99 lateness, busy parent", where, p99, "p99_lateness_busy_us"))
+            ratio = r["p99_over_floor"]
+            out.append(_target("p99 / floor p99 (run start)", where, ratio, "p99_over_floor"))
+            ratio = r["p99_over_floor_before"]
+            target = _target("p99 / floor p99 (just before)", where, ratio, "p99_over_floor_before")
+            out.append(target)
         out.append(_target("missed ticks %", where, r["missed_pct"], "missed_pct"))
         out.append(_target("CPU per GPU %", where, r["cpu_per_gpu_pct"], "cpu_per_gpu_pct"))
-        if r["gpus"] == 8:
+        if r["gpus"] == 8 and not r.get("slow_call_ms"):
             rss = r["sampler_memory_mb"].get("rss")
             out.append(_target("sampler RSS MB, 8 GPUs", where, rss, "rss_8gpu_mb"))
     return out
@@ -508,36 +679,45 @@ def _target(name: str, where: str, value: float | None, key: str) -> dict[str, A
 def print_report(report: dict[str, Any]) -> None:
     results: list[dict[str, Any]] = report["scenarios"]
     print()
-    print("fast group (1 ms) tick lateness in µs; late = over 200 µs; CPU in % of one core;")
-    print("RSS of the sampler process in MB; spin in µs; runq = ms per s the sampler waited for a")
-    print("CPU while runnable; work = the parent's busy-loop units/s (thousands)")
     print(
-        f"{'GPUs':>4} {'par.':<5} {'sampler':<13}{'ticks':>7}{'p50':>8}{'p99':>8}{'max':>8}"
-        f"{'late%':>7}{'missed%':>8}{'CPU%':>7}{'CPU/GPU':>8}{'RSS':>7}{'spin':>6}{'runq':>7}"
-        f"{'work k/s':>9}"
+        "fast group (1 ms) tick lateness in µs; missed in % of ticks; xstart = p99 over the\n"
+        "p99 of the floor measured alone at the start of the run (a bare 1 kHz loop in its own\n"
+        "process, idle parent); before: the same loop under the scenario's parent just before the\n"
+        "sampler starts (its p99 µs, the sampler's p99 over it, its missed %, its CPU %); CPU in\n"
+        "% of one core (every thread); RSS of the sampler in MB; runq = ms per s its fast lane\n"
+        "waited for a CPU while runnable; work = the parent's busy-loop units/s (thousands);\n"
+        "load = the 1-minute load average when the scenario started"
+    )
+    print(
+        f"{'GPUs':>4} {'par.':<5} {'sampler':<18}{'ticks':>7}{'p50':>6}{'p99':>6}{'max':>6}"
+        f"{'missed%':>8}{'xstart':>7}{'bf.p99':>7}{'xbefore':>8}{'bf.mis%':>8}{'CPU%':>6}"
+        f"{'CPU/GPU':>8}{'bf.CPU':>7}{'RSS':>6}{'runq':>6}{'work':>7}  load"
     )
     for r in results:
         print(_row(r))
     print()
-    for c in report["thread_over_process"]:
+    for r in results:
+        if r["sampler"] == "process" and r["slow"].get("ticks"):
+            groups = ", ".join(
+                f"{name} {c['ticks']} ticks, {c['late']} late, {c['missed']} missed"
+                for name, c in r["groups"].items()
+            )
+            print(
+                f"{r['gpus']} GPU {r['parent']} {_kind(r)}: {groups}; slow lane p99 "
+                f"{r['slow']['p99_us']:.0f} µs"
+            )
+    for c in report["peer_over_process"]:
         print(
-            f"{c['gpus']} GPU, {c['parent']} parent: thread / process p99 = "
-            f"{c['thread_p99_us']:.0f} / {c['process_p99_us']:.0f} µs = {c['p99_ratio']:.1f}x; "
-            f"missed {c['thread_missed_pct']:.2f}% vs {c['process_missed_pct']:.3f}%"
+            f"{c['gpus']} GPU, {c['parent']} parent{c['slow']}: {c['peer']} / {c['process']} p99 = "
+            f"{c['peer_p99_us']:.0f} / {c['process_p99_us']:.0f} µs = {c['p99_ratio']:.1f}x; "
+            f"missed {c['peer_missed_pct']:.3f}% vs {c['process_missed_pct']:.3f}%"
         )
     f = report["platform_floor"]
     print(
-        f"platform floor, a bare 1 kHz sleep loop in its own process doing no work: p50 "
-        f"{f['p50_us']:.0f} p99 {f['p99_us']:.0f} max {f['max_us']:.0f} µs, missed "
-        f"{f['missed_pct']:.2f}% (no sampler can do better on this machine)"
+        f"platform floor alone at the start, idle parent: p50 {f['p50_us']:.0f} p99 "
+        f"{f['p99_us']:.0f} max {f['max_us']:.0f} µs, missed {f['missed_pct']:.2f}%, CPU "
+        f"{f['cpu_pct']:.2f}% (no sampler can do better on this machine)"
     )
-    for r in results:
-        if r["sampler"] == "process":
-            print(
-                f"  {r['gpus']} GPU {r['parent']} process / floor: p99 "
-                f"{r['fast']['p99_us'] / max(f['p99_us'], 1e-9):.2f}x, missed "
-                f"{r['missed_pct']:.3f}% vs {f['missed_pct']:.3f}%"
-            )
     print()
     for gpus, cost in report["source_read_us"].items():
         parts = ", ".join(
@@ -549,9 +729,9 @@ def print_report(report: dict[str, Any]) -> None:
         if r["sampler"] == "process" and r["gpus"] == max(x["gpus"] for x in results):
             m, p = r["sampler_memory_mb"], r["parent_memory_mb"]
             print(
-                f"memory, {r['gpus']} GPU {r['parent']}: sampler RSS {m.get('rss', 0):.1f} "
-                f"PSS {m.get('pss', 0):.1f} USS {m.get('uss', 0):.1f} MB; parent RSS "
-                f"{p.get('rss', 0):.1f} PSS {p.get('pss', 0):.1f} MB; rings "
+                f"memory, {r['gpus']} GPU {r['parent']} {_kind(r)}: sampler RSS "
+                f"{m.get('rss', 0):.1f} PSS {m.get('pss', 0):.1f} USS {m.get('uss', 0):.1f} MB; "
+                f"parent RSS {p.get('rss', 0):.1f} PSS {p.get('pss', 0):.1f} MB; rings "
                 f"{r['shared_ring_bytes'] / MB:.1f} MB"
             )
     print()
@@ -598,13 +778,17 @@ def _may_set_fifo() -> bool:
 
 
 def _bare_loop(seconds: float) -> dict[str, float]:
-    """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all."""
+    """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all.
+
+    Its CPU is what waking up a thousand times a second costs here.
+    """
     reduce_timer_slack()
     interval = 1_000_000
     n = int(seconds * 1000)
     late = np.empty(n, dtype=np.int64)
     missed = 0
     deadline = time.perf_counter_ns() // interval * interval + interval
+    cpu0, wall0 = run_seconds(os.getpid()), time.monotonic()
     for i in range(n):
         remaining = deadline - time.perf_counter_ns()
         if remaining > 0:
@@ -614,12 +798,14 @@ def _bare_loop(seconds: float) -> dict[str, float]:
         missed += skipped
         late[i] = lateness - skipped * interval
         deadline += (skipped + 1) * interval
+    cpu_pct = (run_seconds(os.getpid()) - cpu0) / (time.monotonic() - wall0) * 100
     us = late / 1e3
     return {
         "p50_us": float(np.percentile(us, 50)),
         "p99_us": float(np.percentile(us, 99)),
         "max_us": float(us.max()),
         "missed_pct": 100.0 * missed / (n + missed),
+        "cpu_pct": cpu_pct,
     }
 
 
@@ -634,8 +820,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="per scenario (default 10)")
     parser.add_argument("--gpus", default="1,8", help="sim GPU counts (default 1,8)")
+    parser.add_argument(
+        "--floor-seconds", type=float, help="the floor before each scenario (default: half)"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/sampler.json"))
     parser.add_argument("--no-thread", action="store_true", help="skip the thread peer")
+    parser.add_argument("--no-one-lane", action="store_true", help="skip the one-lane peer")
+    parser.add_argument(
+        "--no-slow-call", action="store_true", help="skip the scenarios with a 5 ms slow read"
+    )
     parser.add_argument(
         "--no-sched",
         action="store_true",
@@ -643,6 +836,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     gpu_counts = [int(x) for x in args.gpus.split(",") if x.strip()]
+    floor_s = args.floor_seconds if args.floor_seconds is not None else args.seconds / 2
 
     loadavg_before = os.getloadavg()
     print(f"platform floor (a bare 1 kHz sleep loop, no work): {args.seconds:g} s ...", flush=True)
@@ -657,36 +851,54 @@ def main(argv: list[str] | None = None) -> int:
         groups = plan_groups(inventory.fields, dict(catalogue.DEFAULT_GROUP_INTERVALS_S))
         read_cost[str(gpus)] = source_read_cost(gpus, groups)
         spin_s = 0.0
-        plan = [(kind, busy) for kind in ("process", "thread") for busy in (False, True)]
-        if args.no_thread:
-            plan = [(k, b) for k, b in plan if k != "thread"]
+        slow = 0.0 if args.no_slow_call else SLOW_CALL_S
+        plan = [("process", False, 0.0), ("process", True, 0.0), ("process", True, slow)]
+        if not args.no_one_lane:
+            plan += [("one-lane", True, 0.0), ("one-lane", True, slow)]
+        if not args.no_thread:
+            plan += [("thread", False, 0.0), ("thread", True, 0.0)]
         if not args.no_sched:
-            plan.append(("process+slice", True))
+            plan.append(("process+slice", True, 0.0))
             if _may_set_fifo():
-                plan.append(("process+fifo", True))
-        for kind, busy in plan:
-            sc = Scenario(gpus, busy, kind)
+                plan += [("process+fifo", True, 0.0), ("process+fifo", True, slow)]
+                if not args.no_one_lane:
+                    plan.append(("one-lane+fifo", True, slow))
+        for kind, busy, slow_s in dict.fromkeys(plan):  # without a slow call: once
+            sc = Scenario(gpus, busy, kind, slow_s)
             print(f"{sc.label}: {args.seconds:g} s ...", flush=True)
             with asyncio.Runner(loop_factory=factory) as runner:
-                r = runner.run(run_scenario(sc, inventory, groups, args.seconds, spin_s))
-            if kind == "process" and busy:
-                spin_s = r["spin_us"] / 1e6  # the thread spins what the process calibrated
+                run = run_scenario(sc, inventory, groups, args.seconds, spin_s, floor_s)
+                r = runner.run(run)
+            if kind == "process" and busy and not slow_s:
+                spin_s = r["spin_us"] / 1e6  # the peers spin what the process calibrated
             results.append(r)
 
     ratios = []
-    for gpus in gpu_counts:
-        for parent in ("idle", "busy"):
-            pick = {r["sampler"]: r for r in results if r["gpus"] == gpus and r["parent"] == parent}
-            if "process" in pick and "thread" in pick:
-                p, t = pick["process"], pick["thread"]
+    for r in results:
+        r["floor_start"] = floor
+        r["p99_over_floor"] = r["fast"].get("p99_us", float("nan")) / max(floor["p99_us"], 1e-9)
+    for r in results:
+        if not r["sampler"].startswith(("thread", "one-lane")):
+            continue
+        process = "process+fifo" if r["sampler"].endswith("+fifo") else "process"
+        for p in results:
+            same = (p["gpus"], p["parent"], p["slow_call_ms"]) == (
+                r["gpus"],
+                r["parent"],
+                r["slow_call_ms"],
+            )
+            if p["sampler"] == process and same:
                 ratios.append({
-                    "gpus": gpus,
-                    "parent": parent,
+                    "gpus": r["gpus"],
+                    "parent": r["parent"],
+                    "slow": f", {r['slow_call_ms']:g} ms slow read" if r["slow_call_ms"] else "",
+                    "peer": r["sampler"],
+                    "process": process,
                     "process_p99_us": p["fast"].get("p99_us"),
-                    "thread_p99_us": t["fast"].get("p99_us"),
-                    "p99_ratio": t["fast"]["p99_us"] / max(p["fast"]["p99_us"], 1e-9),
+                    "peer_p99_us": r["fast"].get("p99_us"),
+                    "p99_ratio": r["fast"]["p99_us"] / max(p["fast"]["p99_us"], 1e-9),
                     "process_missed_pct": p["missed_pct"],
-                    "thread_missed_pct": t["missed_pct"],
+                    "peer_missed_pct": r["missed_pct"],
                 })  # fmt: skip
     report: dict[str, Any] = {
         "benchmark": "sampler_tick_lateness",
@@ -708,7 +920,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "targets_limits": TARGETS,
         "scenarios": results,
-        "thread_over_process": ratios,
+        "peer_over_process": ratios,
         "source_read_us": read_cost,
         "platform_floor": floor,
     }

@@ -1,10 +1,13 @@
-"""The sampler: a deadline loop in its own process that reads a source into the rings.
+"""The sampler: deadline loops in their own process that read a source into the rings.
 
 It runs apart from the service's event loop because a busy asyncio loop in the same interpreter
 holds the GIL for milliseconds and the ticks would be late. Each sampling group has its own
-interval and ring; the loop sleeps to the earliest deadline and spins the last stretch only when a
-calibration at start shows that sleep alone overshoots too much. It counts ticks, late ticks and
-missed ticks, and keeps repeats (a driver timestamp that did not change) out of the samples.
+interval and ring. Inside the process (``hfsampler.lanes``) the fastest group has a thread to
+itself and every other group shares a second one, so a slow read never delays a fast tick; each
+loop sleeps to its next deadline (the fast one spins the last stretch only when a calibration at
+start shows that sleep alone overshoots too much) and counts ticks, late ticks and missed ticks
+per group. Repeats (a driver timestamp that did not change) are kept out of the samples by the
+rings' readers, once per window rather than on every tick.
 
 The rings are checked before they are made: no more than ``max_ring_bytes`` in all, and room for
 them in the shared-memory directory. When the process ends on its own, the parent learns why (its
@@ -14,8 +17,6 @@ exception, sent over a pipe, or the signal or status it ended with) and says so 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import math
 import multiprocessing
@@ -32,6 +33,24 @@ import numpy.typing as npt
 
 from hfsampler.errors import ConfigError, SourceError
 from hfsampler.fields import Field
+from hfsampler.lanes import (
+    ERROR,
+    FAILED,
+    GLOBAL_SLOTS,
+    PER_GROUP,
+    PID,
+    PR_SET_PDEATHSIG,
+    RT_PRIORITY,
+    SPIN_NS,
+    STARTING,
+    STATE,
+    STOP,
+    STOPPED,
+    prctl,
+    run_lanes,
+)
+from hfsampler.lanes import calibrate_spin_ns as calibrate_spin_ns  # tests and benchmarks
+from hfsampler.lanes import reduce_timer_slack as reduce_timer_slack
 from hfsampler.ring import (
     DEFAULT_MAX_RING_BYTES,
     ROOM_FIX,
@@ -44,15 +63,9 @@ from hfsampler.ring import (
     shm_dir,
     sweep_orphans,
 )
-from hfsampler.sources import Inventory, Source, SourceSpec, open_source
+from hfsampler.sources import Inventory, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
-
-# The status block: a few global slots, then per group (ticks, late, missed), then per GPU (up).
-_STATE, _STOP, _SPIN_NS, _HEARTBEAT_NS, _PID, _ERROR, _RT_PRIORITY = range(7)
-_GLOBAL_SLOTS = 8
-_PER_GROUP = 3
-STARTING, RUNNING, STOPPED, FAILED = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +104,7 @@ def ring_capacity(interval_s: float, window_s: float, windows: float = 4.0) -> i
 
 
 def _status_slots(groups: int, gpus: int) -> int:
-    return _GLOBAL_SLOTS + _PER_GROUP * groups + gpus
+    return GLOBAL_SLOTS + PER_GROUP * groups + gpus
 
 
 def shared_bytes_needed(groups: Sequence[GroupPlan], gpus: int, window_s: float) -> int:
@@ -208,7 +221,7 @@ class Sampler:
         writer.close()  # the child holds its own copy: EOF here once it is gone
         deadline = time.monotonic() + timeout_s
         status = self._array()
-        while status[_STATE] == STARTING:
+        while status[STATE] == STARTING:
             if not self._process.is_alive():
                 reason = self.exit_reason()
                 self.stop()
@@ -217,7 +230,7 @@ class Sampler:
                 self.stop()
                 raise SourceError(f"the sampler process did not start within {timeout_s:g}s")
             time.sleep(0.01)
-        if status[_STATE] == FAILED:
+        if status[STATE] == FAILED:
             self._process.join(timeout_s)  # it returns right after saying why
             reason = self.exit_reason()
             self.stop()
@@ -253,23 +266,23 @@ class Sampler:
 
     def counters(self, group_index: int) -> GroupCounters:
         s = self._array()
-        base = _GLOBAL_SLOTS + _PER_GROUP * group_index
+        base = GLOBAL_SLOTS + PER_GROUP * group_index
         return GroupCounters(int(s[base]), int(s[base + 1]), int(s[base + 2]))
 
     def gpu_up(self) -> npt.NDArray[np.bool_]:
         s = self._array()
-        start = _GLOBAL_SLOTS + _PER_GROUP * len(self.groups)
+        start = GLOBAL_SLOTS + PER_GROUP * len(self.groups)
         up: npt.NDArray[np.bool_] = s[start : start + len(self.inventory.devices)] == 1
         return up
 
     @property
     def realtime_priority(self) -> int:
         """The SCHED_FIFO priority the sampler got (0: the normal scheduler)."""
-        return int(self._array()[_RT_PRIORITY])
+        return int(self._array()[RT_PRIORITY])
 
     @property
     def spin_s(self) -> float:
-        return int(self._array()[_SPIN_NS]) / 1e9
+        return int(self._array()[SPIN_NS]) / 1e9
 
     @property
     def pid(self) -> int | None:
@@ -279,7 +292,7 @@ class Sampler:
         """Ask the process to stop, wait, then make sure it is gone."""
         if self._process is not None:
             if self.status is not None:
-                self._array()[_STOP] = 1
+                self._array()[STOP] = 1
             self._process.join(timeout_s)
             if self._process.is_alive():
                 self._process.kill()
@@ -316,64 +329,6 @@ class Sampler:
 # -- the child process ---------------------------------------------------------------------------
 
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_TIMERSLACK = 29
-
-
-def _prctl(option: int, value: int) -> None:
-    """Best-effort Linux prctl; elsewhere a no-op."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(libc_name, use_errno=True).prctl(option, value, 0, 0, 0)
-
-
-def reduce_timer_slack() -> None:
-    """Ask Linux for 1 µs timer slack (default 50 µs) so sleeps end closer to the deadline."""
-    _prctl(_PR_SET_TIMERSLACK, 1000)
-
-
-def calibrate_spin_ns(late_threshold_ns: int, interval_ns: int, trials: int = 200) -> int:
-    """How long to spin before a deadline: 0 when plain sleep is precise enough.
-
-    Sleeps ``trials`` times for 500 µs and takes the median overshoot: the tail is preemption by
-    other processes, which spinning cannot fix (a real-time priority does). Sleep alone is enough
-    when the median is under half the late threshold; otherwise spin for it, but never more than
-    a twentieth of the interval, since a spin burns CPU on every tick.
-    """
-    overshoot = np.empty(trials, dtype=np.int64)
-    for i in range(trials):
-        start = time.perf_counter_ns()
-        time.sleep(0.0005)
-        overshoot[i] = time.perf_counter_ns() - start - 500_000
-    median = int(np.median(overshoot))
-    return 0 if median <= late_threshold_ns // 2 else min(median, interval_ns // 20)
-
-
-def _ask_realtime(priority: int) -> int:
-    """Run under SCHED_FIFO at ``priority`` if allowed; returns the priority in effect.
-
-    On a loaded machine a normal-priority sampler waits for a CPU for hundreds of microseconds
-    (measured in benchmarks/sampler.py); the lowest real-time priority removes most of that wait.
-    The loop sleeps nearly all of each tick, and the kernel's real-time throttling still bounds
-    it. Without CAP_SYS_NICE the request is refused and the sampler runs as before.
-    """
-    if priority <= 0 or not hasattr(os, "sched_setscheduler"):
-        return 0
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
-    except (PermissionError, OSError) as exc:
-        log.info(
-            "real-time priority %d refused (%s): sampling at normal priority; grant "
-            "CAP_SYS_NICE or set realtime_priority: 0 to silence this",
-            priority,
-            exc.strerror,
-        )
-        return 0
-    return priority
-
-
 def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
     # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
     # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
@@ -382,7 +337,7 @@ def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the parent's; a hangup too
     # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
@@ -409,24 +364,24 @@ def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         status.close()
         raise
     s = status.array
-    s[_PID] = os.getpid()
+    s[PID] = os.getpid()
     source = open_source(replace(plan.source, reopened=True))  # discovery logged what it found
     try:
         all_fields = [f for g in plan.groups for f in g.fields]
         source.open(all_fields)
     except Exception as exc:
         _tell(conn, f"cannot open the {plan.source.kind} source: {exc}")  # the parent logs it
-        s[_STATE] = FAILED
+        s[STATE] = FAILED
         _detach(rings, status)
         return
     try:
-        _loop(plan, source, rings, s, parent_pid)
-        s[_STATE] = STOPPED
+        run_lanes(plan, source, rings, s, parent_pid)
+        s[STATE] = STOPPED
     except Exception as exc:
         log.exception("the sampler loop failed")
         _tell(conn, f"the sampler loop failed: {type(exc).__name__}: {exc}")
-        s[_ERROR] = 1
-        s[_STATE] = FAILED
+        s[ERROR] = 1
+        s[STATE] = FAILED
     finally:
         with contextlib.suppress(Exception):
             source.close()
@@ -437,65 +392,3 @@ def _detach(rings: list[Ring], status: SharedInts) -> None:
     for r in rings:
         r.close()
     status.close()
-
-
-def _loop(
-    plan: SamplerPlan,
-    src: Source,
-    rings: list[Ring],
-    s: npt.NDArray[np.int64],
-    parent_pid: int,
-) -> None:
-    reduce_timer_slack()
-    s[_RT_PRIORITY] = _ask_realtime(plan.realtime_priority)
-    threshold_ns = int(plan.late_threshold_s * 1e9)
-    intervals = [int(g.interval_s * 1e9) for g in plan.groups]
-    if plan.spin_s is not None:
-        spin_ns = int(plan.spin_s * 1e9)
-    else:
-        spin_ns = calibrate_spin_ns(threshold_ns, min(intervals))
-    s[_SPIN_NS] = spin_ns
-    n = len(plan.groups)
-    gpu_slot = _GLOBAL_SLOTS + _PER_GROUP * n
-    fields = [g.fields for g in plan.groups]
-    last_driver = [np.full((plan.gpus, len(g.fields)), -1, dtype=np.int64) for g in plan.groups]
-    now = time.perf_counter_ns()
-    # stagger the groups inside the fastest interval, so a slow read never delays a fast tick
-    phase = min(intervals) // n
-    deadlines = [now - now % iv + iv + k * phase for k, iv in enumerate(intervals)]
-    s[gpu_slot : gpu_slot + plan.gpus] = 1
-    s[_STATE] = RUNNING
-    perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
-    while not s[_STOP]:
-        i = min(range(n), key=deadlines.__getitem__)
-        deadline = deadlines[i]
-        remaining = deadline - perf_ns()
-        if remaining > spin_ns:
-            sleep((remaining - spin_ns) / 1e9)
-        while perf_ns() < deadline:
-            pass
-        lateness = perf_ns() - deadline
-        interval = intervals[i]
-        missed = lateness // interval
-        if missed:
-            lateness -= missed * interval
-            deadline += missed * interval
-        ring = rings[i]
-        values, driver = ring.slot()
-        read_at = wall_ns()
-        src.read(fields[i], values, driver, read_at)
-        repeat = driver == last_driver[i]
-        values[repeat] = np.nan
-        last_driver[i][...] = driver
-        ring.commit(read_at, lateness)
-        base = _GLOBAL_SLOTS + _PER_GROUP * i
-        s[base] += 1
-        if lateness > threshold_ns:
-            s[base + 1] += 1
-        s[base + 2] += missed
-        deadlines[i] = deadline + interval
-        if i == 0:
-            s[gpu_slot : gpu_slot + plan.gpus] = src.gpu_up
-            s[_HEARTBEAT_NS] = wall_ns()
-            if s[base] % 1000 == 0 and os.getppid() != parent_pid:
-                break  # orphaned where PR_SET_PDEATHSIG is not available

@@ -11,12 +11,20 @@ function pointer from ``pynvml._nvmlGetFunctionPointer`` directly. A C function 
 Each fake GPU has a table of field values by NVML field id and of call readings by key, each with
 a refresh period: the driver timestamp is the fake clock floored to that period, and a callable
 value is evaluated at that timestamp, so "fields with known refresh periods" come for free.
+
+Calls take time where a test says so: ``FakeNvml.costs`` gives a C function a cost per call (a
+constant, or one that depends on the call's number, such as ``every(20, 0.005)``: a 5 ms call
+every 20th), and ``FakeGpu.field_cost_s`` makes a batched field-value read that includes a field
+id slow (ECC counts, retired pages). The time is spent in ``time.sleep`` inside the C entry
+point, so the GIL is free meanwhile, as it is during a real ctypes call into the driver. The fake
+may be called from several threads at once, as the sampler's two lanes do.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +35,7 @@ import pynvml
 import pytest
 
 Value = float | Callable[[int], float]  # a constant, or a function of the driver timestamp (us)
+Cost = float | Callable[[int], float]  # seconds per call, or a function of the call's number (1..)
 
 _HANDLE_BASE = 0x10000  # fake device handles are pointers to these addresses, one per GPU
 _EVENT_SET = 0xE0000
@@ -73,6 +82,8 @@ class FakeGpu:
     gpm: dict[int, FakeReading] = field(default_factory=dict)
     gpm_supported: bool = True
     gpm_period_us: int = 100_000
+    # NVML field id -> seconds a nvmlDeviceGetFieldValues call that asks for it spends, added up
+    field_cost_s: dict[int, float] = field(default_factory=dict)
 
 
 def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
@@ -181,6 +192,16 @@ class FakeNvml:
     initialised: int = 0
     gpm_samples: dict[int, tuple[int, int]] = field(default_factory=dict)  # addr -> (gpu, ts)
     gpm_next: int = 0x700000
+    costs: dict[str, Cost] = field(default_factory=dict)  # C function name -> time per call
+    # (C function name, seconds it slept) per call that cost something, in call order
+    slept: list[tuple[str, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def spend(self, name: str, seconds: float) -> None:
+        """Take ``seconds`` in the "driver": asleep, with the GIL released."""
+        if seconds > 0:
+            time.sleep(seconds)
+            self.slept.append((name, seconds))
 
     def handle(self, i: int) -> Any:
         return ctypes.cast(ctypes.c_void_p(_HANDLE_BASE + i), pynvml.c_nvmlDevice_t)
@@ -208,8 +229,19 @@ class _CFunction:
         self.argtypes: Any = None
 
     def __call__(self, *args: Any) -> Any:
-        self._fake.calls[self.__name__] += 1
+        fake = self._fake
+        with fake.lock:
+            fake.calls[self.__name__] += 1
+            number = fake.calls[self.__name__]
+        cost = fake.costs.get(self.__name__)
+        if cost is not None:
+            fake.spend(self.__name__, cost(number) if callable(cost) else cost)
         return self._impl(*args)
+
+
+def every(n: int, slow_s: float, base_s: float = 0.0) -> Callable[[int], float]:
+    """A cost of ``slow_s`` on every ``n``-th call and ``base_s`` on the others."""
+    return lambda number: slow_s if number % n == 0 else base_s
 
 
 def _obj(arg: Any) -> Any:
@@ -340,6 +372,11 @@ class FakeLib:
         if gpu is None:
             return code
         entries = _obj(values)
+        if gpu.field_cost_s:
+            ids = [int(entries[k].fieldId) for k in range(_int(count))]
+            self._fake.spend(
+                "nvmlDeviceGetFieldValues", sum(gpu.field_cost_s.get(i, 0.0) for i in ids)
+            )
         now = self._fake.clock_us()
         for k in range(_int(count)):
             e = entries[k]
@@ -461,9 +498,10 @@ class FakeLib:
         return pynvml.NVML_SUCCESS
 
     def _c_nvmlGpmSampleAlloc(self, out: Any) -> int:
-        addr = self._fake.gpm_next
-        self._fake.gpm_next += 0x100
-        self._fake.gpm_samples[addr] = (-1, 0)
+        with self._fake.lock:
+            addr = self._fake.gpm_next
+            self._fake.gpm_next += 0x100
+            self._fake.gpm_samples[addr] = (-1, 0)
         ctypes.c_void_p.from_buffer(_obj(out)).value = addr
         return pynvml.NVML_SUCCESS
 

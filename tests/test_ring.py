@@ -6,6 +6,7 @@ import errno
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import shm_dirs
 
@@ -47,6 +48,44 @@ def test_a_lagging_reader_loses_the_oldest_rows_and_counts_them() -> None:
         assert len(rows) + lost == 20
         assert rows.time_ns[-1] == 1019
         assert lost >= 12
+    finally:
+        ring.close()
+
+
+def _write_driver(ring: Ring, driver_ts: list[list[int]]) -> None:
+    """One row per entry: its driver timestamps (one per field), its value the row's number."""
+    for ts in driver_ts:
+        values, driver = ring.slot()
+        values[:] = ring.write_seq
+        driver[0, :] = ts
+        ring.commit(1_000 + ring.write_seq, 0)
+
+
+def test_a_reader_gets_nan_where_the_driver_timestamp_repeats() -> None:
+    """The writer stores what it read; a repeat of the row before's timestamp is no sample."""
+    ring = Ring.create(8, 1, 2)
+    try:
+        _write_driver(ring, [[10, 10], [10, 20], [30, 20], [30, 20]])
+        seq, rows, _ = ring.read_since(0)
+        assert np.array_equal(rows.values[:, 0, 0], [0, np.nan, 2, np.nan], equal_nan=True)
+        assert np.array_equal(rows.values[:, 0, 1], [0, 1, np.nan, np.nan], equal_nan=True)
+        assert rows.driver_ts_us[:, 0, 0].tolist() == [10, 10, 30, 30]  # kept as read
+        # the next read judges its first row against the last one already handed out
+        _write_driver(ring, [[30, 40], [50, 40]])
+        _, rows, _ = ring.read_since(seq)
+        assert np.array_equal(rows.values[:, 0, :], [[np.nan, 4], [5, np.nan]], equal_nan=True)
+    finally:
+        ring.close()
+
+
+def test_a_lagging_reader_keeps_the_first_row_it_can_judge_as_a_sample() -> None:
+    ring = Ring.create(4, 1, 1)
+    try:
+        _write_driver(ring, [[10]] * 10)  # one sample, repeated
+        seq, rows, lost = ring.read_since(0)
+        assert (seq, len(rows), lost) == (10, 3, 7)  # the oldest slot is the next written
+        # the row before the oldest one kept may be torn: the oldest counts as a sample
+        assert np.array_equal(rows.values[:, 0, 0], [7, np.nan, np.nan], equal_nan=True)
     finally:
         ring.close()
 

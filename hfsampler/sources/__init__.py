@@ -61,6 +61,9 @@ class SourceSpec:
     # the sampler process's open, after discovery's in the service: what open finds (a missing
     # file, a period) was logged there, and is not logged again
     reopened: bool = False
+    # sim: (field name, seconds) a read that includes the field takes, asleep with the GIL
+    # released as in a slow NVML query; for tests and benchmarks of slow reads
+    sim_read_cost_s: tuple[tuple[str, float], ...] = ()
 
 
 class Source(Protocol):
@@ -101,7 +104,7 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "sim":
         from hfsampler.sources.sim import SimSource
 
-        return SimSource(gpus=spec.gpus, seed=spec.seed)
+        return SimSource(gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s))
     if spec.kind == "nvml":
         from hfsampler.sources.nvml import NvmlSource
 

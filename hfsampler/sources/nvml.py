@@ -5,12 +5,18 @@ probes each field on each device once and picks how to read it (batched field id
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
 per-device calls. A lost GPU is marked down and skipped; the others keep sampling.
+
+Reads of different field sets may run at once on different threads (the sampler's two lanes):
+NVML's handles are thread-safe, each field set has its own plan and buffers, and what the sets
+share (GPUs up, error counts, the unknown-error streaks) is changed under one lock that is never
+held across an NVML call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +118,7 @@ class NvmlSource:
         self._up = np.zeros(0, dtype=np.bool_)
         self._unknown: list[int] = []
         self._errors = np.zeros(0, dtype=np.int64)
+        self._book = threading.Lock()  # guards _up, _unknown and _errors; never across a call
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
@@ -282,8 +289,7 @@ class NvmlSource:
                     self._mode[gpus, c] = _GPM
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
-        self._errors[g] += cells
-        return self._failed(g, code)
+        return self._failed(g, code, cells)
 
     def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int]) -> list[int]:
         if not ids:
@@ -426,13 +432,12 @@ class NvmlSource:
                 try:
                     raw = xid_last[g] if key == "xid" else readers[key](handle)
                 except calls.NvmlError as e:
-                    self._errors[g] += len(outs)
-                    if self._failed(g, int(e.value)):
+                    if self._failed(g, int(e.value), len(outs)):
                         values[g].fill(np.nan)
                         driver_ts_us[g].fill(0)
                         break
                     continue
-                self._unknown[g] = 0
+                self._answered(g)
                 for k, extract, scale in outs:
                     v = extract(raw)
                     if v is not None:
@@ -452,10 +457,9 @@ class NvmlSource:
             ret = fn(handles[g], b.n, b.per_gpu[g])
             if ret:
                 row_ok[g] = False
-                self._errors[g] += int(b.mask[g].sum())
-                self._failed(g, int(ret))
+                self._failed(g, int(ret), int(b.mask[g].sum()))
             else:
-                self._unknown[g] = 0
+                self._answered(g)
         vt = view["valueType"]
         # The driver gives each field one value type; recheck only the cells that count.
         types = _TYPES if ((vt != b.vt0) & b.mask).any() else b.types
@@ -493,31 +497,45 @@ class NvmlSource:
         return result
 
     def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
-        self._errors += bad.sum(axis=1)
+        with self._book:
+            self._errors += bad.sum(axis=1)
         for g in np.flatnonzero(bad.any(axis=1)):
             lost = [int(r) for r in rets[g][bad[g]] if int(r) in calls.LOST_CODES]
             if lost:
                 self._mark_down(int(g), lost[0])
 
-    def _failed(self, g: int, code: int) -> bool:
-        """Account an error answer from GPU ``g``; True when it takes the GPU down."""
-        if code in calls.LOST_CODES:
+    def _answered(self, g: int) -> None:
+        """GPU ``g`` answered: its streak of unknown errors ends (no lock when there is none)."""
+        if self._unknown[g]:
+            with self._book:
+                self._unknown[g] = 0
+
+    def _failed(self, g: int, code: int, cells: int = 0) -> bool:
+        """Account an error answer from GPU ``g`` that cost ``cells`` values.
+
+        True when it takes the GPU down.
+        """
+        with self._book:
+            self._errors[g] += cells
+            if code in calls.LOST_CODES:
+                lost = True
+            elif code == calls.UNKNOWN_CODE:
+                self._unknown[g] += 1
+                lost = self._unknown[g] >= UNKNOWN_LIMIT
+            else:
+                return False
+        if lost:
             self._mark_down(g, code)
-            return True
-        if code == calls.UNKNOWN_CODE:
-            self._unknown[g] += 1
-            if self._unknown[g] >= UNKNOWN_LIMIT:
-                self._mark_down(g, code)
-                return True
-        return False
+        return lost
 
     def _gpus(self, rows: Sequence[int]) -> str:
         return ",".join(str(self._devices[g].index) for g in rows)
 
     def _mark_down(self, g: int, code: int) -> None:
-        if not self._up[g]:
-            return
-        self._up[g] = False
+        with self._book:
+            if not self._up[g]:
+                return
+            self._up[g] = False
         info = self._devices[g] if g < len(self._devices) else None
         log.error(
             "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",

@@ -4,22 +4,28 @@ Every gauge is a pure function of (seed, gpu, field, time), so a test can recomp
 any window: a baseline, hash-based noise, transient power spikes of a few milliseconds, a slow
 framebuffer leak (a sawtooth), and throttling episodes during which the SM clock drops, power is
 capped and the SW power-cap reason bit is set. Every counter of the catalogue (``Kind.COUNTER``)
-integrates from the moment the source is opened: energy the power, violation time the throttling,
-others their profile's rate (most stay 0). Each field refreshes on its own period, and the
-driver timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+integrates from a field set's first read: energy the power, violation time the throttling, others
+their profile's rate (most stay 0). Each field refreshes on its own period, and the driver
+timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+
+Reads of different field sets may run at once on different threads (the sampler's two lanes):
+each field set keeps its own precomputed rows and counters, and what the sets share (the plans,
+the tables of spikes and throttling episodes per time bucket) is only ever added to, whole. A
+field may be given a read cost (``read_cost_s``): a read that includes it sleeps that long with
+the GIL released, as a slow NVML query (ECC counts, retired pages) waits in the driver.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from hfsampler.fields import (
-    BY_NAME,
     CATALOGUE,
     CLOCK_EVENTS,
     ENERGY,
@@ -156,6 +162,7 @@ class _Plan:
     refresh_ns: IntArray
     shaped: tuple[tuple[int, str], ...]  # columns with their own shape (spikes, leak, throttle)
     counters: tuple[tuple[int, str], ...]
+    cost_s: float  # what one read of these fields takes in the "driver" (slept, GIL released)
 
 
 _SHAPED = frozenset(
@@ -166,6 +173,9 @@ _COUNTER_NAMES = tuple(f.name for f in CATALOGUE if f.kind is Kind.COUNTER)
 _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
 _BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
 _FREQUENT_MS = 5
+_MAX_READERS = 64  # tuples cached by identity: a caller making one per read must not grow it
+_EVENT_BUCKETS_MAX = 64  # buckets one event table spans; wider asks are computed directly
+_EVENT_TABLES_MAX = 256  # tables kept before the cache starts over
 
 
 @dataclass(slots=True)
@@ -178,21 +188,38 @@ class _Block:
     last_ms: int
 
 
+@dataclass(slots=True)
+class _Reader:
+    """One field set's own state: its plan, precomputed rows and counters (one thread reads it)."""
+
+    fields: Sequence[Field] | None  # the tuple this reader is cached for by identity
+    plan: _Plan
+    block: _Block | None = None
+    counters: dict[str, FloatArray] | None = None
+    last_ns: int = 0
+
+
+# per (gpu, bucket) of one kind of event, raveled gpu-major: start, end, peak
+_EventTable = tuple[IntArray, IntArray, FloatArray]
+
+
 class SimSource:
     """N synthetic GPUs whose every reading, and every spike, is known in advance."""
 
-    def __init__(self, gpus: int = 2, seed: int = 0) -> None:
+    def __init__(
+        self, gpus: int = 2, seed: int = 0, read_cost_s: Mapping[str, float] | None = None
+    ) -> None:
         if gpus < 1:
             raise ValueError("the sim source needs at least one GPU")
         self.gpus = gpus
         self.seed = seed
+        self._read_cost_s = dict(read_cost_s or {})
         self._gpu_ids = np.arange(gpus, dtype=np.int64)
-        self._up = np.ones(gpus, dtype=np.bool_)
-        self._last_ns: int | None = None
-        self._counters: dict[str, FloatArray] = {}
+        self._up = np.ones(gpus, dtype=np.bool_)  # a sim GPU is never lost
         self._plans: dict[tuple[str, ...], _Plan] = {}
-        self._blocks: dict[int, _Block] = {}
-        self._plans_by_id: dict[int, tuple[Sequence[Field], _Plan]] = {}
+        self._readers_by_id: dict[int, _Reader] = {}  # the sampler's tuples, by identity
+        self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
+        self._events: dict[tuple[str, int, int], _EventTable] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -219,37 +246,35 @@ class SimSource:
         driver_ts_us: IntArray,
         now_ns: int,
     ) -> None:
-        by_id = self._plans_by_id.get(id(fields))
-        if by_id is not None and by_id[0] is fields:
-            plan = by_id[1]  # the sampler passes the same tuple every tick: skip the names
-        else:
-            plan = self._plan(tuple(fields))
-            if isinstance(fields, tuple):
-                self._plans_by_id[id(fields)] = (fields, plan)
+        reader = self._readers_by_id.get(id(fields))
+        if reader is None or reader.fields is not fields:
+            reader = self._reader(fields)  # the sampler passes the same tuple every tick
+        plan = reader.plan
+        if plan.cost_s:
+            time.sleep(plan.cost_s)
         # Every refresh period is a whole number of milliseconds, so a read is that millisecond's
         # row; a frequent reader gets a block of rows computed in one vectorised call.
         ms = now_ns // 1_000_000
-        block = self._blocks.get(id(plan))
+        block = reader.block
         if block is None or not block.start_ms <= ms < block.start_ms + len(block.values):
             frequent = block is not None and 0 <= ms - block.last_ms <= _FREQUENT_MS
-            block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
-            self._blocks[id(plan)] = block
+            block = reader.block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
         block.last_ms = ms
         row = ms - block.start_ms
         values[:] = block.values[row]
         driver_ts_us[:] = block.driver_ts_us[row]
         if plan.counters:
-            self._advance_counters(now_ns)
+            counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
-                values[:, j] = self._counters[name]
-        values[~self._up, :] = np.nan
+                values[:, j] = counters[name]
 
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
 
     def close(self) -> None:
-        self._last_ns = None
+        self._readers_by_id.clear()  # counters start over on the next read
+        self._readers.clear()
 
     # -- ground truth ----------------------------------------------------------------------------
 
@@ -264,7 +289,7 @@ class SimSource:
         t = np.asarray(t_ns, dtype=np.int64)
         g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
         t, g = np.broadcast_arrays(t, g)
-        plan = self._plan((BY_NAME[name],))
+        plan = self._plan((name,))
         out = self._signal(plan, g.ravel(), t.reshape(-1, 1))
         return out[:, 0].reshape(t.shape)
 
@@ -291,8 +316,20 @@ class SimSource:
 
     # -- the signals -----------------------------------------------------------------------------
 
-    def _plan(self, fields: tuple[Field, ...]) -> _Plan:
+    def _reader(self, fields: Sequence[Field]) -> _Reader:
         names = tuple(f.name for f in fields)
+        if not isinstance(fields, tuple) or len(self._readers_by_id) >= _MAX_READERS:
+            reader = self._readers.get(names)
+            if reader is None:
+                reader = self._readers[names] = _Reader(None, self._plan(names))
+            return reader
+        # Keyed by identity, so the hot path skips the names; the reader keeps the tuple alive,
+        # so its id cannot be reused while the entry exists.
+        reader = _Reader(fields, self._plan(names))
+        self._readers_by_id[id(fields)] = reader
+        return reader
+
+    def _plan(self, names: tuple[str, ...]) -> _Plan:
         plan = self._plans.get(names)
         if plan is None:
             profiles = [_PROFILES.get(n, _DEFAULT_PROFILE) for n in names]
@@ -302,9 +339,10 @@ class SimSource:
                 noise=np.array([p.noise for p in profiles]),
                 refresh_ns=np.array([p.refresh_ns for p in profiles], dtype=np.int64),
                 shaped=tuple((j, n) for j, n in enumerate(names) if n in _SHAPED),
-                counters=tuple((j, f.name) for j, f in enumerate(fields) if f.kind is Kind.COUNTER),
+                counters=tuple((j, n) for j, n in enumerate(names) if n in _COUNTER_NAMES),
+                cost_s=sum(self._read_cost_s.get(n, 0.0) for n in names),
             )
-            self._plans[names] = plan
+            self._plans[names] = plan  # two threads making the same plan: either one is kept
         return plan
 
     def _block(self, plan: _Plan, ms: int, rows: int) -> _Block:
@@ -357,10 +395,37 @@ class SimSource:
     ) -> tuple[npt.NDArray[np.bool_], FloatArray, IntArray]:
         """Whether each t is inside its bucket's event, the event's peak, and t - event start."""
         bucket = t // bucket_ns
-        params = self._spike_params if kind == "spike" else self._throttle_params
-        start, end, peak = params(g, bucket)
+        start, end, peak = self._event_params(kind, g, bucket)
         rel: IntArray = (t - start).astype(np.int64)
         return (t >= start) & (t < end), peak.astype(np.float64), rel
+
+    def _event_params(
+        self, kind: str, g: IntArray, bucket: IntArray
+    ) -> tuple[IntArray, IntArray, FloatArray]:
+        """Each (gpu, bucket)'s event, from a table per span of buckets computed once.
+
+        Buckets are 1 s (spikes) or 10 s (throttling) long: the rows a read needs seldom span
+        more than one, so a table of every GPU's events there is a few entries, looked up
+        instead of hashed for every row and field. The same numbers as ``params(g, bucket)``.
+        """
+        params = self._spike_params if kind == "spike" else self._throttle_params
+        if not bucket.size or not g.size:
+            return params(g, bucket)
+        lo, hi = int(bucket.min()), int(bucket.max())
+        if hi - lo >= _EVENT_BUCKETS_MAX or int(g.min()) < 0 or int(g.max()) >= self.gpus:
+            return params(g, bucket)
+        key = (kind, lo, hi)
+        table = self._events.get(key)
+        if table is None:
+            width = hi - lo + 1
+            gpu = np.repeat(self._gpu_ids, width)
+            table = params(gpu, np.tile(np.arange(lo, hi + 1, dtype=np.int64), self.gpus))
+            if len(self._events) >= _EVENT_TABLES_MAX:
+                self._events.clear()
+            self._events[key] = table  # whole, once made: another thread sees it or none
+        at = g * (hi - lo + 1) + (bucket - lo)
+        start, end, peak = table
+        return start[at], end[at], peak[at]
 
     def _spike_params(self, g: IntArray, bucket: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
         exists = _unit(self.seed, g, bucket, 1) < _SPIKE_PROBABILITY
@@ -379,22 +444,32 @@ class SimSource:
         length = 200_000_000 + (_unit(self.seed, g, bucket, 13) * 600_000_000).astype(np.int64)
         return start, np.where(exists, start + length, start), exists.astype(np.float64)
 
-    def _advance_counters(self, now_ns: int) -> None:
-        if self._last_ns is None:
-            self._last_ns = now_ns
-            self._counters = {name: np.zeros(self.gpus) for name in _COUNTER_NAMES}
-            self._counters[ENERGY.name] += 1.0e9 + self._gpu_ids * 1e7
-            return
-        dt_ns = now_ns - self._last_ns
+    def _advance_counters(self, reader: _Reader, now_ns: int) -> dict[str, FloatArray]:
+        """The reader's counters at ``now_ns``: zero (energy: an offset) at its first read."""
+        counters = reader.counters
+        if counters is None:
+            reader.last_ns = now_ns
+            counters = reader.counters = {
+                name: np.zeros(self.gpus) for _, name in reader.plan.counters
+            }
+            energy = counters.get(ENERGY.name)
+            if energy is not None:
+                energy += 1.0e9 + self._gpu_ids * 1e7
+            return counters
+        dt_ns = now_ns - reader.last_ns
         if dt_ns <= 0:
-            return
-        self._last_ns = now_ns
+            return counters
+        reader.last_ns = now_ns
         t = np.full(self.gpus, now_ns, dtype=np.int64)
-        power_w = self.value_at(POWER_AVERAGE.name, t)
-        self._counters[ENERGY.name] += power_w * dt_ns / 1e6  # mJ
-        throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
-        self._counters[POWER_VIOLATION.name] += np.where(throttled, dt_ns / 1e3, 0.0)
-        for name, counter in self._counters.items():
+        energy = counters.get(ENERGY.name)
+        if energy is not None:
+            energy += self.value_at(POWER_AVERAGE.name, t) * dt_ns / 1e6  # mJ
+        violation = counters.get(POWER_VIOLATION.name)
+        if violation is not None:
+            throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
+            violation += np.where(throttled, dt_ns / 1e3, 0.0)
+        for name, counter in counters.items():
             rate = _PROFILES.get(name, _DEFAULT_PROFILE).rate_per_s
             if rate:
                 counter += rate * dt_ns / 1e9
+        return counters

@@ -4,10 +4,11 @@ Layout: 8 magic bytes, then chunks. Each chunk is a 12-byte frame (4-byte tag, p
 CRC-32 of the payload) and a zlib-compressed payload; the payload is a small JSON part plus packed
 arrays. Tags: ``HEAD`` (the job's context, first), ``RAW_`` (one group's distinct samples over a
 stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU compute processes seen),
-``END_`` (end time and exit code, last). The header names the window statistics each ``WIN_``
-chunk holds, in order, and the reader takes them by name (format 1 named none: its chunks hold
-``FORMAT_1_STATS``). Every chunk is written with one ``write`` and flushed, so a ``kill -9`` loses
-at most the chunk being written; the reader stops at the first torn or corrupt frame and says so.
+``MARK`` (markers and phases the job sent or printed), ``END_`` (end time and exit code, last).
+The header names the window statistics each ``WIN_`` chunk holds, in order, and the reader takes
+them by name (format 1 named none: its chunks hold ``FORMAT_1_STATS``). Every chunk is written
+with one ``write`` and flushed, so a ``kill -9`` loses at most the chunk being written; the reader
+stops at the first torn or corrupt frame and says so.
 
 Why this shape: the raw samples are most of the bytes. Driver timestamps are delta-encoded (at a
 steady refresh the deltas are one repeated number); values are XOR-ed with the previous value of
@@ -43,7 +44,8 @@ MAGIC = b"HFSREC\x00\x01"
 FORMAT_VERSION = 2  # 2: the header names the window statistics
 FORMAT_1_STATS = ("min", "max", "mean", "p99", "last")  # what format 1 stored, in this order
 _FRAME = struct.Struct("<4sII")
-HEAD, RAW, WIN, PROC, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"END_"
+HEAD, RAW, WIN, PROC, MARK, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"MARK", b"END_"
+MARKER_KINDS = ("mark", "begin", "end", "step")  # an instant; a phase's edges; step n starts
 ZLIB_LEVEL = 6
 
 FloatArray = npt.NDArray[np.float64]
@@ -140,6 +142,38 @@ class Windows:
         """Window ``i`` as the ``WindowStats`` the metric model takes."""
         values = {name: v[i] for name, v in self.values.items()}
         return WindowStats(int(self.t0_ns[i]), int(self.t1_ns[i]), fields, values, self.count[i])
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """One event of the job: an instant (``mark``), a phase's ``begin`` / ``end``, a ``step``.
+
+    ``t_ns`` is wall-clock time (``time.time_ns``, the clock of the windows); ``step`` is the step
+    number of a ``step`` marker; ``source`` says where it came from: ``api`` (``hfsampler.markers``)
+    or ``output`` (a line of the child's output matched by ``--mark-pattern``).
+    """
+
+    t_ns: int
+    kind: str
+    name: str
+    step: int | None = None
+    source: str = "api"
+    pid: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in MARKER_KINDS:
+            raise ValueError(f"marker kind {self.kind!r} is not one of {', '.join(MARKER_KINDS)}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t_ns": self.t_ns, "kind": self.kind, "name": self.name, "step": self.step,
+                "source": self.source, "pid": self.pid}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Marker:
+        step, pid = d.get("step"), d.get("pid")
+        return cls(int(d["t_ns"]), str(d["kind"]), str(d["name"]),
+                   None if step is None else int(step), str(d.get("source", "api")),
+                   None if pid is None else int(pid))  # fmt: skip
 
 
 # -- writer --------------------------------------------------------------------------------------
@@ -252,6 +286,11 @@ class RecordingWriter:
         """Store the GPU compute processes seen at ``t_ns`` (per recorded GPU index)."""
         meta = {"t_ns": t_ns, "gpus": {str(k): list(v) for k, v in processes.items()}}
         self._chunk(PROC, _pack(meta, []))
+
+    def add_markers(self, markers: Sequence[Marker]) -> None:
+        """Store markers received since the last call (nothing is written for none)."""
+        if markers:
+            self._chunk(MARK, _pack({"markers": [m.to_json() for m in markers]}, []))
 
     def close(self, end: Mapping[str, Any] | None = None) -> None:
         """Write the end chunk (when given), fsync and close; safe to call twice."""
@@ -427,6 +466,16 @@ class Recording:
     def processes(self) -> list[dict[str, Any]]:
         """Every process snapshot: ``{"t_ns": ..., "gpus": {gpu index: [process, ...]}}``."""
         return [self._load(f)[0] for f in self.frames if f.tag == PROC]
+
+    def markers(self) -> list[Marker]:
+        """Every stored marker, in time order."""
+        out = [
+            Marker.from_json(m)
+            for f in self.frames
+            if f.tag == MARK
+            for m in self._load(f)[0]["markers"]
+        ]
+        return sorted(out, key=lambda m: m.t_ns)
 
     def time_range_ns(self) -> tuple[int, int]:
         """Start from the header; end from the end chunk, else the last window or raw chunk."""

@@ -123,3 +123,23 @@ def test_reads_a_recording_written_by_format_1() -> None:
     first = {(s.name, dict(s.labels)["gpu"]): v for s, v in snaps[0].items()}
     assert first[("DCGM_FI_DEV_POWER_USAGE_INSTANT_max", "1")] == rec.windows(0)[MAX][0, 1, 0]
     assert first[("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "0")] == 12  # 4 | 8 over the window
+
+
+def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:
+    from hfsampler.recording import Marker
+
+    path = tmp_path / "m.hfs"
+    w = RecordingWriter(path, {"start_ns": 0}, [], [])
+    late = Marker(2_000, "step", "step", step=7, pid=12)
+    early = Marker(1_000, "begin", "epoch 3", source="output")
+    w.add_markers([late, early])
+    w.add_markers([])
+    w.close({"end_ns": 3_000})
+    assert Recording(path).markers() == [early, late]
+
+
+def test_marker_kind_is_checked() -> None:
+    from hfsampler.recording import Marker
+
+    with pytest.raises(ValueError, match="marker kind"):
+        Marker(0, "pause", "x")

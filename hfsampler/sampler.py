@@ -213,12 +213,15 @@ class Sampler:
         reader, writer = ctx.Pipe(duplex=False)
         self._conn = reader
         self._exit_reason = None
-        self._process = ctx.Process(
+        process = ctx.Process(
             target=_child_main, args=(self.plan, os.getpid(), writer), name="hfsampler-sampler"
         )
-        self._process.daemon = True
-        self._process.start()
-        writer.close()  # the child holds its own copy: EOF here once it is gone
+        process.daemon = True
+        try:
+            process.start()
+        finally:
+            writer.close()  # the child holds its own copy: EOF here once it is gone
+        self._process = process  # only a started one: stop() joins it
         deadline = time.monotonic() + timeout_s
         status = self._array()
         while status[STATE] == STARTING:

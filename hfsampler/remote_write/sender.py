@@ -73,6 +73,7 @@ _CPU = ThreadPoolExecutor(4, thread_name_prefix="rw-cpu")
 EXECUTOR_THRESHOLD_BYTES = 1 << 20
 # After a fallback from 2.0, how long an endpoint stays on 1.0 before 2.0 is tried again.
 REPROBE_S = 600.0
+OUTAGE_REMINDER_S = 300.0  # how often a failing endpoint's retries are said again
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
 
@@ -149,6 +150,46 @@ class _Flight:
         return self.batch.count - self.settled
 
 
+class _Outage:
+    """The endpoint's failing stretch, for the log: a retried failure is said when the endpoint
+    starts failing, again when the reason changes or every ``OUTAGE_REMINDER_S``, and the
+    recovery once; the attempts between go to debug (each is counted in the retries metric).
+
+    An edge node in a long outage retries every ``max_backoff`` on every shard: a line per
+    attempt would bury the one line that says why. Shared by the endpoint's shards.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.since: float | None = None
+        self.retries = 0
+        self._said_at = 0.0
+        self._said_kind = ""
+
+    def failed(self, err: RecoverableSendError) -> str | None:
+        """Counts one retried failure: what to add to its warning, or None to say it at debug."""
+        now = self._clock()
+        kind = str(err).split(": ", 1)[0]  # "HTTP 503", "ClientConnectorError", a timeout
+        self.retries += 1
+        if self.since is None:
+            self.since = now
+            note = f"; later retries are said every {OUTAGE_REMINDER_S:.0f} s or on a new reason"
+        elif kind == self._said_kind and now - self._said_at < OUTAGE_REMINDER_S:
+            return None
+        else:
+            note = f"; failing for {now - self.since:.0f} s, {self.retries} retries"
+        self._said_at, self._said_kind = now, kind
+        return note
+
+    def delivered(self) -> tuple[int, float] | None:
+        """Ends a failing stretch: (retries, seconds) when one was going on, else None."""
+        if self.since is None:
+            return None
+        ended = (self.retries, self._clock() - self.since)
+        self.since, self.retries, self._said_kind = None, 0, ""
+        return ended
+
+
 class _Negotiation:
     """Which protocol an endpoint gets now: 2.0 unless a fallback put it on 1.0 for a while."""
 
@@ -207,6 +248,7 @@ class RemoteWriter:
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
         self._families: dict[str, Family] = dict(families or {})
         self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
+        self._outage = _Outage()
         self._v2 = (
             RequestEncoderV2(lambda: self._families, _start_ms)
             if self._negotiation.wants_v2
@@ -457,13 +499,16 @@ class RemoteWriter:
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(RETRIES, 1, self._labels)
-                log.warning(
-                    "remote write %s (%s): %s; retrying in %.3f s%s",
+                note = self._outage.failed(err)
+                log.log(
+                    logging.DEBUG if note is None else logging.WARNING,
+                    "remote write %s (%s): %s; retrying in %.3f s%s%s",
                     self.config.remote_name,
                     self.config.display_url,
                     err,
                     delay.seconds,
                     f" ({delay.adjusted})" if delay.adjusted else "",
+                    note or "",
                 )
                 await asyncio.sleep(delay.seconds)
                 continue
@@ -501,6 +546,14 @@ class RemoteWriter:
             if v2 and written is not None and written < request.samples:
                 stored = max(written, 0)
                 self._partial(request, stored, "2xx")
+            ended = self._outage.delivered()
+            if ended is not None:
+                log.info(
+                    "remote write %s (%s): delivering again after %d retries over %.1f s",
+                    self.config.remote_name,
+                    self.config.display_url,
+                    *ended,
+                )
             self._metrics.inc(SAMPLES, stored, self._labels)
             self._metrics.inc(BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels)
             self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)

@@ -25,9 +25,10 @@ import asyncio
 import logging
 import re
 import time
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -247,10 +248,12 @@ class RemoteWriter:
         self._client = RemoteClient(config, metrics, self._n_shards)
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
         self._families: dict[str, Family] = dict(families or {})
+        # a family renamed by write_relabel_configs keeps its metadata under its new name
+        self._renamed: dict[str, Family] = {}
         self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
         self._outage = _Outage()
         self._v2 = (
-            RequestEncoderV2(lambda: self._families, _start_ms)
+            RequestEncoderV2(lambda: ChainMap(self._renamed, self._families), _start_ms)
             if self._negotiation.wants_v2
             else None
         )
@@ -305,6 +308,8 @@ class RemoteWriter:
                 if value != value and is_stale(value):
                     relabeller.forget(series)  # it ends here: the cache must not keep it
             if out is not None:
+                if out.name != series.name and out.name not in self._renamed:
+                    self._learn_rename(series.name, out.name)
                 buckets[out.id % n if n > 1 else 0].append(QueuedSample(out, value, ts))
         step = self.config.queue.max_samples_per_send
         dropped = 0
@@ -316,6 +321,13 @@ class RemoteWriter:
         if dropped:
             self._drop(dropped, "queue_full")
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _learn_rename(self, old: str, new: str) -> None:
+        """A relabelled name's 2.0 metadata: the original family's, under the new name (a name
+        several families are renamed to takes the first one's)."""
+        family = self._families.get(old)
+        if family is not None and new not in self._families:
+            self._renamed[new] = replace(family, name=new)
 
     async def close(
         self,

@@ -7,6 +7,11 @@ distinct raw samples and its statistics go to a ``RecordingWriter`` instead of R
 command runs as a child in the same process group (so it keeps the terminal); signals sent to the
 recorder are passed on to it, and the recorder exits with the child's exit code (128 + N when a
 signal N ended it).
+
+Markers: the child finds a socket in ``HFSAMPLER_MARKER_SOCKET`` (``hfsampler.markers`` sends
+to it); with ``--mark-pattern`` its stdout and stderr go through pipes (``OutputTap``), copied
+to ours as they come, and matching lines become markers too. Both are read between ticks of the
+window loop, never waited for, and stored once per window.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -35,8 +41,10 @@ from hfsampler.config import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, POWER, Kind, locate
 from hfsampler.flags import add_sampling_flags, config_from_args
+from hfsampler.job_markers import PATTERN_HELP, MarkerSocket, OutputTap, compile_patterns
+from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.plan import RunPlan, build_run
-from hfsampler.recording import RecordingWriter
+from hfsampler.recording import Marker, RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.sources import DeviceInfo, open_source
@@ -154,6 +162,7 @@ class RecordOptions:
     config: Config
     gpus: tuple[str, ...] | None
     status: bool
+    mark_patterns: tuple[re.Pattern[str], ...] = ()
 
 
 class Recorder:
@@ -169,6 +178,9 @@ class Recorder:
         self.out = out
         self.child: subprocess.Popen[bytes] | None = None
         self._stop = False
+        self.inbox: MarkerSocket | None = None
+        self.tap: OutputTap | None = None
+        self._markers: list[Marker] = []
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -207,8 +219,9 @@ class Recorder:
             writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
             self._install_signals()
             if self.opts.command:
-                self.child = subprocess.Popen(list(self.opts.command))
+                self._start_child()
             code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
+            self._finish_markers(writer, end_ns)
             writer.close({"end_ns": end_ns, "exit_code": code,
                           "samples": writer.samples_written})  # fmt: skip
             self._status(writer, start_ns, end_ns, final=True)
@@ -221,7 +234,46 @@ class Recorder:
                 writer.close()
             if side is not None:
                 side.close()
+            if self.inbox is not None:
+                self.inbox.close()
             sampler.close()
+
+    def _start_child(self) -> None:
+        env = dict(os.environ)
+        try:
+            self.inbox = MarkerSocket()
+            env[MARKER_ENV] = str(self.inbox.path)
+        except OSError as exc:  # markers are a nice-to-have: the job runs all the same
+            log.warning("no marker socket for the job (%s): hfsampler.markers calls are dropped",
+                        exc)  # fmt: skip
+            env.pop(MARKER_ENV, None)
+        if not self.opts.mark_patterns:
+            self.child = subprocess.Popen(list(self.opts.command), env=env)
+            return
+        # a pipe makes Python block-buffer its output: lines would arrive late, and so their marks
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.child = subprocess.Popen(list(self.opts.command), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)  # fmt: skip
+        self.tap = OutputTap(self.opts.mark_patterns, self.child.pid)
+        self.tap.attach(self.child.stdout, self.child.stderr)
+
+    def _collect_markers(self) -> None:
+        if self.inbox is not None:
+            self._markers += self.inbox.drain()
+        if self.tap is not None:
+            self._markers += self.tap.drain()
+
+    def _store_markers(self, writer: RecordingWriter) -> None:
+        if self._markers:
+            writer.add_markers(sorted(self._markers, key=lambda m: m.t_ns))
+            self._markers = []
+
+    def _finish_markers(self, writer: RecordingWriter, end_ns: int) -> None:
+        """The last markers: what waits in the socket, the output's last lines, an open phase."""
+        if self.tap is not None:
+            self._markers += self.tap.finish(end_ns)
+        self._collect_markers()
+        self._store_markers(writer)
 
     def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
               side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip
@@ -252,11 +304,13 @@ class Recorder:
                     sampling = False
                 if sampling:
                     self._write(readers, writer, clock.t0_ns, clock.t1_ns)
+                self._store_markers(writer)
                 self._status(writer, start_ns, clock.t1_ns)
                 clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
                 seen = self._processes(writer, side, seen)
+            self._collect_markers()
             time.sleep(0.005)
 
     def _write(self, readers: list[WindowReader], writer: RecordingWriter, t0: int,
@@ -373,6 +427,8 @@ def register(sub: Any) -> dict[str, Any]:
         sources=("auto", "nvml", "sim", "jetson"),
     )
     p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("--mark-pattern", action="append", default=[], metavar="REGEX",
+                   help=PATTERN_HELP)  # fmt: skip
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     return {"record": cmd_record}
 
@@ -388,6 +444,7 @@ def options(args: argparse.Namespace) -> RecordOptions:
     return RecordOptions(
         Path(args.output), command, config.duration_s, config,
         tuple(wanted) if wanted else None, status=not args.quiet,
+        mark_patterns=compile_patterns(args.mark_pattern),
     )  # fmt: skip
 
 

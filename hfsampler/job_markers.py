@@ -1,9 +1,11 @@
 """The recorder's side of markers: the socket ``hfsampler.markers`` sends to, and output matching.
 
 ``MarkerSocket`` is a Unix datagram socket in a private directory (mode 0700) that ``record``
-names to its child in ``HFSAMPLER_MARKER_SOCKET``; ``drain`` reads what arrived without ever
-waiting, and checks each datagram against the wire format (``hfsampler.markers``): anything else
-is counted, logged once (escaped) and dropped. ``OutputTap`` copies the child's stdout and
+names to its child in ``HFSAMPLER_MARKER_SOCKET``. A thread of its own reads it as datagrams
+arrive (Linux queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default, so a reader that
+looked between ticks would lose bursts) and checks each against the wire format
+(``hfsampler.markers``): anything else is counted, logged once (escaped) and dropped. ``drain``
+hands over what was read, never waiting. ``OutputTap`` copies the child's stdout and
 stderr to ours unchanged, chunk by chunk as they arrive, and turns lines matched by a
 ``--mark-pattern`` into markers (``pattern_marker`` says which kind).
 """
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 # a socket's path must fit sockaddr_un.sun_path (108 bytes on Linux, with its NUL)
 _MAX_SOCKET_PATH = 107
 _RECEIVE_BUFFER_BYTES = 4 << 20
+_POLL_CLOSED_S = 0.1  # how often the reading thread looks whether the socket is closing
 # how far a marker's own time may lie from its arrival: a datagram waits in the buffer for
 # seconds at most; a clock this far off is not the job's
 _PAST_S, _FUTURE_S = 600.0, 5.0
@@ -49,8 +52,9 @@ class BadDatagram(ValueError):
     """A datagram that is not a version-1 marker event; the message says why."""
 
 
-def parse_event(data: bytes, now_ns: int) -> Marker:
-    """The marker a datagram carries, or ``BadDatagram`` saying what is wrong with it."""
+def parse_event(data: bytes, now_ns: int) -> tuple[Marker, int]:
+    """The marker a datagram carries and the sender's count of events it dropped so far, or
+    ``BadDatagram`` saying what is wrong with it."""
     try:
         event = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -61,7 +65,9 @@ def parse_event(data: bytes, now_ns: int) -> Marker:
         raise BadDatagram(f"wire version {event.get('v')!r}; this recorder reads {WIRE_VERSION}")
     if set(event) != EVENT_KEYS:
         raise BadDatagram(f"keys {sorted(event)}, expected {sorted(EVENT_KEYS)}")
-    t_ns, kind, name, step, pid = (event[k] for k in ("t_ns", "kind", "name", "step", "pid"))
+    t_ns, kind, name, step, pid, dropped = (
+        event[k] for k in ("t_ns", "kind", "name", "step", "pid", "dropped")
+    )
     if not _is_int(t_ns) or not now_ns - _PAST_S * 1e9 <= t_ns <= now_ns + _FUTURE_S * 1e9:
         raise BadDatagram(f"t_ns {t_ns!r} is not a time near now ({now_ns})")
     if kind not in MARKER_KINDS:
@@ -74,7 +80,9 @@ def parse_event(data: bytes, now_ns: int) -> Marker:
         raise BadDatagram(f"a {kind} event has no step number")
     if not (_is_int(pid) and pid > 0):
         raise BadDatagram(f"pid {pid!r} is not a process id")
-    return Marker(t_ns, kind, name, step, "api", pid)
+    if not (_is_int(dropped) and dropped >= 0):
+        raise BadDatagram(f"dropped {dropped!r} is not a count")
+    return Marker(t_ns, kind, name, step, "api", pid), dropped
 
 
 def _is_int(value: Any) -> bool:
@@ -93,43 +101,65 @@ class MarkerSocket:
             raise OSError(f"socket path {self.path} is too long for a Unix socket")
         self.received = 0
         self.rejected = 0
+        self.job_dropped: dict[int, int] = {}  # per sending pid: what it could not send
+        self._found: queue.SimpleQueue[Marker] = queue.SimpleQueue()
+        self._closing = threading.Event()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             with contextlib.suppress(OSError):  # a bigger buffer if the system allows it
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER_BYTES)
             self._sock.bind(str(self.path))
-            self._sock.setblocking(False)
+            self._sock.settimeout(_POLL_CLOSED_S)
         except OSError:
-            self.close()
+            self._sock.close()
+            os.rmdir(self.directory)
             raise
+        self._thread = threading.Thread(target=self._read, daemon=True, name="record-markers")
+        self._thread.start()
 
-    def drain(self, now_ns: int | None = None, limit: int = 10_000) -> list[Marker]:
-        """The markers waiting now (at most ``limit``: the rest wait for the next call)."""
-        now = time.time_ns() if now_ns is None else now_ns
-        out: list[Marker] = []
-        for _ in range(limit):
+    def _read(self) -> None:
+        while not self._closing.is_set():
             try:
                 data = self._sock.recv(MAX_DATAGRAM_BYTES + 1)
-            except (BlockingIOError, InterruptedError):
-                break
+            except (TimeoutError, InterruptedError):
+                continue
             except OSError as exc:  # closed, or something odd: markers are never worth a crash
                 log.debug("reading the marker socket: %s", exc)
-                break
-            try:
-                if len(data) > MAX_DATAGRAM_BYTES:
-                    raise BadDatagram(f"longer than {MAX_DATAGRAM_BYTES} bytes")
-                out.append(parse_event(data, now))
-                self.received += 1
-            except BadDatagram as exc:
-                self.rejected += 1
-                if self.rejected == 1:
-                    log.warning("dropped a datagram on the marker socket that is not a marker "
-                                "(%s): %s; later ones are counted only", exc,
-                                ascii(data[:120]))  # fmt: skip
-        return out
+                return
+            self.take(data, time.time_ns())
+
+    def take(self, data: bytes, now_ns: int) -> None:
+        """One datagram: a marker queued for ``drain``, or garbage counted (logged once)."""
+        try:
+            if len(data) > MAX_DATAGRAM_BYTES:
+                raise BadDatagram(f"longer than {MAX_DATAGRAM_BYTES} bytes")
+            marker, dropped = parse_event(data, now_ns)
+        except BadDatagram as exc:
+            self.rejected += 1
+            if self.rejected == 1:
+                log.warning("dropped a datagram on the marker socket that is not a marker (%s): "
+                            "%s; later ones are counted only", exc, ascii(data[:120]))  # fmt: skip
+            return
+        self.received += 1
+        pid = marker.pid or 0
+        self.job_dropped[pid] = max(self.job_dropped.get(pid, 0), dropped)
+        self._found.put(marker)
+
+    def drain(self) -> list[Marker]:
+        """The markers read since the last call, in arrival order."""
+        return _drain(self._found)
+
+    @property
+    def dropped_by_job(self) -> int:
+        """Events the job's processes said they could not send (a full socket queue)."""
+        return sum(self.job_dropped.values())
 
     def close(self) -> None:
-        """Close the socket and remove it and its directory; safe to call twice."""
+        """Stop reading, close the socket, remove it and its directory; safe to call twice."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._thread.join()
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
@@ -138,6 +168,15 @@ class MarkerSocket:
         if self.rejected:
             log.warning("%d datagrams on the marker socket were not markers and were dropped",
                         self.rejected)  # fmt: skip
+
+
+def _drain(found: queue.SimpleQueue[Marker]) -> list[Marker]:
+    out = []
+    while True:
+        try:
+            out.append(found.get_nowait())
+        except queue.Empty:
+            return out
 
 
 # -- output matching -----------------------------------------------------------------------------
@@ -258,12 +297,7 @@ class OutputTap:
 
     def drain(self) -> list[Marker]:
         """The markers matched since the last call."""
-        out = []
-        while True:
-            try:
-                out.append(self._found.get_nowait())
-            except queue.Empty:
-                return out
+        return _drain(self._found)
 
     def finish(self, end_ns: int, wait_s: float = 1.0) -> list[Marker]:
         """After the child's exit: wait (briefly) for the streams' last lines, end an open

@@ -21,9 +21,10 @@ Wire format, version 1: one datagram per event, a UTF-8 JSON object with exactly
 ``v`` (1), ``t_ns`` (``time.time_ns()`` when the call was made), ``kind`` (``mark``, ``begin``,
 ``end`` or ``step``), ``name`` (1 to ``MAX_NAME_CHARS`` printable characters: longer names are
 cut, control characters become spaces), ``step`` (the step number of a ``step`` event, else
-null) and ``pid`` (the sender), e.g. ``{"v":1,"t_ns":1764583200000000000,"kind":"step",
-"name":"step","step":12,"pid":4242}``. The recorder drops, counted and logged once, anything
-else.
+null), ``pid`` (the sender) and ``dropped`` (how many events this process could not send
+before this one, so the recorder can say what it missed), e.g. ``{"v":1,"t_ns":
+1764583200000000000,"kind":"step","name":"step","step":12,"pid":4242,"dropped":0}``. The
+recorder drops, counted and logged once, anything else.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ MAX_NAME_CHARS = 256
 # the largest datagram the recorder reads: a version-1 event with the longest name fits easily
 MAX_DATAGRAM_BYTES = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # the recorder takes printable names only
-EVENT_KEYS = frozenset(("v", "t_ns", "kind", "name", "step", "pid"))
+EVENT_KEYS = frozenset(("v", "t_ns", "kind", "name", "step", "pid", "dropped"))
 
 __all__ = ["ENV", "WIRE_VERSION", "dropped", "enabled", "mark", "phase", "sent", "step"]
 
@@ -75,9 +76,10 @@ class _Sender:
         name = _CONTROL.sub(" ", name).strip()[:MAX_NAME_CHARS] or kind
         event = {"v": WIRE_VERSION, "t_ns": time.time_ns(), "kind": kind,
                  "name": name, "step": step, "pid": pid}  # fmt: skip
-        text = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-        data = text.encode("utf-8", "replace")  # a lone surrogate in a name must not raise
         with self.lock:
+            event["dropped"] = self.dropped
+            text = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+            data = text.encode("utf-8", "replace")  # a lone surrogate in a name must not raise
             try:
                 if self.sock is None or self.pid != pid:
                     self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

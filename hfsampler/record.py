@@ -222,8 +222,12 @@ class Recorder:
                 self._start_child()
             code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
             self._finish_markers(writer, end_ns)
-            writer.close({"end_ns": end_ns, "exit_code": code,
-                          "samples": writer.samples_written})  # fmt: skip
+            end: dict[str, Any] = {"end_ns": end_ns, "exit_code": code,
+                                   "samples": writer.samples_written}  # fmt: skip
+            if self.inbox is not None:
+                end["markers_dropped_by_job"] = self.inbox.dropped_by_job
+                end["marker_datagrams_rejected"] = self.inbox.rejected
+            writer.close(end)
             self._status(writer, start_ns, end_ns, final=True)
             return code
         finally:
@@ -274,6 +278,9 @@ class Recorder:
             self._markers += self.tap.finish(end_ns)
         self._collect_markers()
         self._store_markers(writer)
+        if self.inbox is not None and self.inbox.dropped_by_job:
+            log.warning("the job could not send %d markers (the socket's queue was full)",
+                        self.inbox.dropped_by_job)  # fmt: skip
 
     def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
               side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip

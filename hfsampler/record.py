@@ -47,20 +47,19 @@ from hfsampler.plan import RunPlan, build_run
 from hfsampler.recording import Marker, RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
-from hfsampler.sources import DeviceInfo, open_source
+from hfsampler.sources import DeviceInfo, ProcessReader, open_processes
 from hfsampler.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
-PROCESS_POLL_S = 2.0
+PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
 END_GRACE_S = 0.02
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
 # already reaches the child, which shares our process group, and a second copy would interrupt
 # its clean-up.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-Procs = dict[int, list[dict[str, Any]]]  # per GPU index, its compute processes
 
 
 def job_context(env: Mapping[str, str]) -> dict[str, str]:
@@ -207,7 +206,7 @@ class Recorder:
         sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s,
                           max_ring_bytes=cfg.max_ring_bytes)  # fmt: skip
         writer: RecordingWriter | None = None
-        side = self._side_source()
+        side = self._process_reader()
         code = 0
         try:
             sampler.start()
@@ -283,12 +282,11 @@ class Recorder:
                         self.inbox.dropped_by_job)  # fmt: skip
 
     def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
-              side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip
+              side: ProcessReader | None, start_ns: int) -> tuple[int, int]:  # fmt: skip
         # every window is written, however late: no catch-up as `run` does
         clock = WindowClock(self.opts.config.window_s, END_GRACE_S, start_ns=start_ns)
         end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
         next_poll = 0.0
-        seen: dict[int, list[dict[str, Any]]] | None = None
         sampling = True
         while True:
             code = self.child.poll() if self.child is not None else None
@@ -316,7 +314,7 @@ class Recorder:
                 clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
-                seen = self._processes(writer, side, seen)
+                self._processes(writer, side)
             self._collect_markers()
             time.sleep(0.005)
 
@@ -330,35 +328,32 @@ class Recorder:
                 self.power_now = np.where(np.isnan(now), self.power_now, now)
                 self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
 
-    def _side_source(self) -> Any:
-        """A second handle on the source, here in the parent, for the compute-process list."""
-        if self.spec.kind != "nvml":
-            return None
-        source = open_source(self.spec)
+    def _process_reader(self) -> ProcessReader | None:
+        """The compute-process list, here in the parent (once a second is no load to share)."""
+        indices = [self.inventory.devices[p].index for p in self.keep]
         try:
-            source.open(self.inventory.fields[:1])
+            return open_processes(self.spec, indices)
         except Exception as exc:  # the list of processes is a nice-to-have, never a failure
             log.warning("cannot list GPU processes: %s", exc)
             return None
-        return source if hasattr(source, "processes") else None
 
-    def _processes(self, writer: RecordingWriter, side: Any,
-                   seen: Procs | None) -> Procs:  # fmt: skip
+    def _processes(self, writer: RecordingWriter, reader: ProcessReader) -> None:
+        """One snapshot of the recorded GPUs' processes; the job's own (the child's
+        descendants) are marked ``in_job``."""
+        job = descendants(self.child.pid) if self.child is not None else set()
+        now = time.time_ns()
         try:
-            found: dict[int, list[tuple[int, int]]] = side.processes()
+            found = reader.read_processes(job, now)
         except Exception as exc:
             log.debug("listing GPU processes failed: %s", exc)
-            return seen or {}
-        job = descendants(self.child.pid) if self.child is not None else set()
+            return
         kept = {self.inventory.devices[p].index for p in self.keep}
-        now = {
-            gpu: [{"pid": pid, "used_memory_bytes": mem, "in_job": pid in job}
-                  for pid, mem in sorted(procs)]
+        snapshot = {
+            gpu: [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
+                   "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job} for p in procs]
             for gpu, procs in found.items() if gpu in kept
         }  # fmt: skip
-        if now != seen:
-            writer.add_processes(time.time_ns(), now)
-        return now
+        writer.add_processes(now, snapshot)
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:

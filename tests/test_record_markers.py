@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -101,9 +103,9 @@ def test_markers_output_patterns_gpm_and_processes_are_recorded(tmp_path: Path) 
     assert start <= times[0]
     assert times[-1] <= end
     load = [m.t_ns for m in got if m.name == "load"]
-    assert 0.35 < (load[1] - load[0]) / 1e9 < 1.0
+    assert 0.35 < (load[1] - load[0]) / 1e9 < 2.0
     steps = np.diff([m.t_ns for m in got if m.kind == "step"][:3]) / 1e9
-    assert ((steps > 0.2) & (steps < 1.0)).all()
+    assert ((steps > 0.2) & (steps < 2.0)).all()
     pids = {m.pid for m in got if m.source == "api"}
     assert len(pids) == 2  # the job and its fork
     child_pid = next(m.pid for m in got if m.name == "load")
@@ -125,7 +127,7 @@ def test_markers_output_patterns_gpm_and_processes_are_recorded(tmp_path: Path) 
             assert sum(p["used_memory_bytes"] for p in procs) == pytest.approx(truth, abs=4)
             assert all(0 < p["sm_util_pct"] <= 100 for p in procs)
     gaps = np.diff([s["t_ns"] for s in snaps]) / 1e9
-    assert ((gaps > 0.8) & (gaps < 2.5)).all()
+    assert ((gaps > 0.8) & (gaps < 5.0)).all()
 
 
 CHATTY = """
@@ -154,3 +156,37 @@ def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
     assert b"--mark-pattern" in proc.stderr
     assert b"never" not in proc.stdout
     assert not out.exists()
+
+
+def test_the_socket_is_private_and_removed_when_a_signal_ends_the_job(tmp_path: Path) -> None:
+    where = tmp_path / "socket-path"
+    job = tmp_path / "job.py"
+    job.write_text(
+        textwrap.dedent(f"""
+        import os, pathlib, stat, time
+        path = os.environ["HFSAMPLER_MARKER_SOCKET"]
+        mode = stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode)
+        pathlib.Path({str(where)!r}).write_text(f"{{path}} {{mode:o}}")
+        time.sleep(60)
+    """)
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(tmp_path / "run.hfs"), "--", sys.executable, str(job)],
+        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not where.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        path, mode = where.read_text().split()
+        assert mode == "700"
+        assert Path(path).exists()
+        proc.send_signal(signal.SIGTERM)  # passed on to the job, which it ends
+        assert proc.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not Path(path).exists()
+    assert not Path(path).parent.exists()

@@ -185,8 +185,9 @@ PATTERN_HELP = (
     "turn lines of the command's stdout/stderr matching REGEX (Python syntax, searched) into "
     "markers; repeatable, the first matching pattern wins. A named group says the kind: "
     "(?P<step>\\d+) a step, (?P<phase>...) a phase named by the group that ends the previous "
-    "one, (?P<begin>...) / (?P<end>...) a phase's edges, else a mark named by (?P<name>...) or "
-    "the whole match. The output still reaches the terminal unchanged."
+    "one (a line naming the phase already open changes nothing), (?P<begin>...) / "
+    "(?P<end>...) a phase's edges, else a mark named by (?P<name>...) or the whole match. The "
+    "output still reaches the terminal unchanged."
 )
 
 
@@ -221,6 +222,8 @@ def pattern_marker(
             return [Marker(t_ns, "step", "step", int(groups["step"]), "output", pid)]
     if groups.get("phase") is not None:
         began = Marker(t_ns, "begin", named("phase"), None, "output", pid)
+        if began.name == open_phase:  # the same phase again (a progress bar redrawn): no news
+            return []
         if open_phase is None:
             return [began]
         return [Marker(t_ns, "end", open_phase, None, "output", pid), began]
@@ -291,8 +294,8 @@ class OutputTap:
                 found = pattern_marker(match, time.time_ns(), self.pid, self._open_phase)
                 for m in found:
                     self._found.put(m)
-                    if match.groupdict().get("phase") is not None:
-                        self._open_phase = m.name if m.kind == "begin" else None
+                    if match.groupdict().get("phase") is not None and m.kind == "begin":
+                        self._open_phase = m.name
             return
 
     def drain(self) -> list[Marker]:

@@ -10,8 +10,8 @@ signal N ended it).
 
 Markers: the child finds a socket in ``HFSAMPLER_MARKER_SOCKET`` (``hfsampler.markers`` sends
 to it); with ``--mark-pattern`` its stdout and stderr go through pipes (``OutputTap``), copied
-to ours as they come, and matching lines become markers too. Both are read between ticks of the
-window loop, never waited for, and stored once per window.
+to ours as they come, and matching lines become markers too. Both are read on threads of their
+own; the window loop takes what they found without waiting and stores it once per window.
 """
 
 from __future__ import annotations
@@ -180,6 +180,7 @@ class Recorder:
         self.inbox: MarkerSocket | None = None
         self.tap: OutputTap | None = None
         self._markers: list[Marker] = []
+        self._processes_seen = False
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -353,7 +354,10 @@ class Recorder:
                    "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job} for p in procs]
             for gpu, procs in found.items() if gpu in kept
         }  # fmt: skip
-        writer.add_processes(now, snapshot)
+        seen = any(snapshot.values())
+        if seen or self._processes_seen:  # the first empty one says that they have gone
+            writer.add_processes(now, snapshot)
+        self._processes_seen = seen
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:

@@ -206,6 +206,7 @@ def test_pattern_kinds() -> None:
     assert pattern_marker(step.search("step 42"), 1, 7, None)[0].step == 42  # type: ignore[arg-type]
     assert kinds(phase, "Epoch 2 of 9") == [("begin", "Epoch 2")]
     assert kinds(phase, "Epoch 3", "Epoch 2") == [("end", "Epoch 2"), ("begin", "Epoch 3")]
+    assert kinds(phase, "Epoch 3: 45%|####", "Epoch 3") == []  # a progress bar redrawn
     assert kinds(mark, "saving model") == [("mark", "saving")]
     assert kinds(named, "ckpt best.pt") == [("mark", "best")]
     assert kinds(edge, "eval started") == [("begin", "eval")]

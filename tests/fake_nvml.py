@@ -64,6 +64,16 @@ class FakeReading:
 
 
 @dataclass
+class FakeProcess:
+    """A compute process on a fake GPU: the memory it holds, its SM utilisation (percent, a
+    constant or a function of the sample time in µs; None: the driver has no samples of it)."""
+
+    pid: int
+    used_memory_bytes: int
+    sm_util: Value | None = 0.0
+
+
+@dataclass
 class FakeGpu:
     """One fake device: its labels, field table, call readings and scripted failures."""
 
@@ -84,6 +94,8 @@ class FakeGpu:
     gpm_period_us: int = 100_000
     # NVML field id -> seconds a nvmlDeviceGetFieldValues call that asks for it spends, added up
     field_cost_s: dict[int, float] = field(default_factory=dict)
+    processes: list[FakeProcess] = field(default_factory=list)
+    process_util_period_us: int = 100_000  # the driver's per-process samples come this often
 
 
 def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
@@ -461,6 +473,45 @@ class FakeLib:
         return self._reading("nvmlDeviceGetPerformanceState", handle, "pstate", out)
 
     # -- events ----------------------------------------------------------------------------
+
+    def _c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any,
+                                                   infos: Any) -> int:  # fmt: skip
+        code, gpu = self._device("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+        if gpu is None:
+            return code
+        n, room = len(gpu.processes), _obj(count)
+        if infos is None or room.value < n:
+            room.value = n
+            return pynvml.NVML_SUCCESS if n == 0 else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, p in enumerate(gpu.processes):
+            infos[i].pid = p.pid
+            infos[i].usedGpuMemory = p.used_memory_bytes
+            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF
+        room.value = n
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count: Any,
+                                           last_seen: Any) -> int:  # fmt: skip
+        """One sample per process with samples, at the last period's start, if newer."""
+        code, gpu = self._device("nvmlDeviceGetProcessUtilization", handle)
+        if gpu is None:
+            return code
+        now = self._fake.clock_us()
+        ts = now - now % gpu.process_util_period_us
+        procs = [p for p in gpu.processes if p.sm_util is not None]
+        room = _obj(count)
+        if ts <= _int(last_seen) or not procs:
+            room.value = 0
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if samples is None or room.value < len(procs):
+            room.value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, p in enumerate(procs):
+            util = p.sm_util(ts) if callable(p.sm_util) else p.sm_util
+            samples[i].pid, samples[i].timeStamp, samples[i].smUtil = p.pid, ts, int(util or 0)
+            samples[i].memUtil = samples[i].encUtil = samples[i].decUtil = 0
+        room.value = len(procs)
+        return pynvml.NVML_SUCCESS
 
     def _c_nvmlEventSetCreate(self, out: Any) -> int:
         ctypes.c_void_p.from_buffer(_obj(out)).value = _EVENT_SET

@@ -38,7 +38,7 @@ from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, Requ
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
-from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress, wait_done
+from hfsampler.remote_write.encoder import Block, BlockEncoder, QueuedSample, compress, wait_done
 from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
@@ -328,6 +328,28 @@ class RemoteWriter:
         family = self._families.get(old)
         if family is not None and new not in self._families:
             self._renamed[new] = replace(family, name=new)
+
+    def push_encoded(
+        self, shard: int, data: bytes, samples: int, families: Mapping[str, Family]
+    ) -> None:
+        """Queue ``WriteRequest`` bytes encoded elsewhere (``arrays``, for ``replay --raw``)
+        on one shard; the caller keeps each series on shard ``series.id % n_shards``, as
+        ``push`` does, so its samples stay in order. Never relabelled: a writer with
+        ``write_relabel_configs`` refuses (it would have to decode the bytes again)."""
+        if self._relabeller is not None:
+            raise ValueError("push_encoded bypasses write_relabel_configs")
+        if self._closed:
+            self._drop(samples, "shutdown")
+            return
+        if self._v2 is not None and len(families) != len(self._families):
+            self._families.update(families)
+        if not self._metadata_done and families:
+            data = encode_metadata(families.values()) + data
+            self._metadata_done = True
+        dropped = self._queues[shard].put(Block.ready(data, samples))
+        if dropped:
+            self._drop(dropped, "queue_full")
+        self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
 
     async def close(
         self,

@@ -137,6 +137,27 @@ def field_values(handle: Any, ids: Sequence[int]) -> Any:
     return pynvml.nvmlDeviceGetFieldValues(handle, ids)
 
 
+def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
+    """Each compute process on the device: its pid and the device memory it holds, in bytes
+    (None where the driver does not say, as under WDDM)."""
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in procs]  # fmt: skip
+
+
+def process_utilization(handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+    """Per-process samples newer than ``since_us`` (the CPU clock, µs): pid, the sample's
+    timestamp, its SM utilisation in percent; [] when the driver has none yet."""
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except pynvml.NVMLError as e:
+        # NOT_FOUND: no sample since then; SUCCESS: pynvml raises it for an empty first answer
+        if int(e.value) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+            return []
+        raise
+    return [(int(x.pid), int(x.timeStamp), int(x.smUtil)) for x in samples]
+
+
 def c_function(name: str) -> Any:
     """The C entry point itself, for the hot path: pynvml's wrappers allocate on every call.
 

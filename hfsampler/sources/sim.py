@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +39,7 @@ from hfsampler.fields import (
     Field,
     Kind,
 )
-from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, GpuProcess, IntArray, Inventory
 
 U64 = npt.NDArray[np.uint64]
 
@@ -277,6 +277,23 @@ class SimSource:
         self._readers.clear()
 
     # -- ground truth ----------------------------------------------------------------------------
+
+    def read_processes(self, job_pids: Collection[int], now_ns: int) -> dict[int, list[GpuProcess]]:
+        """The job's processes share every GPU: the k-th of n pids (in pid order) holds the
+        share (n - k) / (1 + ... + n) of the GPU's memory used and of its utilisation at
+        ``now_ns``, so the shares add up to the GPU's own values."""
+        pids = sorted(job_pids)
+        if not pids:
+            return {}
+        n = len(pids)
+        shares = np.arange(n, 0, -1) / (n * (n + 1) / 2)
+        used_mib = self.value_at(FB_USED.names[0], now_ns)
+        util = self.value_at(GPU_UTIL.names[0], now_ns)
+        return {
+            g: [GpuProcess(pid, round(float(used_mib[g] * share) * 2**20), float(util[g] * share))
+                for pid, share in zip(pids, shares, strict=True)]
+            for g in range(self.gpus)
+        }  # fmt: skip
 
     def value_at(
         self, name: str, t_ns: npt.ArrayLike, gpu: npt.ArrayLike | None = None

@@ -56,6 +56,73 @@ class FakeReading:
         return ts, v
 
 
+@dataclass
+class FakeLink:
+    """One NVLink link: up or down, its cumulative data counters (KiB) and error counters.
+
+    Values are functions of the driver timestamp (us) or constants, as ``FakeReading``'s. A link
+    that is down still answers its entries with ``down_ret`` (by default success, the counters
+    where they stand): what the driver does there is not documented, and hfsampler must not take
+    a down link's numbers for traffic either way.
+    """
+
+    active: bool = True
+    tx_kib: Value = 0.0
+    rx_kib: Value = 0.0
+    crc_flit: Value = 0.0
+    crc_data: Value = 0.0
+    replay: Value = 0.0
+    recovery: Value = 0.0
+    period_us: int = 10_000
+    down_ret: int = pynvml.NVML_SUCCESS
+
+
+# NVML's per-link ids (links 0-11) and the scoped throughput ids -> the FakeLink attribute
+_LINK_IDS: dict[int, tuple[str, int]] = {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{name}_L{k}"): (attr, k)
+    for name, attr in (
+        ("CRC_FLIT_ERROR_COUNT", "crc_flit"),
+        ("CRC_DATA_ERROR_COUNT", "crc_data"),
+        ("REPLAY_ERROR_COUNT", "replay"),
+        ("RECOVERY_ERROR_COUNT", "recovery"),
+    )
+    for k in range(12)
+}
+_SCOPED_LINK_IDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+}
+_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: the sum over every link
+
+
+def nvlink_gpu(i: int, links: int = 18, down: tuple[int, ...] = ()) -> FakeGpu:
+    """A standard GPU with ``links`` NVLink links, those in ``down`` not up.
+
+    Link k of GPU i moves (10 + k + i) MiB/s out and twice that in, the driver refreshing every
+    10 ms; its CRC flit errors grow by k per second, its replays by one per second on link 1.
+    """
+    gpu = standard_gpu(i)
+    gpu.links = [
+        FakeLink(
+            active=k not in down,
+            tx_kib=functools.partial(_kib, (10 + k + i) * 1024),
+            rx_kib=functools.partial(_kib, 2 * (10 + k + i) * 1024),
+            crc_flit=functools.partial(_per_s, float(k)),
+            replay=functools.partial(_per_s, 1.0 if k == 1 else 0.0),
+        )
+        for k in range(links)
+    ]
+    return gpu
+
+
+def _kib(kib_per_s: float, ts_us: int) -> float:
+    return float(int(ts_us * kib_per_s / 1e6))
+
+
+def _per_s(rate: float, ts_us: int) -> float:
+    return float(int(ts_us * rate / 1e6))
+
+
 # Call reading keys the fake understands, by C function (key -> what it answers):
 #   clock_sm, clock_mem (GetClockInfo), temperature_gpu (GetTemperature), power_usage,
 #   total_energy, power_limit, util_gpu, util_mem (GetUtilizationRates),
@@ -84,6 +151,7 @@ class FakeGpu:
     gpm_period_us: int = 100_000
     # NVML field id -> seconds a nvmlDeviceGetFieldValues call that asks for it spends, added up
     field_cost_s: dict[int, float] = field(default_factory=dict)
+    links: list[FakeLink] = field(default_factory=list)  # NVLink links (none: no NVLink)
 
 
 def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
@@ -380,7 +448,7 @@ class FakeLib:
         now = self._fake.clock_us()
         for k in range(_int(count)):
             e = entries[k]
-            r = gpu.fields.get(int(e.fieldId))
+            r = gpu.fields.get(int(e.fieldId)) or self._link_reading(gpu, e)
             e.latencyUsec = 0
             if r is None:
                 e.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -392,6 +460,27 @@ class FakeLib:
             e.nvmlReturn = r.ret
             _set_value(e.value, r.value_type, v)
         return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _link_reading(gpu: FakeGpu, e: Any) -> FakeReading | None:
+        """The reading a per-link entry asks for: by per-link id, or by scoped id and link."""
+        fid, scope = int(e.fieldId), int(e.scopeId)
+        ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        if fid in _LINK_IDS:
+            attr, k = _LINK_IDS[fid]
+        elif fid in _SCOPED_LINK_IDS and gpu.links:
+            attr, k = _SCOPED_LINK_IDS[fid], scope
+            if scope == _ALL_LINKS:
+                up = [ln for ln in gpu.links if ln.active]
+                total = lambda ts: sum(FakeReading(getattr(ln, attr)).sample(ts)[1] for ln in up)  # noqa: E731
+                return FakeReading(total, gpu.links[0].period_us, ull)
+        else:
+            return None
+        if k >= len(gpu.links):
+            return FakeReading(0.0, 1, ull, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        link = gpu.links[k]
+        ret = pynvml.NVML_SUCCESS if link.active else link.down_ret
+        return FakeReading(getattr(link, attr), link.period_us, ull, ret)
 
     # -- per-device calls ------------------------------------------------------------------
 
@@ -456,6 +545,20 @@ class FakeLib:
 
     def _c_nvmlDeviceGetFanSpeed(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetFanSpeed", handle, "fan", out)
+
+    def _c_nvmlDeviceGetNvLinkState(self, handle: Any, link: Any, out: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetNvLinkState", handle)
+        if gpu is None:
+            return code
+        if not gpu.links:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        k = _int(link)
+        if not 0 <= k < len(gpu.links):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _obj(out).value = (
+            pynvml.NVML_FEATURE_ENABLED if gpu.links[k].active else pynvml.NVML_FEATURE_DISABLED
+        )
+        return pynvml.NVML_SUCCESS
 
     def _c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetPerformanceState", handle, "pstate", out)

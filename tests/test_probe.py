@@ -39,6 +39,8 @@ def known_periods(gpu: FakeGpu) -> dict[str, float]:
             r.value = _changing(100.0, r.period_us).value
     truth: dict[str, float] = {}
     for f in F.CATALOGUE:
+        if f.per == "link":
+            continue  # per link: this GPU has no NVLink (test_nvml_nvlink has links)
         if f.gpm_metric:
             truth[f.name] = gpu.gpm_period_us / 1e6
         elif f.nvml_field:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hfsampler import fields
+from hfsampler.sources import sim
 from hfsampler.sources.sim import SW_POWER_CAP_BIT, SimSource
 
 SEC = 1_000_000_000
@@ -99,9 +100,16 @@ def test_inventory_labels_are_stable() -> None:
     assert a.devices == b.devices
     assert a.devices[0].uuid != a.devices[1].uuid
     assert a.devices[1].device == "nvidia1"
-    # every field NVML has; none that only a Jetson's sysfs has
-    assert (a.supported.all(axis=0) == [f.nvml_readable for f in fields.CATALOGUE]).all()
-    assert not a.supported[:, [f.jetson == "rail_power" for f in fields.CATALOGUE]].any()
+    # every field NVML has (a per-link one per link, the last link down on GPU 1 only); none
+    # that only a Jetson's sysfs has
+    assert a.fields == b.fields
+    last = [f.per == "link" and f.labels == (("link", str(sim.NVLINKS - 1)),) for f in a.fields]
+    readable = np.array([f.nvml_readable for f in a.fields])
+    assert (a.supported[0] == readable).all()
+    assert (a.supported[1] == readable & ~np.array(last)).all()
+    assert not a.supported[:, [f.jetson == "rail_power" for f in a.fields]].any()
+    per_link = [f for f in a.fields if f.per == "link"]
+    assert len(per_link) == sim.NVLINKS * sum(f.per == "link" for f in fields.CATALOGUE)
 
 
 def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:

@@ -108,8 +108,8 @@ _PROFILES: dict[str, Profile] = {
     # counters: energy and violation time follow the power and throttling signals instead
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Profile(0.0, 0.0, 100_000_000, rate_per_s=1.0e9),
     # per link: an 18th of the GPM totals above, and a trickle of link-level errors
-    "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK": Profile(2.8e9, 2.8e8, 10_000_000),
-    "DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK": Profile(3.3e9, 3.3e8, 10_000_000),
+    "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK": Profile(2.8e9, 2.8e8, 100_000_000),
+    "DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK": Profile(3.3e9, 3.3e8, 100_000_000),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL": Profile(0.0, 0.0, 100_000_000, 0.2),
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL": Profile(0.0, 0.0, 100_000_000, 0.05),
 }
@@ -122,9 +122,9 @@ def nvlink_up(gpu: int, link: int) -> bool:
     return 0 <= link < NVLINKS and not (gpu % 2 == 1 and link == NVLINKS - 1)
 
 
-def _key(f: Field) -> str:
+def _key(name: str, labels: tuple[tuple[str, str], ...] = ()) -> str:
     """The sim's name for a field: its catalogue name, and its own labels where it has them."""
-    return f.name + "".join(f"{{{k}={v}}}" for k, v in f.labels)
+    return name + "".join(f"{{{k}={v}}}" for k, v in labels)
 
 
 def _base(key: str) -> str:
@@ -311,17 +311,22 @@ class SimSource:
     # -- ground truth ----------------------------------------------------------------------------
 
     def value_at(
-        self, name: str, t_ns: npt.ArrayLike, gpu: npt.ArrayLike | None = None
+        self,
+        name: str,
+        t_ns: npt.ArrayLike,
+        gpu: npt.ArrayLike | None = None,
+        labels: tuple[tuple[str, str], ...] = (),
     ) -> FloatArray:
         """A gauge's exact value at ``t_ns`` (for every GPU, or for ``gpu`` broadcast with t).
 
         The time is the driver's sampling instant: a reading at ``now`` reports the value at the
-        start of the field's refresh period, as ``read`` does.
+        start of the field's refresh period, as ``read`` does. ``labels``: an instance's own
+        (``(("link", "3"),)``), for a field that has several.
         """
         t = np.asarray(t_ns, dtype=np.int64)
         g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
         t, g = np.broadcast_arrays(t, g)
-        plan = self._plan((name,))
+        plan = self._plan((_key(name, labels),))
         out = self._signal(plan, g.ravel(), t.reshape(-1, 1))
         return out[:, 0].reshape(t.shape)
 
@@ -358,7 +363,7 @@ class SimSource:
         return down
 
     def _reader(self, fields: Sequence[Field]) -> _Reader:
-        names = tuple(_key(f) for f in fields)
+        names = tuple(_key(f.name, f.labels) for f in fields)
         if not isinstance(fields, tuple) or len(self._readers_by_id) >= _MAX_READERS:
             reader = self._readers.get(names)
             if reader is None:

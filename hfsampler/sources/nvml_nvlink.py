@@ -12,7 +12,7 @@ A link up on no GPU at open has no column, so no series until hfsampler restarts
 Each per-link field is one entry of the batched ``nvmlDeviceGetFieldValues`` (``entry``): the
 field id ``nvml_field`` names with the link as ``scopeId`` (the bandwidth counters), or, where the
 name has a ``{link}`` slot, the per-link id it names once the link is put in (the error counters:
-NVML has those ids for links 0 to 11 only, so links 12 and up have bandwidth but no error series).
+NVML has those ids for links 0 to 11 only, so links 12 and up have bandwidth but no error fields).
 The calls come from ``nvml_calls``, the only module that imports ``pynvml``.
 """
 
@@ -90,11 +90,20 @@ def expand(fields: Sequence[Field], states: Sequence[Sequence[bool]]) -> tuple[F
             log.info("no NVLink link is up on any GPU: the per-link NVLink fields are skipped")
         return tuple(fields)
     out: list[Field] = []
+    lacking: dict[str, list[int]] = {}  # an id pynvml has not for some links: no field there
     for f in fields:
         if f.per == LINK and not f.labels:
-            out.extend(f.instance(str(k)) for k in up)
+            for k in up:
+                one = f.instance(str(k))
+                if entry(one)[0] is None:
+                    lacking.setdefault(f.name, []).append(k)
+                else:
+                    out.append(one)
         else:
             out.append(f)
+    for name, links in lacking.items():
+        log.info("%s: NVML has no field id for link(s) %s: not read there", name,
+                 ",".join(map(str, links)))  # fmt: skip
     return tuple(out)
 
 

@@ -10,7 +10,10 @@ function pointer from ``pynvml._nvmlGetFunctionPointer`` directly. A C function 
 
 Each fake GPU has a table of field values by NVML field id and of call readings by key, each with
 a refresh period: the driver timestamp is the fake clock floored to that period, and a callable
-value is evaluated at that timestamp, so "fields with known refresh periods" come for free.
+value is evaluated at that timestamp, so "fields with known refresh periods" come for free. A
+GPU may have NVLink links (``FakeLink``, ``nvlink_gpu``): ``nvmlDeviceGetNvLinkState`` answers
+for them, and so do their entries of a field-value read (the per-link ids ``..._L0`` to ``_L11``,
+the throughput ids with the link as ``scopeId``); a test takes a link down by setting ``active``.
 
 Calls take time where a test says so: ``FakeNvml.costs`` gives a C function a cost per call (a
 constant, or one that depends on the call's number, such as ``every(20, 0.005)``: a 5 ms call

@@ -161,7 +161,7 @@ def test_a_down_link_that_answers_errors_costs_nothing_once_seen_down(
     states = fake.calls["nvmlDeviceGetNvLinkState"]
     for _ in range(3):
         read(source, inv.fields, clock)
-    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 8  # links 0-3 of GPUs 0, 1: once
+    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 6  # the 3 links up on GPUs 0, 1: once
     assert source.read_errors.tolist() == [0, len(PER_LINK), 0]
     assert source.gpu_up.tolist() == [True, True, True]
 
@@ -213,3 +213,19 @@ def test_a_gpu_lost_at_a_link_recheck_goes_down_through_its_reads(
     assert source.gpu_up.tolist() == [False, True, True]
     assert np.isnan(values[0]).all()
     assert not np.isnan(values[1, column(inv.fields, CRC_FLIT, 0)])
+
+
+def test_a_link_down_at_open_is_not_watched_on_that_gpu(
+    fake: FakeNvml, source: NvmlSource, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GPU 0's link 2 was down at open: it has no cells read there, so its coming up is not
+    announced as read again (and costs no state call); GPU 1's link 2 is watched as before."""
+    inv = source.open((TX,))
+    read(source, inv.fields, clock)
+    fake.gpus[0].links[2].active = True
+    states = fake.calls["nvmlDeviceGetNvLinkState"]
+    clock.us += 1_000_000
+    values = read(source, inv.fields, clock)
+    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 3 + 3  # GPU 0: 0,1,3; GPU 1: 0-2
+    assert np.isnan(values[0, column(inv.fields, TX, 2)])
+    assert "link 2 is up again" not in caplog.text

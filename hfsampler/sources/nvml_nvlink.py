@@ -129,9 +129,10 @@ class LinkWatcher:
         self.active: BoolArray = np.zeros((len(states), max(width, 1)), dtype=np.bool_)
         for g, links in enumerate(states):
             self.active[g, : len(links)] = links
-        self._known = [len(s) for s in states]  # links each GPU has (up or down)
         wanted = {k for f in fields if (k := link_of(f)) is not None}
-        self._links = sorted(k for k in wanted if k < self.active.shape[1])
+        # per GPU, the links watched: those with fields that were up at open (one down then has
+        # no cells read on that GPU, so its coming up would change nothing)
+        self._watched = [sorted(k for k in wanted if k < len(s) and s[k]) for s in states]
         self._checked_ns = 0
         self._due = False  # a link's entry answered an error: ask again on the next read
         for g, links in enumerate(states):
@@ -163,9 +164,7 @@ class LinkWatcher:
         for g, handle in enumerate(self._handles):
             if not up[g]:
                 continue
-            for k in self._links:
-                if k >= self._known[g]:
-                    continue
+            for k in self._watched[g]:
                 try:
                     active = calls.nvlink_active(handle, k)
                 except calls.NvmlError as e:

@@ -29,8 +29,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's package; the fake NVML
 
-import pynvml  # noqa: E402
-from fake_nvml import FakeLib, FakeNvml, nvlink_gpu  # noqa: E402
+import pytest  # noqa: E402
+from fake_nvml import FakeLib, FakeNvml, install, nvlink_gpu  # noqa: E402
 
 from hfsampler import fields as F  # noqa: E402
 from hfsampler.metrics import MetricModel  # noqa: E402
@@ -77,11 +77,13 @@ class _TimedFunction:
             self._lib.spent_ns += time.perf_counter_ns() - t0
 
 
+_PATCH = pytest.MonkeyPatch()  # the fake goes under pynvml as in the tests, undone at the end
+
+
 def _install(fake: FakeNvml) -> _TimedLib:
+    install(_PATCH, fake)
     lib = _TimedLib(FakeLib(fake))
-    pynvml.nvmlLib = lib
-    pynvml._nvmlGetFunctionPointer_cache = {}
-    pynvml._nvmlLib_refcount = 0
+    _PATCH.setattr("pynvml.nvmlLib", lib)  # pynvml imported by nvml_calls, the one importer
     return lib
 
 
@@ -190,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out/nvlink.json", help="JSON result path")
     args = parser.parse_args(argv)
-    reads, recheck, window = bench_reads(), bench_recheck(), bench_window()
+    try:
+        reads, recheck, window = bench_reads(), bench_recheck(), bench_window()
+    finally:
+        _PATCH.undo()
     print(f"(a) one slow-group read, {GPUS} fake GPUs x {LINKS} links ({READS} reads, medians)")
     print(f"{'case':30} {'cells/GPU':>9} {'read p50':>9} {'p99':>8} {'own p50':>8} {'p99':>8}")
     for r in reads:

@@ -52,6 +52,7 @@ class Field:
     dcgm_field: int | None = None  # DCGM field id, read by the dcgm source
     jetson: str | None = None  # what the jetson source reads it from (hfsampler.sources.jetson)
     per: str | None = None  # one series per instance found at open, told apart by this label
+    # (a per-link NVLink field's nvml_field may name the link: "..._L{link}")
     labels: tuple[tuple[str, str], ...] = ()  # an expanded field's own labels, e.g. (("rail", ..),)
 
     @property
@@ -143,6 +144,31 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
           "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
+    # Per link (a `link` label, one series per link active at open; hfsampler.sources.nvml_nvlink).
+    # DCGM's per-link fields keyed by a link entity, one field id for every link, give the names;
+    # its older per-link ids (DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0 ... _L17) are these
+    # families' series with link="0" ... "17". NVML reads the bandwidth as a cumulative KiB
+    # counter with the link as scopeId, the errors by one field id per link ("{link}").
+    Field("DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK",
+          "NVLink data transmitted on one link, payload without protocol headers (in B/s).",
+          "B/s", Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+          scale=1024.0, nvml_rate=True, per="link"),
+    Field("DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK",
+          "NVLink data received on one link, payload without protocol headers (in B/s).",
+          "B/s", Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+          scale=1024.0, nvml_rate=True, per="link"),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink flow-control CRC errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L{link}", per="link"),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink data CRC errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L{link}", per="link"),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink replays (retries) on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L{link}", per="link"),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink recovery errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L{link}", per="link"),
     # Remapped rows
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
           "Number of remapped rows for correctable errors.", "1", Kind.COUNTER, SLOW,

@@ -201,6 +201,8 @@ def recommend(
         else:  # no refresh seen: the catalogue's default for the field
             interval = catalogue.DEFAULT_GROUP_INTERVALS_S.get(p.group, 0.1)
         interval = min(max(interval, floor_s), window_s)
+        if getattr(catalogue.BY_NAME.get(p.name), "per", None) == "link":  # off the fast lane
+            interval = max(interval, catalogue.DEFAULT_GROUP_INTERVALS_S[catalogue.SLOW])
         if p.name in groups:  # another instance of the field (a Jetson's rails): the faster wins
             interval = min(interval, intervals[groups[p.name]])
         name = catalogue.GPM if p.group == catalogue.GPM else group_name(interval)

@@ -236,3 +236,43 @@ def _sampler_pid(parent: int) -> int:
         if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return int(pid)
     raise AssertionError(f"no sampler among {children}")
+
+
+def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> None:
+    """`run` on the sim: every link's bandwidth (a gauge, with its window siblings) and error
+    counters (counters) on /metrics, each series with its `link` label beside the GPU's; the
+    link the sim has down on GPU 1 has no series there."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "run", "--gpus", "2", "--duration", "4s",
+         "--fields", "slow", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    pages: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    pages.append(r.read().decode())
+            except OSError:
+                pass
+            time.sleep(0.5)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    tx = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
+    page = next(p for p in reversed(pages) if f"{tx}_max{{" in p)
+    assert f"# TYPE {tx} gauge" in page
+    assert "# TYPE DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL counter" in page
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter" in page  # the total stays
+    series = re.findall(rf"^{tx}{{(.*)}} (\S+)$", page, re.M)
+    links = {(re.search(r'gpu="(\d)"', lb)[1], re.search(r'link="(\d+)"', lb)[1])  # type: ignore[index]
+             for lb, _ in series}  # fmt: skip
+    assert links == {(g, str(k)) for g in "01" for k in range(18)} - {("1", "17")}
+    assert all(2.0e9 < float(v) < 3.6e9 for _, v in series)  # B/s
+    for name in ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL",
+                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL"):  # fmt: skip
+        assert re.search(rf'^{name}{{.*gpu="0".*link="17".*}} ', page, re.M), name
+        assert not re.search(rf"^{name}_max{{", page, re.M)  # a counter has no siblings

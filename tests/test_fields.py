@@ -44,7 +44,11 @@ def test_names_unique_and_every_field_readable() -> None:
     assert len(names) == len(set(names))
     for f in CATALOGUE:
         assert f.nvml_readable or f.jetson, f.name
-        if f.nvml_field:
+        if f.nvml_field and "{link}" in f.nvml_field:  # one id per link: NVML has links 0-11
+            for link in (0, 11):
+                constant = f.nvml_field.format(link=link)
+                assert isinstance(getattr(pynvml, constant), int), constant
+        elif f.nvml_field:
             assert isinstance(getattr(pynvml, f.nvml_field), int), f.nvml_field
         assert f.group in fields.DEFAULT_GROUP_INTERVALS_S
         assert f.help.endswith(".")
@@ -105,7 +109,7 @@ def test_jetson_fields_follow_the_naming_and_expand_per_instance() -> None:
     for f in jetson_only:
         assert f.name.startswith("hfsampler_jetson_"), f.name
         assert not f.labels  # the catalogue holds templates; sources add the instance's label
-    per = {f.name: f.per for f in CATALOGUE if f.per}
+    per = {f.name: f.per for f in CATALOGUE if f.per and f.per != "link"}
     assert per == {
         "hfsampler_jetson_rail_power_watts": "rail",
         "hfsampler_jetson_rail_voltage_volts": "rail",

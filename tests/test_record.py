@@ -158,3 +158,25 @@ def test_record_takes_max_ring_bytes_from_its_config(
     err = capsys.readouterr().err
     assert "hfsampler: error: max_ring_bytes: --window 10s with intervals" in err
     assert not out.exists()
+
+
+def test_record_keeps_nvlink_per_link_with_its_link_label(sim_run: tuple[Recording, str]) -> None:
+    """Each link is its own recorded field with its `link` label and its own samples; the link
+    the sim has down on GPU 1 has samples on GPU 0 only."""
+    rec, _ = sim_run
+    group = rec.group_index(F.SLOW)
+    fields = rec.groups[group].fields
+    tx = [j for j, f in enumerate(fields) if f.name == "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]
+    assert [fields[j].labels for j in tx] == [(("link", str(k)),) for k in range(18)]
+    chunks = list(rec.raw_chunks(group))
+
+    def samples(gpu: int, j: int) -> np.ndarray:
+        return np.concatenate([c.cell(gpu, j)[1] for c in chunks])
+
+    assert len(samples(0, tx[17])) >= 5
+    assert len(samples(1, tx[17])) == 0
+    assert samples(0, tx[0]).tolist() != samples(0, tx[1]).tolist()  # each link its own signal
+    crc = [j for j, f in enumerate(fields) if f.name.startswith("DCGM_FI_DEV_NVLINK_CRC_FLIT")]
+    counts = samples(1, crc[3])
+    assert (np.diff(counts) >= 0).all()
+    assert counts[-1] > counts[0]

@@ -224,7 +224,7 @@ def probe(
 ) -> ProbeResult:
     """Open the source in this process, measure, close it. ``pace`` runs between refresh reads
     (tests advance a fake clock there; for real GPUs reads go back to back)."""
-    wanted = tuple(fields) if fields is not None else catalogue.CATALOGUE
+    wanted = tuple(fields) if fields is not None else catalogue.select(None)
     source = open_source(spec)
     inventory = source.open(wanted)
     try:

@@ -419,7 +419,7 @@ def register(sub: Any) -> dict[str, Any]:
         "--label": "job label",
         "--duration": "without a command: record this long",
         "--source": None,
-        "--fields": "field names or groups (default all)",
+        "--fields": "field names or groups (default: all but the opt-in per-link NVLink)",
     }
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
     add_sampling_flags(p, ("--config", "--interval", "--window"), wording=wording)

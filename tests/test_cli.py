@@ -245,7 +245,10 @@ def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> None:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfsampler", "run", "--gpus", "2", "--duration", "4s",
-         "--fields", "slow", "--listen", f"127.0.0.1:{port}"],
+         "--fields", "slow,NVLINK_TX_THROUGHPUT_PER_LINK,NVLINK_RX_THROUGHPUT_PER_LINK,"
+         "NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL,NVLINK_CRC_DATA_ERROR_PER_LINK_TOTAL,"
+         "NVLINK_REPLAY_ERROR_PER_LINK_TOTAL,NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL",
+         "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
     )  # fmt: skip
     pages: list[str] = []

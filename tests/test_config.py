@@ -344,12 +344,12 @@ def test_a_per_link_nvlink_field_is_refused_on_the_fastest_group(
     once a second) moved there is a one-line error naming it; a group between is fine."""
     name = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
     path = tmp_path / "c.yml"
-    path.write_text(f"field_groups: {{{name}: fast}}\n")
+    path.write_text(f"fields: [all]\nfield_groups: {{{name}: fast}}\n")
     assert main(["check-config", str(path)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"hfsampler: error: field_groups.{name}: group fast is the fastest, the real-time lane's "
         "(leave per-link NVLink fields in slow, or a group slower than the fastest)"
     )
     path.write_text(f"intervals: {{fast: 1ms, mid: 10ms, slow: 100ms, gpm: 100ms}}\n"
-                    f"field_groups: {{{name}: mid}}\n")  # fmt: skip
+                    f"fields: [all]\nfield_groups: {{{name}: mid}}\n")  # fmt: skip
     assert next(f for f in load_file(path).selected_fields() if f.name == name).group == "mid"

@@ -87,8 +87,20 @@ def test_select_by_name_short_name_and_group() -> None:
     assert "DCGM_FI_DEV_POWER_USAGE" in names
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in names
     assert "DCGM_FI_DEV_GPU_UTIL" not in names
-    assert fields.select(None) == CATALOGUE
     assert fields.select(["all"]) == CATALOGUE
+
+
+def test_per_link_fields_are_opt_in() -> None:
+    """Not by default nor with their group: by name or ``all``, beside what was chosen."""
+    per_link = {f.name for f in CATALOGUE if f.per == "link"}
+    assert len(per_link) == 6
+    assert {f.name for f in CATALOGUE if f.opt_in} == per_link
+    default = {f.name for f in fields.select(None)}
+    assert default == {f.name for f in CATALOGUE} - per_link
+    assert not per_link & {f.name for f in fields.select(["fast", "slow", "gpm"])}
+    chosen = {f.name for f in fields.select(["slow", "NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"])}
+    assert chosen & per_link == {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"}
+    assert per_link <= {f.name for f in fields.select(["all"])}
 
 
 def test_select_unknown_names_the_key_and_fix() -> None:

@@ -99,11 +99,12 @@ def test_crash_leaves_a_readable_file_and_report(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recording, str]:
-    """A default `hfsampler record --source sim` around a 2 s command, and what it logged."""
+    """`hfsampler record --source sim` of every field (the opt-in per-link ones too) around a
+    2 s command, and what it logged."""
     out = tmp_path_factory.mktemp("plan") / "x.hfs"
     proc = subprocess.run(
-        _hfsampler("record", "--source", "sim", "--quiet", "-o", str(out), "--", sys.executable,
-                   "-c", "import time; time.sleep(2)"),
+        _hfsampler("record", "--source", "sim", "--quiet", "--fields", "all", "-o", str(out), "--",
+                   sys.executable, "-c", "import time; time.sleep(2)"),
         env=_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -130,7 +131,9 @@ def test_the_header_lists_what_run_samples_and_what_was_recorded(
     the "recording ... fields" line counts the same fields."""
     rec, logged = sim_run
     parser, _ = build_parser()
-    plan = build_run(config_from_args(parser.parse_args(["run", "--source", "sim"])))
+    plan = build_run(
+        config_from_args(parser.parse_args(["run", "--source", "sim", "--fields", "all"]))
+    )
     header = [(g.name, g.interval_s, [f.name for f in g.fields]) for g in rec.groups]
     assert header == [(g.name, g.interval_s, [f.name for f in g.fields]) for g in plan.groups]
     recorded = {

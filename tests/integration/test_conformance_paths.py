@@ -75,7 +75,9 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
     header = rx_tenant_header(flavor)
     with ConformanceReceiver(flavour=flavor, tenant_header=header) as receiver:  # type: ignore[arg-type]
         config = write_config(tmp_path / "hfsampler.yml", receiver.url, flavor, jobs)
-        args = rx.sim_run_args([], duration="6s", labels={"team": "ml"})
+        args = rx.sim_run_args(
+            [], duration="6s", labels={"team": "ml"}, extra=["--fields", "all"]
+        )  # all: the opt-in per-link NVLink series too
         proc = rx.spawn_cli([*args, "--config", str(config)], tmp_path / "run.log")
         try:
             receiver.wait(
@@ -120,7 +122,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("conformance-replay") / "run.hfs"
     done = subprocess.run(
         [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--label",
-         "run=conformance", "-o", str(path), "--", sys.executable, "-c",
+         "run=conformance", "--fields", "all", "-o", str(path), "--", sys.executable, "-c",
          "import time; time.sleep(2.5)"],
         env=rx.hfsampler_env(), capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip

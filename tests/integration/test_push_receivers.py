@@ -116,6 +116,10 @@ class SimPush:
     listen: str
 
 
+NVLINK_TX = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
+NVLINK_CRC = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"
+
+
 @pytest.fixture(scope="module")
 def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
     log_at = {name: len(r.log_text()) for name, r in receivers.items()}
@@ -127,6 +131,8 @@ def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
         window=f"{WINDOW_MS // 1000}s",
         duration=f"{DURATION_S}s",
         labels=EXTERNAL,
+        # the default selection, and two of the opt-in per-link NVLink families: a gauge, a counter
+        extra=["--fields", f"fast,slow,gpm,{NVLINK_TX},{NVLINK_CRC}"],
     )
     try:
         run = rx.run_cli(args, timeout_s=DURATION_S + 45)
@@ -383,10 +389,6 @@ def test_counters_monotonic(
     result = receivers[name].query(f'rate({ENERGY}{{cluster="ci"}}[5s]) / 1000', time_s=end_s - 1.5)
     for item in result:
         assert 200 < float(item["value"][1]) < 500, item
-
-
-NVLINK_TX = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
-NVLINK_CRC = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"
 
 
 @pytest.mark.parametrize("name", RECEIVERS)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -279,3 +280,62 @@ def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> None:
                  "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL"):  # fmt: skip
         assert re.search(rf'^{name}{{.*gpu="0".*link="17".*}} ', page, re.M), name
         assert not re.search(rf"^{name}_max{{", page, re.M)  # a counter has no siblings
+
+
+def _health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except OSError:
+        return 0
+
+
+def _sampler_pid(parent: int) -> int:
+    """The sampler process among ``parent``'s children (not multiprocessing's resource tracker)."""
+    for task in Path(f"/proc/{parent}/task").iterdir():  # started from an executor thread
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+                return int(child)
+    raise AssertionError(f"no sampler process under {parent}")
+
+
+def _until(check: object, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_sampler_that_stops_ticking_is_said_once_and_fails_the_health_check() -> None:
+    """The sampler process stopped (SIGSTOP: as a read stuck in the driver looks from outside):
+    one warning per group, /healthz 503 while it lasts, 200 and one line when it ticks again."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", "1",
+         "--duration", "40s", "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    try:
+        assert _until(lambda: _health(port) == 200, 30)
+        sampler = _sampler_pid(proc.pid)
+        os.kill(sampler, signal.SIGSTOP)
+        try:
+            assert _until(lambda: _health(port) == 503, 20)
+        finally:
+            os.kill(sampler, signal.SIGCONT)
+        assert _until(lambda: _health(port) == 200, 20)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    stalled = [line for line in err.splitlines() if "has not ticked for" in line]
+    assert sorted(re.search(r"group (\w+)", line)[1] for line in stalled) == [  # type: ignore[index]
+        "fast", "gpm", "slow"
+    ], err  # fmt: skip
+    again = [line for line in err.splitlines() if "ticks again after" in line]
+    assert len(again) == 3, err

@@ -29,7 +29,13 @@ from typing import IO, Any
 import orjson
 
 from hfsampler.errors import ConfigError
-from hfsampler.markers import EVENT_KEYS, MAX_DATAGRAM_BYTES, MAX_NAME_CHARS, WIRE_VERSION
+from hfsampler.markers import (
+    EVENT_KEYS,
+    MAX_DATAGRAM_BYTES,
+    MAX_NAME_CHARS,
+    STEP_LIMIT,
+    WIRE_VERSION,
+)
 from hfsampler.recording import MARKER_KINDS, Marker
 
 log = logging.getLogger(__name__)
@@ -74,8 +80,8 @@ def parse_event(data: bytes, now_ns: int) -> tuple[Marker, int]:
         raise BadDatagram(f"kind {kind!r} is not one of {', '.join(MARKER_KINDS)}")
     if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or _CONTROL.search(name):
         raise BadDatagram(f"name must be 1-{MAX_NAME_CHARS} printable characters")
-    if kind == "step" and not (_is_int(step) and step >= 0):
-        raise BadDatagram(f"a step event needs a step number >= 0, not {step!r}")
+    if kind == "step" and not (_is_int(step) and 0 <= step < STEP_LIMIT):
+        raise BadDatagram(f"a step event needs a step number in [0, 2**63), not {step!r}")
     if kind != "step" and step is not None:
         raise BadDatagram(f"a {kind} event has no step number")
     if not (_is_int(pid) and pid > 0):
@@ -218,8 +224,10 @@ def pattern_marker(
         return text[:MAX_NAME_CHARS]
 
     if groups.get("step") is not None:
-        with contextlib.suppress(ValueError):
-            return [Marker(t_ns, "step", "step", int(groups["step"]), "output", pid)]
+        # 0 <= n < 2**63, as on the socket: the recording stores 64-bit JSON numbers; a bigger
+        # one (a sample counter, say) or one int() refuses (over 4300 digits) makes no marker
+        number = _step_number(groups["step"])
+        return [] if number is None else [Marker(t_ns, "step", "step", number, "output", pid)]
     if groups.get("phase") is not None:
         began = Marker(t_ns, "begin", named("phase"), None, "output", pid)
         if began.name == open_phase:  # the same phase again (a progress bar redrawn): no news
@@ -231,6 +239,14 @@ def pattern_marker(
         if groups.get(kind) is not None:
             return [Marker(t_ns, kind, named(kind), None, "output", pid)]
     return [Marker(t_ns, "mark", named("name"), None, "output", pid)]
+
+
+def _step_number(text: str) -> int | None:
+    try:
+        number = int(text)
+    except ValueError:
+        return None
+    return number if 0 <= number < STEP_LIMIT else None
 
 
 class OutputTap:

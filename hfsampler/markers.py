@@ -42,6 +42,7 @@ from types import TracebackType
 ENV = "HFSAMPLER_MARKER_SOCKET"
 WIRE_VERSION = 1
 MAX_NAME_CHARS = 256
+STEP_LIMIT = 1 << 63  # step numbers are 0 <= n < 2**63: a recording stores them as 64-bit JSON
 # the largest datagram the recorder reads: a version-1 event with the longest name fits easily
 MAX_DATAGRAM_BYTES = 4096
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # the recorder takes printable names only

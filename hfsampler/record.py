@@ -180,6 +180,7 @@ class Recorder:
         self.inbox: MarkerSocket | None = None
         self.tap: OutputTap | None = None
         self._markers: list[Marker] = []
+        self.markers_not_stored = 0
         self._processes_seen = False
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
@@ -227,6 +228,8 @@ class Recorder:
             if self.inbox is not None:
                 end["markers_dropped_by_job"] = self.inbox.dropped_by_job
                 end["marker_datagrams_rejected"] = self.inbox.rejected
+            if self.markers_not_stored:
+                end["markers_not_stored"] = self.markers_not_stored
             writer.close(end)
             self._status(writer, start_ns, end_ns, final=True)
             return code
@@ -268,9 +271,24 @@ class Recorder:
             self._markers += self.tap.drain()
 
     def _store_markers(self, writer: RecordingWriter) -> None:
-        if self._markers:
-            writer.add_markers(sorted(self._markers, key=lambda m: m.t_ns))
-            self._markers = []
+        """Store the markers found since the last window. A marker the file cannot take (a value
+        the encoder refuses) is dropped, counted and said once: markers never end the job."""
+        if not self._markers:
+            return
+        found, self._markers = sorted(self._markers, key=lambda m: m.t_ns), []
+        try:
+            writer.add_markers(found)
+            return
+        except Exception:  # whatever it is, the recording goes on
+            pass
+        for marker in found:  # one by one, so one bad marker costs only itself
+            try:
+                writer.add_markers([marker])
+            except Exception as exc:
+                self.markers_not_stored += 1
+                if self.markers_not_stored == 1:
+                    log.warning("could not store a marker (%s): %r; later ones are counted only",
+                                exc, marker)  # fmt: skip
 
     def _finish_markers(self, writer: RecordingWriter, end_ns: int) -> None:
         """The last markers: what waits in the socket, the output's last lines, an open phase."""

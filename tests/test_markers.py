@@ -163,6 +163,7 @@ HOSTILE = [
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"","step":null,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":true,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":-4,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":9223372036854775808,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":3,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":"me"}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0,"extra":1}',
@@ -204,6 +205,9 @@ def test_pattern_kinds() -> None:
 
     assert kinds(step, "step 42 loss 1.0") == [("step", "step")]
     assert pattern_marker(step.search("step 42"), 1, 7, None)[0].step == 42  # type: ignore[arg-type]
+    assert kinds(step, f"step {2**63 - 1}") == [("step", "step")]
+    assert kinds(step, f"step {2**63}") == []  # more than the recording stores
+    assert kinds(step, "step " + "9" * 5000) == []  # more digits than int() takes
     assert kinds(phase, "Epoch 2 of 9") == [("begin", "Epoch 2")]
     assert kinds(phase, "Epoch 3", "Epoch 2") == [("end", "Epoch 2"), ("begin", "Epoch 3")]
     assert kinds(phase, "Epoch 3: 45%|####", "Epoch 3") == []  # a progress bar redrawn

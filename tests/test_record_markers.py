@@ -150,6 +150,24 @@ def test_a_chatty_binary_child_passes_through_whole(tmp_path: Path) -> None:
     assert steps == list(range(64))
 
 
+def test_a_step_number_beyond_64_bits_makes_no_marker_and_the_job_runs_on(tmp_path: Path) -> None:
+    """A sample counter matched as a step used to make the store fail and end the job."""
+    job = """
+    import time
+    print("step 1", flush=True)
+    print("step 184467440737095516160 (global sample counter)", flush=True)
+    print("step 9223372036854775808", flush=True)
+    time.sleep(1.5)  # a window's store in between
+    print("step 2", flush=True)
+    """
+    proc, out = _record(tmp_path, "--mark-pattern", r"step (?P<step>\d+)", job=job)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines()[-1] == "step 2"
+    rec = Recording(out)
+    assert rec.complete
+    assert [m.step for m in rec.markers()] == [1, 2]
+
+
 def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
     proc, out = _record(tmp_path, "--mark-pattern", "(?P<step>[0-9", job="print('never')")
     assert proc.returncode == 2

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -30,11 +31,16 @@ import orjson
 
 from hfsampler.errors import ConfigError
 from hfsampler.markers import (
+    BATCH_EVENT_KEYS,
+    BATCH_KEYS,
+    BATCH_WIRE_VERSION,
     EVENT_KEYS,
+    MAX_BATCH_EVENTS,
     MAX_DATAGRAM_BYTES,
     MAX_NAME_CHARS,
     STEP_LIMIT,
     WIRE_VERSION,
+    clean_name,
 )
 from hfsampler.recording import MARKER_KINDS, Marker
 
@@ -47,7 +53,6 @@ _POLL_CLOSED_S = 0.1  # how often the reading thread looks whether the socket is
 # how far a marker's own time may lie from its arrival: a datagram waits in the buffer for
 # seconds at most; a clock this far off is not the job's
 _PAST_S, _FUTURE_S = 600.0, 5.0
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # longer lines are matched on their first part only, so a line without an end cannot grow memory
 MAX_LINE_BYTES = 64 * 1024
 _LINE_END = re.compile(rb"[\r\n]")  # a progress bar (tqdm) redraws its line with \r
@@ -55,40 +60,71 @@ _READ_BYTES = 64 * 1024
 
 
 class BadDatagram(ValueError):
-    """A datagram that is not a version-1 marker event; the message says why."""
+    """A datagram, or an event in one, that is not a marker event; the message says why."""
 
 
-def parse_event(data: bytes, now_ns: int) -> tuple[Marker, int]:
-    """The marker a datagram carries and the sender's count of events it dropped so far, or
-    ``BadDatagram`` saying what is wrong with it."""
+@dataclass(frozen=True, slots=True)
+class Datagram:
+    """What one datagram carried: its good events as markers, the sender's pid and its count of
+    events dropped so far, and why each bad event of a batch was refused."""
+
+    markers: list[Marker]
+    pid: int
+    dropped: int
+    refused: list[str]
+
+
+def parse_datagram(data: bytes, now_ns: int) -> Datagram:
+    """A version-1 event or a version-2 batch (``hfsampler.markers``), or ``BadDatagram``
+    saying what is wrong with it; a batch's bad events are refused one by one."""
     try:
-        event = orjson.loads(data)
+        message = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BadDatagram(f"not JSON ({exc})") from None
-    if not isinstance(event, dict):
+    if not isinstance(message, dict):
         raise BadDatagram("not a JSON object")
-    if event.get("v") != WIRE_VERSION:
-        raise BadDatagram(f"wire version {event.get('v')!r}; this recorder reads {WIRE_VERSION}")
-    if set(event) != EVENT_KEYS:
-        raise BadDatagram(f"keys {sorted(event)}, expected {sorted(EVENT_KEYS)}")
-    t_ns, kind, name, step, pid, dropped = (
-        event[k] for k in ("t_ns", "kind", "name", "step", "pid", "dropped")
-    )
+    version = message.get("v")
+    keys = EVENT_KEYS if version == WIRE_VERSION else None
+    keys = BATCH_KEYS if version == BATCH_WIRE_VERSION else keys
+    if keys is None or not _is_int(version):  # not `true`, which equals 1
+        raise BadDatagram(f"wire version {version!r}; this recorder reads "
+                          f"{WIRE_VERSION} and {BATCH_WIRE_VERSION}")  # fmt: skip
+    if set(message) != keys:
+        raise BadDatagram(f"keys {sorted(message)}, expected {sorted(keys)}")
+    pid, dropped = message["pid"], message["dropped"]
+    if not (_is_int(pid) and pid > 0):
+        raise BadDatagram(f"pid {pid!r} is not a process id")
+    if not (_is_int(dropped) and dropped >= 0):
+        raise BadDatagram(f"dropped {dropped!r} is not a count")
+    if version == WIRE_VERSION:
+        return Datagram([_marker(message, pid, now_ns)], pid, dropped, [])
+    events = message["events"]
+    if not isinstance(events, list) or len(events) > MAX_BATCH_EVENTS:
+        raise BadDatagram(f"events must be a list of at most {MAX_BATCH_EVENTS}")
+    found, refused = [], []
+    for event in events:
+        try:
+            if not isinstance(event, dict) or set(event) != BATCH_EVENT_KEYS:
+                raise BadDatagram(f"an event must be an object with {sorted(BATCH_EVENT_KEYS)}")
+            found.append(_marker(event, pid, now_ns))
+        except BadDatagram as exc:
+            refused.append(str(exc))
+    return Datagram(found, pid, dropped, refused)
+
+
+def _marker(event: dict[str, Any], pid: int, now_ns: int) -> Marker:
+    t_ns, kind, name, step = (event[k] for k in ("t_ns", "kind", "name", "step"))
     if not _is_int(t_ns) or not now_ns - _PAST_S * 1e9 <= t_ns <= now_ns + _FUTURE_S * 1e9:
         raise BadDatagram(f"t_ns {t_ns!r} is not a time near now ({now_ns})")
     if kind not in MARKER_KINDS:
         raise BadDatagram(f"kind {kind!r} is not one of {', '.join(MARKER_KINDS)}")
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS or _CONTROL.search(name):
+    if not isinstance(name, str) or not name or clean_name(name) != name:
         raise BadDatagram(f"name must be 1-{MAX_NAME_CHARS} printable characters")
     if kind == "step" and not (_is_int(step) and 0 <= step < STEP_LIMIT):
         raise BadDatagram(f"a step event needs a step number in [0, 2**63), not {step!r}")
     if kind != "step" and step is not None:
         raise BadDatagram(f"a {kind} event has no step number")
-    if not (_is_int(pid) and pid > 0):
-        raise BadDatagram(f"pid {pid!r} is not a process id")
-    if not (_is_int(dropped) and dropped >= 0):
-        raise BadDatagram(f"dropped {dropped!r} is not a count")
-    return Marker(t_ns, kind, name, step, "api", pid), dropped
+    return Marker(t_ns, kind, name, step, "api", pid)
 
 
 def _is_int(value: Any) -> bool:
@@ -135,21 +171,27 @@ class MarkerSocket:
             self.take(data, time.time_ns())
 
     def take(self, data: bytes, now_ns: int) -> None:
-        """One datagram: a marker queued for ``drain``, or garbage counted (logged once)."""
+        """One datagram: its markers queued for ``drain``, garbage counted (the first logged)."""
         try:
             if len(data) > MAX_DATAGRAM_BYTES:
                 raise BadDatagram(f"longer than {MAX_DATAGRAM_BYTES} bytes")
-            marker, dropped = parse_event(data, now_ns)
+            got = parse_datagram(data, now_ns)
         except BadDatagram as exc:
-            self.rejected += 1
-            if self.rejected == 1:
-                log.warning("dropped a datagram on the marker socket that is not a marker (%s): "
-                            "%s; later ones are counted only", exc, ascii(data[:120]))  # fmt: skip
+            self._refuse(1, str(exc), data)
             return
-        self.received += 1
-        pid = marker.pid or 0
-        self.job_dropped[pid] = max(self.job_dropped.get(pid, 0), dropped)
-        self._found.put(marker)
+        if got.refused:
+            self._refuse(len(got.refused), got.refused[0], data)
+        self.received += len(got.markers)
+        self.job_dropped[got.pid] = max(self.job_dropped.get(got.pid, 0), got.dropped)
+        for marker in got.markers:
+            self._found.put(marker)
+
+    def _refuse(self, n: int, why: str, data: bytes) -> None:
+        self.rejected += n
+        if self.rejected == n:
+            log.warning("dropped a datagram or event on the marker socket that is not a "
+                        "marker (%s): %s; later ones are counted only",
+                        why, ascii(data[:120]))  # fmt: skip
 
     def drain(self) -> list[Marker]:
         """The markers read since the last call, in arrival order."""
@@ -166,6 +208,13 @@ class MarkerSocket:
             return
         self._closing.set()
         self._thread.join()
+        # what the job sent last (its exit's count of drops) may still wait in the queue
+        while True:
+            try:
+                data = self._sock.recv(MAX_DATAGRAM_BYTES + 1, socket.MSG_DONTWAIT)
+            except OSError:
+                break
+            self.take(data, time.time_ns())
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
@@ -219,9 +268,11 @@ def pattern_marker(
     """The markers one matched line makes (``open_phase``: the phase a ``phase`` group began)."""
     groups = match.groupdict()
 
-    def named(key: str) -> str:
-        text = (groups.get(key) or "").strip() or match.group(0).strip() or match.re.pattern
-        return text[:MAX_NAME_CHARS]
+    def named(key: str) -> str:  # the API's rule for names (markers.clean_name), never empty
+        for text in (groups.get(key) or "", match.group(0), match.re.pattern):
+            if name := clean_name(text):
+                return name
+        return "mark" if key == "name" else key
 
     if groups.get("step") is not None:
         # 0 <= n < 2**63, as on the socket: the recording stores 64-bit JSON numbers; a bigger

@@ -168,6 +168,43 @@ def test_a_step_number_beyond_64_bits_makes_no_marker_and_the_job_runs_on(tmp_pa
     assert [m.step for m in rec.markers()] == [1, 2]
 
 
+BURST = """
+import threading, time
+from hfsampler import markers
+
+def steps(base):
+    for i in range(300):
+        markers.step(base + i)
+
+threads = [threading.Thread(target=steps, args=(k * 1000,)) for k in range(8)]
+for t in threads:
+    t.start()
+for burst in range(20):  # bursts of 16 marks, faster than the socket's queue of 10 datagrams
+    for j in range(16):
+        markers.mark(f"b{burst}.{j}")
+    time.sleep(0.02)
+for t in threads:
+    t.join()
+print(markers.sent(), markers.dropped(), markers.waiting())  # what waits goes at exit
+"""
+
+
+def test_a_burst_from_threads_arrives_whole_or_counted_exactly(tmp_path: Path) -> None:
+    proc, out = _record(tmp_path, job=BURST)
+    assert proc.returncode == 0, proc.stderr.decode()
+    rec = Recording(out)
+    assert rec.end is not None
+    got = [m for m in rec.markers() if m.source == "api"]
+    steps = [m.step for m in got if m.kind == "step"]
+    marks = [m.name for m in got if m.kind == "mark"]
+    assert len(set(steps)) == len(steps)
+    assert len(set(marks)) == len(marks)
+    assert len(got) + rec.end["markers_dropped_by_job"] == 8 * 300 + 20 * 16
+    assert rec.end["marker_datagrams_rejected"] == 0
+    # a backlog of 512 events and batches of up to 1024: nothing lost here (it was 25 %)
+    assert rec.end["markers_dropped_by_job"] == 0
+
+
 def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
     proc, out = _record(tmp_path, "--mark-pattern", "(?P<step>[0-9", job="print('never')")
     assert proc.returncode == 2

@@ -242,7 +242,9 @@ PATTERN_HELP = (
     "(?P<step>\\d+) a step, (?P<phase>...) a phase named by the group that ends the previous "
     "one (a line naming the phase already open changes nothing), (?P<begin>...) / "
     "(?P<end>...) a phase's edges, else a mark named by (?P<name>...) or the whole match. The "
-    "output still reaches the terminal unchanged."
+    "output still reaches the terminal unchanged; its stdout and stderr are then pipes, not a "
+    "terminal (no colours or progress bars where a program checks). A background process the "
+    "job leaves behind gets SIGPIPE on its next write once record exits."
 )
 
 
@@ -315,6 +317,7 @@ class OutputTap:
         self._phase_lock = threading.Lock()
         self._open_phase: str | None = None
         self._threads: list[threading.Thread] = []
+        self._said_broken = False
 
     def attach(self, stdout: IO[bytes] | None, stderr: IO[bytes] | None) -> None:
         for src, dst in ((stdout, sys.stdout), (stderr, sys.stderr)):
@@ -331,23 +334,22 @@ class OutputTap:
             out_fd = dst.fileno()
         except (AttributeError, OSError, ValueError):
             out_fd = None  # no real stream to copy to (a test's capture): match only
-        pending = b""
-        skipping = False  # the rest of a line past MAX_LINE_BYTES
-        with src:
+        lines = LineSplitter()
+        with src:  # leaving closes the pipe's read end: the child's next write gets EPIPE
             while data := _read(src):
-                out_fd = _copy(out_fd, data)
-                pending += data
-                while (end := _LINE_END.search(pending)) is not None:
-                    line, pending = pending[: end.start()], pending[end.end() :]
-                    if not skipping:
-                        self._match(line)
-                    skipping = False
-                if len(pending) > MAX_LINE_BYTES:
-                    if not skipping:
-                        self._match(pending[:MAX_LINE_BYTES])
-                    pending, skipping = b"", True
-        if pending and not skipping:
-            self._match(pending)
+                try:
+                    out_fd = _copy(out_fd, data)
+                except BrokenPipeError:  # `record ... | head`: what reads us has gone
+                    if not self._said_broken:
+                        self._said_broken = True
+                        log.warning("our output's reader has gone (a closed pipe): the job's "
+                                    "output pipes are closed too, so it gets EPIPE or SIGPIPE "
+                                    "as it would unpiped")  # fmt: skip
+                    return
+                for line in lines.feed(data):
+                    self._match(line)
+        for line in lines.end():
+            self._match(line)
 
     def _match(self, line: bytes) -> None:
         if not line:
@@ -376,12 +378,54 @@ class OutputTap:
         deadline = time.monotonic() + wait_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            log.warning("a process the job left behind still holds its stdout or stderr: its "
+                        "output is no longer copied, and once record exits its next write "
+                        "there gets SIGPIPE (redirect a background process's output to a file, "
+                        "or wait for it in the job)")  # fmt: skip
         out = self.drain()
         with self._phase_lock:
             if self._open_phase is not None:
                 out.append(Marker(end_ns, "end", self._open_phase, None, "output", self.pid))
                 self._open_phase = None
         return out
+
+
+class LineSplitter:
+    """Bytes as they come to lines (ended by ``\\n`` or ``\\r``), each at most
+    ``MAX_LINE_BYTES`` (a longer one is cut, the rest of it skipped); one split per chunk, so
+    a chunk of many short lines costs its length, not lines x length."""
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []  # the start of an unfinished line
+        self._pending_bytes = 0
+        self._skipping = False  # past MAX_LINE_BYTES of the unfinished line: matched already
+
+    def feed(self, data: bytes) -> list[bytes]:
+        parts = _LINE_END.split(data)
+        out: list[bytes] = []
+        if len(parts) > 1:
+            self._pending.append(parts[0])
+            first = b"".join(self._pending)
+            if not self._skipping:
+                out.append(first[:MAX_LINE_BYTES])
+            out.extend(p[:MAX_LINE_BYTES] for p in parts[1:-1])
+            self._pending, self._pending_bytes, self._skipping = [], 0, False
+        tail = parts[-1]
+        if self._skipping or not tail:
+            return [line for line in out if line]
+        self._pending.append(tail)
+        self._pending_bytes += len(tail)
+        if self._pending_bytes > MAX_LINE_BYTES:
+            out.append(b"".join(self._pending)[:MAX_LINE_BYTES])
+            self._pending, self._pending_bytes, self._skipping = [], 0, True
+        return [line for line in out if line]
+
+    def end(self) -> list[bytes]:
+        """The last line, when the stream ended without a line end."""
+        line = b"".join(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        return [line] if line and not self._skipping else []
 
 
 def _read(src: IO[bytes]) -> bytes:
@@ -392,13 +436,16 @@ def _read(src: IO[bytes]) -> bytes:
 
 
 def _copy(fd: int | None, data: bytes) -> int | None:
-    """Write all of ``data`` to ``fd``; a closed terminal stops the copying, not the reading."""
+    """Write all of ``data`` to ``fd``; a closed terminal stops the copying, not the reading (a
+    pipe whose reader has gone raises ``BrokenPipeError``: the caller stops reading too)."""
     if fd is None:
         return None
     view = memoryview(data)
     try:
         while view:
             view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        raise
     except OSError:
         return None
     return fd

@@ -294,7 +294,11 @@ class Recorder:
         """The last markers: what waits in the socket, the output's last lines, an open phase."""
         if self.tap is not None:
             self._markers += self.tap.finish(end_ns)
+        if self.inbox is not None:
+            self.inbox.close()  # takes what is still queued: the job's last count of drops
         self._collect_markers()
+        # lines read (or datagrams sent) after the child's exit belong to the recording's end
+        self._markers = [m if m.t_ns <= end_ns else replace(m, t_ns=end_ns) for m in self._markers]
         self._store_markers(writer)
         if self.inbox is not None and self.inbox.dropped_by_job:
             log.warning("the job could not send %d markers (the socket's queue was full)",
@@ -462,6 +466,9 @@ def options(args: argparse.Namespace) -> RecordOptions:
     config = config_from_args(args, Config(listen=None))  # `run`'s groups, gpm too
     if not command and config.duration_s is None:
         raise ConfigError("record", "nothing to record", "give -- CMD ARGS or --duration 10s")
+    if args.mark_pattern and not command:
+        raise ConfigError("--mark-pattern", "matches a command's output, and there is none",
+                          "give -- CMD ARGS, or leave --mark-pattern out")  # fmt: skip
     wanted = visible_gpus(args.gpu_list, os.environ)
     if wanted and config.source == "sim" and all(t.isdigit() for t in wanted):
         config = replace(config, sim_gpus=max(int(t) for t in wanted) + 1)

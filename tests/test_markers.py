@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import socket
 import stat
 import subprocess
@@ -19,7 +20,13 @@ import pytest
 
 from hfsampler import markers
 from hfsampler.errors import ConfigError
-from hfsampler.job_markers import MarkerSocket, compile_patterns, pattern_marker
+from hfsampler.job_markers import (
+    MAX_LINE_BYTES,
+    LineSplitter,
+    MarkerSocket,
+    compile_patterns,
+    pattern_marker,
+)
 from hfsampler.recording import Marker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -343,3 +350,30 @@ def test_pattern_kinds() -> None:
     assert kinds(edge, "eval done") == [("end", "eval")]
     with pytest.raises(ConfigError, match="--mark-pattern"):
         compile_patterns(["(unclosed"])
+
+
+def test_output_names_take_the_api_rule() -> None:
+    colour, empty = compile_patterns([r"(?P<phase>\x1b\[32mEpoch \d+\S*)", ""])
+    line = "\x1b[32mEpoch 1\x1b[0m\x07 of 3"
+    (began,) = pattern_marker(colour.search(line), 1, 7, None)  # type: ignore[arg-type]
+    assert began.name == "Epoch 1"
+    (mark,) = pattern_marker(empty.search("anything"), 1, 7, None)  # type: ignore[arg-type]
+    assert mark.name == "mark"  # an empty match, an empty pattern: still a name
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lines_split_as_a_whole_stream_would_whatever_the_chunks(seed: int) -> None:
+    rng = random.Random(seed)
+    long_line = b"z" * (MAX_LINE_BYTES * 2 + 5)
+    stream = b"".join(
+        rng.choice([b"step %d\n" % i, b"bar %d\r" % i, b"\r\n", long_line + b"\n", b"x"])
+        for i in range(3000)
+    )
+    expected = [line[:MAX_LINE_BYTES] for line in stream.replace(b"\r", b"\n").split(b"\n") if line]
+    splitter, got, at = LineSplitter(), [], 0
+    while at < len(stream):
+        size = rng.choice([1, 7, 4096, 65536, 300_000])
+        got += splitter.feed(stream[at : at + size])
+        at += size
+    got += splitter.end()
+    assert got == expected

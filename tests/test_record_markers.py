@@ -205,6 +205,60 @@ def test_a_burst_from_threads_arrives_whole_or_counted_exactly(tmp_path: Path) -
     assert rec.end["markers_dropped_by_job"] == 0
 
 
+def test_a_closed_output_pipe_ends_the_job_as_it_would_unpiped(tmp_path: Path) -> None:
+    """`record --mark-pattern ... -- yes | head -2`: once head has gone, yes gets SIGPIPE."""
+    out = tmp_path / "run.hfs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(out), "--mark-pattern", "never", "--", "yes"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"y\n"
+        proc.stdout.close()  # what head does after its lines
+        assert proc.wait(60) == 128 + signal.SIGPIPE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    with proc.stderr:
+        assert b"reader has gone" in proc.stderr.read()
+    assert Recording(out).complete
+
+
+def test_a_process_left_behind_is_said_and_its_late_line_stamped_at_the_end(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("( sleep 0.3; echo 'late mark'; sleep 5 ) &\necho 'main done'\n")
+    out = tmp_path / "run.hfs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(out), "--mark-pattern", "(?P<name>late mark)", "--", "sh", str(job)],
+        env=_env(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"left behind" in proc.stderr
+    rec = Recording(out)
+    _, end = rec.time_range_ns()
+    (late,) = rec.markers()
+    assert late.name == "late mark"
+    assert late.t_ns == end  # read after the job's end, which the recording ends at
+
+
+def test_mark_pattern_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(tmp_path / "run.hfs"), "--duration", "1s", "--mark-pattern", "step"],
+        env=_env(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert b"--mark-pattern" in proc.stderr
+    assert not (tmp_path / "run.hfs").exists()
+
+
 def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
     proc, out = _record(tmp_path, "--mark-pattern", "(?P<step>[0-9", job="print('never')")
     assert proc.returncode == 2

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
+PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
 END_GRACE_S = 0.02
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
@@ -181,7 +182,8 @@ class Recorder:
         self.tap: OutputTap | None = None
         self._markers: list[Marker] = []
         self.markers_not_stored = 0
-        self._processes_seen = False
+        self._last_processes: dict[int, list[dict[str, Any]]] = {}  # as last written
+        self._processes_written_ns = 0
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -337,7 +339,7 @@ class Recorder:
                 clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
-                self._processes(writer, side)
+                self._processes(writer, side, time.time_ns())
             self._collect_markers()
             time.sleep(0.005)
 
@@ -360,11 +362,10 @@ class Recorder:
             log.warning("cannot list GPU processes: %s", exc)
             return None
 
-    def _processes(self, writer: RecordingWriter, reader: ProcessReader) -> None:
-        """One snapshot of the recorded GPUs' processes; the job's own (the child's
+    def _processes(self, writer: RecordingWriter, reader: ProcessReader, now: int) -> None:
+        """One look at the recorded GPUs' processes at ``now``; the job's own (the child's
         descendants) are marked ``in_job``."""
         job = descendants(self.child.pid) if self.child is not None else set()
-        now = time.time_ns()
         try:
             found = reader.read_processes(job, now)
         except Exception as exc:
@@ -377,9 +378,15 @@ class Recorder:
             for gpu, procs in found.items() if gpu in kept
         }  # fmt: skip
         seen = any(snapshot.values())
-        if seen or self._processes_seen:  # the first empty one says that they have gone
+        # a snapshot goes to the file when it says something new (the first empty one says
+        # that they have gone), and every PROCESS_KEEP_S while there are processes, so a long
+        # steady job does not grow the file and the report by a chunk a second
+        changed = snapshot != self._last_processes
+        due = seen and now - self._processes_written_ns >= PROCESS_KEEP_S * 1e9
+        if (seen or self._last_processes) and (changed or due):
             writer.add_processes(now, snapshot)
-        self._processes_seen = seen
+            self._processes_written_ns = now
+        self._last_processes = snapshot if seen else {}
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:

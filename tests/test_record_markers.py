@@ -36,6 +36,7 @@ for epoch in range(2):
         work(0.25)
     markers.mark("eval")
     print(f"checkpoint saved: ckpt-{epoch}", file=sys.stderr, flush=True)
+    work(0.2)  # stderr and stdout are two pipes read by two threads: no order between them
 pid = os.fork()
 if pid == 0:
     markers.mark("from the fork")

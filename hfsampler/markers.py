@@ -97,6 +97,13 @@ class _Event(NamedTuple):
     body: bytes  # the event's JSON object: t_ns, kind, name, step
 
 
+class _Datagram(NamedTuple):
+    first: _Event | None  # the backlog's first event when it was built
+    events: int
+    dropped: int  # the drop count it tells
+    data: bytes
+
+
 class _Sender:
     """The process's socket to the recorder, opened on first use and again after a fork.
 
@@ -115,6 +122,7 @@ class _Sender:
         self.sent = 0
         self.dropped = 0
         self.reported = 0  # the drop count the recorder has been told
+        self._ready: _Datagram | None = None  # built, not yet taken by a full queue
 
     def after_fork(self) -> None:
         # a lock held by another thread at fork time would stay held in the child forever; the
@@ -125,6 +133,7 @@ class _Sender:
                 self.sock.close()
         self.handed, self.loose_drops, self.backlog = deque(), [], deque()
         self.sock, self.pid, self.sent, self.dropped, self.reported = None, -1, 0, 0, 0
+        self._ready = None
 
     def drop(self) -> bool:
         self.loose_drops.append(None)
@@ -173,9 +182,14 @@ class _Sender:
             self.backlog.popleft()
             self.dropped += 1
         while self.backlog or self.dropped > self.reported:
-            batch = list(self._batch())
+            ready = self._ready
+            first = self.backlog[0] if self.backlog else None
+            if ready is None or ready.first is not first:
+                ready = self._ready = self._datagram(first)
+            # while the queue stays full, each call retries the same datagram: built once, not
+            # once per call (the drop count in it may lag; the next one tells the rest)
             try:
-                self._send(address, batch)
+                self._send(address, ready.data)
             except BlockingIOError:  # the queue is full: they wait for the next call
                 return kept
             except OSError:  # no socket, nobody bound to it, name too long: all of it is lost
@@ -183,31 +197,35 @@ class _Sender:
                 self.reported = self.dropped  # nobody to tell; a new recorder starts afresh
                 kept = kept and mine not in self.backlog
                 self.backlog.clear()
+                self._ready = None
                 return kept
-            for _ in batch:
+            for _ in range(ready.events):
                 self.backlog.popleft()
-            self.sent += len(batch)
-            self.reported = self.dropped
+            self.sent += ready.events
+            self.reported = max(self.reported, ready.dropped)
+            self._ready = None
         return kept
 
-    def _batch(self) -> list[_Event]:
-        out: list[_Event] = []
+    def _datagram(self, first: _Event | None) -> _Datagram:
+        """The next datagram: the backlog's first events, as many as fit."""
+        batch: list[_Event] = []
         size = 64
         for event in self.backlog:
             size += len(event.body) + 1
-            if len(out) == MAX_BATCH_EVENTS or (out and size > MAX_DATAGRAM_BYTES):
+            if len(batch) == MAX_BATCH_EVENTS or (batch and size > MAX_DATAGRAM_BYTES):
                 break
-            out.append(event)
-        return out
-
-    def _send(self, address: str, batch: list[_Event]) -> None:
-        pid = os.getpid()
+            batch.append(event)
+        pid, told = os.getpid(), self.dropped
         if len(batch) == 1:
-            tail = f',"pid":{pid},"dropped":{self.dropped}}}'.encode()
+            tail = f',"pid":{pid},"dropped":{told}}}'.encode()
             data = b'{"v":%d,' % WIRE_VERSION + batch[0].body[1:-1] + tail
         else:
-            head = f'{{"v":{BATCH_WIRE_VERSION},"pid":{pid},"dropped":{self.dropped},"events":['
+            head = f'{{"v":{BATCH_WIRE_VERSION},"pid":{pid},"dropped":{told},"events":['
             data = head.encode() + b",".join(e.body for e in batch) + b"]}"
+        return _Datagram(first, len(batch), told, data)
+
+    def _send(self, address: str, data: bytes) -> None:
+        pid = os.getpid()
         if self.sock is None or self.pid != pid:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self.sock.setblocking(False)
@@ -287,21 +305,23 @@ def _name(name: object, kind: str) -> str | None:
 
 def mark(name: str) -> bool:
     """An instant event, e.g. ``mark("checkpoint saved")``; True if it was sent or waits."""
+    if not enabled():  # outside record: nothing to clean, nothing to count
+        return False
     text = _name(name, "mark")
-    if text is None:
-        return _sender.drop() if enabled() else False
-    return _sender.send("mark", text, None)
+    return _sender.drop() if text is None else _sender.send("mark", text, None)
 
 
 def step(n: int) -> bool:
     """Step ``n`` starts now (it lasts until the next step or the end of its phase); ``n`` is an
     integer in ``[0, 2**63)``, anything else is dropped and counted."""
+    if not enabled():
+        return False
     try:
         number = None if isinstance(n, bool) else operator.index(n)
     except Exception:  # a float or a string step: the caller's bug, never the job's end
         number = None
     if number is None or not 0 <= number < STEP_LIMIT:
-        return _sender.drop() if enabled() else False
+        return _sender.drop()
     return _sender.send("step", "step", number)
 
 

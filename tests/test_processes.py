@@ -1,8 +1,10 @@
-"""Per-process GPU use: NVML's process list and utilisation (fake driver), and the sim's model."""
+"""Per-process GPU use: NVML's process list and utilisation (fake driver), the sim's model, and
+what record stores of processes and markers."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from fake_nvml import FakeNvml, FakeProcess, install, make_fake
 
 from hfsampler.record import Recorder
+from hfsampler.recording import Marker, Recording, RecordingWriter
 from hfsampler.sources import DeviceInfo, GpuProcess, SourceSpec, open_processes
 from hfsampler.sources.sim import SimSource
 
@@ -126,3 +129,22 @@ def test_record_writes_a_snapshot_when_something_changes_or_every_10_s() -> None
     assert times == [0, 10, 20, 30, 33, 43, 45]
     assert writer.snapshots[4][1][0][0]["used_memory_bytes"] == 2 * GIB
     assert writer.snapshots[-1][1] == {}  # the first empty one says that they have gone
+
+
+def test_a_marker_the_file_refuses_is_counted_and_the_others_stored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One marker orjson cannot write (a step past 64 bits) must not end the recording."""
+    recorder = object.__new__(Recorder)
+    recorder.markers_not_stored = 0
+    writer = RecordingWriter(tmp_path / "m.hfs", {"start_ns": 0}, [], [])
+    recorder._markers = [Marker(2, "mark", "after"), Marker(1, "step", "step", 2**64),
+                         Marker(0, "mark", "before")]  # fmt: skip
+    with caplog.at_level(logging.WARNING, "hfsampler.record"):
+        recorder._store_markers(writer)
+        recorder._markers = [Marker(3, "step", "step", 2**70)]
+        recorder._store_markers(writer)
+    writer.close({"end_ns": 4})
+    assert [m.name for m in Recording(tmp_path / "m.hfs").markers()] == ["before", "after"]
+    assert recorder.markers_not_stored == 2
+    assert len([r for r in caplog.records if "could not store a marker" in r.getMessage()]) == 1

@@ -127,6 +127,8 @@ class Config:
     instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
     max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
+    # `mig.copy_device_fields`: GPU-level fields on every MIG instance too, as dcgm-exporter does
+    mig_copy_device_fields: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -317,6 +319,7 @@ _FILE_KEYS = (
     "hostname",
     "host_label",
     "instance",
+    "mig",
 )
 
 
@@ -435,6 +438,14 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
         elif key == "instance":
             # `instance: ""` or `instance: false` leave the label off
             kw[key] = "" if value in ("", False) else _expect(value, str, key, "node17:9400")
+        elif key == "mig":
+            block = _expect(value, dict, key, "{copy_device_fields: true}")
+            for sub, subvalue in block.items():
+                if sub != "copy_device_fields":
+                    raise _unknown(str(sub), ["copy_device_fields"], "mig.")
+                kw["mig_copy_device_fields"] = _expect(
+                    subvalue, bool, "mig.copy_device_fields", "true"
+                )
         elif key == "hpc_job_mapping_dir":
             kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
     return replace(base or Config(), **kw)

@@ -3,7 +3,8 @@
 A read that takes long (an ECC or retired-pages query, a GPM sample pair, an XID event wait) must
 never delay a millisecond tick, so the fastest group (normally ``fast``, 1 ms) has the process's
 main thread to itself: its deadline loop does one read, one ring row and a few counters per tick
-(repeats are marked by the rings' readers; GPUs up and the heartbeat every 16 ticks).
+(repeats are marked by the rings' readers; GPUs up, the heartbeat and, when the source's
+devices changed (a MIG layout), the new devices to the parent, every 16 ticks).
 Every other group runs on the slow lane, a second thread with its own deadlines, its own rings
 (one writer per ring, as before) and its own status slots. NVML's calls go through ctypes, which
 releases the GIL, so while the slow lane waits in a slow call the fast lane runs; the slow lane's
@@ -25,14 +26,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from hfsampler.ring import Ring
-from hfsampler.sources import Source
+from hfsampler.sources import DeviceInfo, Source
+
+Publish = Callable[[tuple[DeviceInfo, ...]], None]  # the source's devices, to the parent
 
 if TYPE_CHECKING:
     from hfsampler.sampler import GroupPlan, SamplerPlan
@@ -121,11 +124,17 @@ def _normal_priority() -> None:
 
 
 def run_lanes(
-    plan: SamplerPlan, src: Source, rings: Sequence[Ring], s: Status, parent_pid: int
+    plan: SamplerPlan,
+    src: Source,
+    rings: Sequence[Ring],
+    s: Status,
+    parent_pid: int,
+    publish: Publish | None = None,
 ) -> None:
     """Sample until ``s[STOP]`` is set (or the parent is gone): the fast lane on this thread.
 
-    ``rings`` are in ``plan.groups``' order. Raises what either lane raised.
+    ``rings`` are in ``plan.groups``' order. ``publish`` is given the source's devices at the
+    first bookkeeping and whenever they change after. Raises what either lane raised.
     """
     groups = plan.groups
     fastest = min(range(len(groups)), key=lambda k: groups[k].interval_s)
@@ -152,7 +161,7 @@ def run_lanes(
         s[STATE] = RUNNING
         if slow is not None:
             slow.go.set()
-        _fast_lane(plan, src, rings, s, parent_pid, fastest, spin_ns, threshold_ns, slow)
+        _fast_lane(plan, src, rings, s, parent_pid, fastest, spin_ns, threshold_ns, slow, publish)
     finally:
         if slow is not None:
             slow.stop.set()
@@ -174,6 +183,7 @@ def _fast_lane(
     spin_ns: int,
     threshold_ns: int,
     slow: _SlowLane | None,
+    publish: Publish | None = None,
 ) -> None:
     """One group's deadline loop: sleep, read, publish the row, count."""
     group = plan.groups[index]
@@ -187,6 +197,7 @@ def _fast_lane(
     perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
     now = perf_ns()
     deadline = now - now % interval + interval
+    published: tuple[DeviceInfo, ...] | None = None
     while not s[STOP]:
         remaining = deadline - perf_ns()
         if remaining > spin_ns:
@@ -212,6 +223,10 @@ def _fast_lane(
             s[base + 1] = late
         deadline += interval
         if ticks % _HOUSEKEEPING_TICKS == 0:
+            devices = src.devices
+            if devices is not published and publish is not None:
+                publish(devices)  # before the GPUs up: a new instance's row is labelled first
+                published = devices
             s[gpu_slot : gpu_slot + gpus] = src.gpu_up
             s[HEARTBEAT_NS] = read_at
             if slow is not None and not slow.thread.is_alive():

@@ -63,7 +63,7 @@ from hfsampler.ring import (
     shm_dir,
     sweep_orphans,
 )
-from hfsampler.sources import Inventory, SourceSpec, open_source
+from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,8 @@ class Sampler:
         self.status: SharedInts | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None  # the child's last word, if it had one
+        self._layout: Connection | None = None  # the source's devices, when they change
+        self._devices = tuple(inventory.devices)
         self._exit_reason: str | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
@@ -211,14 +213,19 @@ class Sampler:
         """Start the process and wait until it ticks (or fails)."""
         ctx = multiprocessing.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
+        layout_reader, layout_writer = ctx.Pipe(duplex=False)
         self._conn = reader
+        self._layout = layout_reader
         self._exit_reason = None
         self._process = ctx.Process(
-            target=_child_main, args=(self.plan, os.getpid(), writer), name="hfsampler-sampler"
+            target=_child_main,
+            args=(self.plan, os.getpid(), writer, layout_writer),
+            name="hfsampler-sampler",
         )
         self._process.daemon = True
         self._process.start()
         writer.close()  # the child holds its own copy: EOF here once it is gone
+        layout_writer.close()
         deadline = time.monotonic() + timeout_s
         status = self._array()
         while status[STATE] == STARTING:
@@ -269,6 +276,20 @@ class Sampler:
         base = GLOBAL_SLOTS + PER_GROUP * group_index
         return GroupCounters(int(s[base]), int(s[base + 1]), int(s[base + 2]))
 
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """The rows' devices as the sampler's source has them now (a MIG layout changes them).
+
+        The inventory's until the process says otherwise; never blocks.
+        """
+        conn = self._layout
+        if conn is not None:
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    devices = conn.recv()
+                    if len(devices) == len(self._devices):  # rows never change in number
+                        self._devices = tuple(devices)
+        return self._devices
+
     def gpu_up(self) -> npt.NDArray[np.bool_]:
         s = self._array()
         start = GLOBAL_SLOTS + PER_GROUP * len(self.groups)
@@ -302,6 +323,9 @@ class Sampler:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._layout is not None:
+            self._layout.close()
+            self._layout = None
 
     def close(self) -> None:
         """Stop the process and free every shared-memory block; safe to call twice."""
@@ -329,7 +353,9 @@ class Sampler:
 # -- the child process ---------------------------------------------------------------------------
 
 
-def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
+def _child_main(
+    plan: SamplerPlan, parent_pid: int, conn: Connection, layout: Connection | None = None
+) -> None:
     # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
     # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
     # systemd's control-group kill) must not end sampling before the parent has finished.
@@ -342,21 +368,25 @@ def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
     try:
-        _run_child(plan, parent_pid, conn)
+        _run_child(plan, parent_pid, conn, layout)
     except BaseException as exc:
         # Whatever ends us early, the parent says why in its own log.
         _tell(conn, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         conn.close()
+        if layout is not None:
+            layout.close()
 
 
-def _tell(conn: Connection, reason: str) -> None:
+def _tell(conn: Connection, reason: object) -> None:
     with contextlib.suppress(OSError):
         conn.send(reason)
 
 
-def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
+def _run_child(
+    plan: SamplerPlan, parent_pid: int, conn: Connection, layout: Connection | None = None
+) -> None:
     status = SharedInts.attach(plan.status_name)
     try:
         rings = [Ring.attach(name) for name in plan.ring_names]
@@ -375,7 +405,8 @@ def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         _detach(rings, status)
         return
     try:
-        run_lanes(plan, source, rings, s, parent_pid)
+        publish = None if layout is None else (lambda d: _tell(layout, d))
+        run_lanes(plan, source, rings, s, parent_pid, publish)
         s[STATE] = STOPPED
     except Exception as exc:
         log.exception("the sampler loop failed")

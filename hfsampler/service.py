@@ -109,6 +109,7 @@ class Service:
             host_label=config.host_label,
             instance=config.instance,
             instance_port=config.instance_port,
+            copy_device_fields=config.mig_copy_device_fields,
         )
 
     def _warn_orphan_spools(self) -> None:
@@ -312,6 +313,11 @@ class Service:
 
     def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
         assert self._sampler is not None
+        devices = self._sampler.devices()  # before the GPUs up: a new MIG instance's labels
+        if devices != self.model.devices:
+            self.model.set_devices(devices)
+            if self._labeller is not None:
+                self._labeller.set_devices(devices)
         gpu_up = self._sampler.gpu_up()
         self._update_self_metrics(stats, ticks, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
@@ -345,6 +351,8 @@ class Service:
             m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
             g.reader.lost_rows = 0
         for d, up in zip(self.inventory.devices, gpu_up, strict=True):
+            if not d.is_gpu:
+                continue  # a MIG slot is down while empty: that is no lost GPU
             m.set(sm.GPU_UP, 1.0 if up else 0.0, {"gpu": str(d.index), "UUID": d.uuid})
         m.inc(sm.WINDOWS)
 
@@ -405,6 +413,8 @@ def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int)
     stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
     parts = [stamp]
     for i, d in enumerate(inventory.devices):
+        if not d.is_gpu:
+            continue  # one line per GPU; its instances are in the series
         text = [f"gpu{d.index}"]
         if power is not None:
             text.append(f"P {_fmt(power[0][i])}/{_fmt(power[1][i])}W")

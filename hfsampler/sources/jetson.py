@@ -104,6 +104,7 @@ class JetsonSource:
         self._energy: Energy | None = None
         self._lock = threading.Lock()
         self._up = np.ones(1, dtype=np.bool_)
+        self._devices: tuple[DeviceInfo, ...] = ()
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
@@ -127,6 +128,7 @@ class JetsonSource:
             driver_version=lay.l4t,
             minor_number=0,
         )
+        self._devices = (info,)
         return Inventory((info,), wanted, np.array([supported], dtype=np.bool_))
 
     def read(
@@ -171,6 +173,10 @@ class JetsonSource:
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
 
     def close(self) -> None:
         if self._energy is not None:

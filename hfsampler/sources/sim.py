@@ -87,6 +87,7 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_DEV_FB_RESERVED": Profile(FB_RESERVED_MIB, 0.0, 1_000_000),
     "DCGM_FI_DEV_FB_USED": Profile(FB_USED_MIB, 0.0, 1_000_000),
     "DCGM_FI_DEV_FB_FREE": Profile(0.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_TOTAL": Profile(FB_TOTAL_MIB, 0.0, 1_000_000_000),
     "DCGM_FI_DEV_FAN_SPEED": Profile(0.0, 0.0, 100_000_000),
     "DCGM_FI_DEV_PSTATE": Profile(0.0, 0.0, 100_000_000),
     # Activity as GPM or DCGM report it for a busy training job: ratios in [0, 1], bytes/s;
@@ -220,6 +221,7 @@ class SimSource:
         self._readers_by_id: dict[int, _Reader] = {}  # the sampler's tuples, by identity
         self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
         self._events: dict[tuple[str, int, int], _EventTable] = {}
+        self._devices: tuple[DeviceInfo, ...] = ()
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -237,6 +239,7 @@ class SimSource:
         )
         # the sim imitates NVML GPUs: a field only a Jetson's sysfs has is not there
         readable = [f.nvml_readable for f in fields]
+        self._devices = devices
         return Inventory(devices, tuple(fields), np.array([readable] * self.gpus, dtype=np.bool_))
 
     def read(
@@ -271,6 +274,10 @@ class SimSource:
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
 
     def close(self) -> None:
         self._readers_by_id.clear()  # counters start over on the next read

@@ -286,14 +286,15 @@ def expand_mig(fields: Sequence[Field], intervals_s: Mapping[str, float]) -> tup
     no slow lane and it stays.
     """
     fastest = min(intervals_s.values(), default=0.0)
-    slower = sorted((iv, name) for name, iv in intervals_s.items() if iv > fastest)
+    # of equally fast groups, `slow` (GPM has its own refresh and may be moved alone)
+    slower = sorted((iv, name != SLOW, name) for name, iv in intervals_s.items() if iv > fastest)
     twins = []
     for f in fields:
         if f.name not in MIG_INSTANCE_FIELDS or f.mig_instance:
             continue
         group = f.group
         if intervals_s.get(group) == fastest and slower:
-            group = slower[0][1]
+            group = slower[0][2]
         twins.append(replace(f, mig_instance=True, group=group))
     return (*fields, *twins)
 

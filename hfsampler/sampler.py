@@ -63,6 +63,7 @@ from hfsampler.ring import (
     shm_dir,
     sweep_orphans,
 )
+from hfsampler.sources import BoolArray as BoolMask
 from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,8 @@ class Sampler:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None  # the child's last word, if it had one
         self._layout: Connection | None = None  # the source's devices, when they change
-        self._devices = tuple(inventory.devices)
+        # (since when, devices): the rows' devices over time, the oldest one a window needs first
+        self._layouts: list[tuple[int, tuple[DeviceInfo, ...]]] = [(0, tuple(inventory.devices))]
         self._exit_reason: str | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
@@ -276,19 +278,29 @@ class Sampler:
         base = GLOBAL_SLOTS + PER_GROUP * group_index
         return GroupCounters(int(s[base]), int(s[base + 1]), int(s[base + 2]))
 
-    def devices(self) -> tuple[DeviceInfo, ...]:
-        """The rows' devices as the sampler's source has them now (a MIG layout changes them).
+    def layout(self, t0_ns: int, t1_ns: int) -> tuple[tuple[DeviceInfo, ...], BoolMask]:
+        """The rows' devices for the window ``[t0_ns, t1_ns)`` and the rows whose device
+        changed inside it (a MIG slot that held one instance and then another, or none).
 
-        The inventory's until the process says otherwise; never blocks.
+        A changed row's window mixes two instances' samples: the caller leaves it out rather
+        than label one's samples with the other's labels. Never blocks.
         """
         conn = self._layout
         if conn is not None:
             with contextlib.suppress(EOFError, OSError):
                 while conn.poll():
-                    devices = conn.recv()
-                    if len(devices) == len(self._devices):  # rows never change in number
-                        self._devices = tuple(devices)
-        return self._devices
+                    since_ns, devices = conn.recv()
+                    if len(devices) == len(self._layouts[0][1]):  # rows never change in number
+                        self._layouts.append((int(since_ns), tuple(devices)))
+        layouts = self._layouts
+        start = max(k for k, (since, _) in enumerate(layouts) if since <= t0_ns or k == 0)
+        inside = [d for since, d in layouts[start:] if since < t1_ns]
+        del layouts[:start]  # windows only move forward
+        first, last = inside[0], inside[-1]
+        mixed = np.array(
+            [any(d[r] != first[r] for d in inside) for r in range(len(first))], dtype=np.bool_
+        )
+        return last, mixed
 
     def gpu_up(self) -> npt.NDArray[np.bool_]:
         s = self._array()
@@ -405,7 +417,7 @@ def _run_child(
         _detach(rings, status)
         return
     try:
-        publish = None if layout is None else (lambda d: _tell(layout, d))
+        publish = None if layout is None else (lambda t, d: _tell(layout, (t, d)))
         run_lanes(plan, source, rings, s, parent_pid, publish)
         s[STATE] = STOPPED
     except Exception as exc:

@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -37,7 +37,7 @@ from hfsampler.remote_write.sender import orphan_spools
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
-from hfsampler.sources import Inventory, SourceSpec
+from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, physical
 from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ class Service:
         self._held: dict[str, list[Snapshot]] = {}
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
         self._sampler: Sampler | None = None
+        self._mixed = np.zeros(len(inventory.devices), dtype=np.bool_)  # see _apply_layout
         self._groups: list[_Group] = []
         self._labeller: Labeller | None = build_labeller(
             inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
@@ -247,8 +248,9 @@ class Service:
                 _Group(p, i, WindowReader(sampler.rings[p.name])) for i, p in enumerate(self.plans)
             ]
             log.info(
-                "sampling %d GPU(s) from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
-                len(self.inventory.devices),
+                "sampling %d GPU(s)%s from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
+                len(physical(self.inventory.devices)),
+                _mig_text(self.inventory.devices),
                 self.spec.kind,
                 ", ".join(f"{p.name} {len(p.fields)} fields every {p.interval_s * 1e3:g} ms"
                           for p in self.plans),
@@ -286,6 +288,7 @@ class Service:
                 log.error("the sampler process died (%s); stopping", sampler.exit_reason())
                 return 1
             stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            self._apply_layout(sampler, t0, t1)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
@@ -294,6 +297,15 @@ class Service:
             skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
             if skipped:
                 log.warning("window loop fell %d window(s) behind; catching up", skipped)
+
+    def _apply_layout(self, sampler: Sampler, t0: int, t1: int) -> None:
+        """The window's devices (a MIG slot's instance may have changed) to the model and the
+        labeller, before the window's labels are asked for."""
+        devices, self._mixed = sampler.layout(t0, t1)
+        if devices != self.model.devices:
+            self.model.set_devices(devices)
+            if self._labeller is not None:
+                self._labeller.set_devices(devices)
 
     async def _sleep_until(self, t_ns: int) -> bool:
         """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""
@@ -313,12 +325,8 @@ class Service:
 
     def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
         assert self._sampler is not None
-        devices = self._sampler.devices()  # before the GPUs up: a new MIG instance's labels
-        if devices != self.model.devices:
-            self.model.set_devices(devices)
-            if self._labeller is not None:
-                self._labeller.set_devices(devices)
-        gpu_up = self._sampler.gpu_up()
+        # a MIG slot whose instance changed in the window: its samples are two instances'
+        gpu_up = self._sampler.gpu_up() & ~self._mixed
         self._update_self_metrics(stats, ticks, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
         self.latest = snapshot
@@ -396,6 +404,14 @@ class Service:
             await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in self._writers))
         if runner is not None:
             await runner.cleanup()
+
+
+def _mig_text(devices: Sequence[DeviceInfo]) -> str:
+    slots = [d for d in devices if not d.is_gpu]
+    if not slots:
+        return ""
+    held = sum(d.mig is not None for d in slots)
+    return f" and {held} MIG instance(s) in {len(slots)} slot(s)"
 
 
 def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int) -> str:

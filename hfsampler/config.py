@@ -98,6 +98,7 @@ class Config:
 
     source: str = "auto"
     sim_gpus: int = 2
+    sim_mig: tuple[str, ...] = ()  # `--sim-mig 3g,2g,1g,1g`: every sim GPU's MIG layout
     seed: int = 0
     devices: tuple[int, ...] | None = None
     intervals_s: Mapping[str, float] = field(

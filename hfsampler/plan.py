@@ -81,7 +81,8 @@ class RunPlan:
         """The plan for the devices at ``positions`` (nvml: the source opens only those)."""
         if self.spec.kind != "nvml" or len(positions) == len(self.inventory.devices):
             return self
-        indices = tuple(self.inventory.devices[p].index for p in positions)
+        # a MIG instance's slot is its GPU's: that GPU opens with all its slots
+        indices = tuple(dict.fromkeys(self.inventory.devices[p].index for p in positions))
         return _planned(self.config, replace(self.spec, indices=indices))
 
 

@@ -80,29 +80,44 @@ def visible_gpus(selection: str | None, env: Mapping[str, str]) -> list[str] | N
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or items[0] == "-1" or any(t.startswith("MIG-") for t in items):
+    if not items or items[0] == "-1":
         if selection is not None:
             raise ConfigError("--gpus", f"{text!r} selects no GPU", "e.g. --gpus 0,2")
-        log.warning("CUDA_VISIBLE_DEVICES=%r names no whole GPU: recording all GPUs", text)
+        log.warning("CUDA_VISIBLE_DEVICES=%r names no GPU: recording all GPUs", text)
         return None
     return items
 
 
 def choose(devices: Sequence[DeviceInfo], wanted: Sequence[str] | None) -> list[int]:
-    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do)."""
+    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do).
+
+    A MIG UUID (``MIG-...``, as CUDA_VISIBLE_DEVICES names an instance) gives the instance's
+    slot and its GPU (whose power, clocks and temperature the instance shares); a whole GPU
+    gives its MIG slots too.
+    """
     if wanted is None:
         return list(range(len(devices)))
     out: list[int] = []
+    gpus = [p for p, d in enumerate(devices) if d.is_gpu]
     for item in wanted:
-        if item.isdigit():
-            hits = [p for p, d in enumerate(devices) if d.index == int(item)]
+        if item.startswith("MIG-"):
+            hits = [p for p, d in enumerate(devices) if d.mig and d.mig.uuid.startswith(item)]
+        elif item.isdigit():
+            hits = [p for p in gpus if devices[p].index == int(item)]
         else:
-            hits = [p for p, d in enumerate(devices) if d.uuid.startswith(item)]
+            hits = [p for p in gpus if devices[p].uuid.startswith(item)]
         if len(hits) != 1:
-            have = ", ".join(str(d.index) for d in devices)
+            have = ", ".join(str(devices[p].index) for p in gpus)
+            instances = [d.mig.uuid for d in devices if d.mig is not None]
+            if instances:
+                have += "; MIG instances " + ", ".join(instances)
             raise ConfigError("--gpus", f"no single GPU {item!r}", f"this node has GPUs {have}")
-        if hits[0] not in out:
-            out.append(hits[0])
+        d = devices[hits[0]]
+        if d.is_gpu:
+            hits += [p for p, s in enumerate(devices) if not s.is_gpu and s.index == d.index]
+        else:
+            hits = [p for p in gpus if devices[p].index == d.index] + hits
+        out.extend(p for p in hits if p not in out)
     return out
 
 
@@ -399,7 +414,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if plan.spec.kind == "nvml" and len(keep) < len(plan.inventory.devices):
         # open only the job's GPUs: the others are not ours to read at 1 kHz
         plan = plan.only(keep)
-        keep = list(range(len(plan.inventory.devices)))
+        keep = choose(plan.inventory.devices, opts.gpus)
     if not keep or not plan.fields:
         log.error("nothing to record: no GPU or no supported field")
         return 1

@@ -37,7 +37,7 @@ from hfsampler.errors import HfsamplerError
 from hfsampler.fields import BY_NAME, Field, Kind, Role, locate
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
-from hfsampler.sources import DeviceInfo
+from hfsampler.sources import DeviceInfo, MigInstance
 from hfsampler.window import STATS, Stat, WindowStats
 
 MAGIC = b"HFSREC\x00\x01"
@@ -203,7 +203,9 @@ class RecordingWriter:
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
                  "pci_bus_id": d.pci_bus_id, "driver_version": d.driver_version,
-                 "minor_number": d.minor_number}
+                 "minor_number": d.minor_number,
+                 # a MIG instance slot, and the instance it held when the recording began
+                 **({} if d.is_gpu else {"mig_slot": d.mig_slot, "mig": _mig_header(d)})}
                 for d in devices
             ],
             "groups": [
@@ -314,8 +316,21 @@ class Frame:
     length: int
 
 
+def _mig_header(device: DeviceInfo) -> dict[str, Any] | None:
+    m = device.mig
+    if m is None:
+        return None
+    return {"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+            "profile": m.profile, "uuid": m.uuid}  # fmt: skip
+
+
 def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-    return tuple(DeviceInfo(**d) for d in header["devices"])
+    out = []
+    for d in header["devices"]:
+        mig = d.get("mig")
+        d = {**d, "mig": MigInstance(**mig) if mig else None}
+        out.append(DeviceInfo(**d))
+    return tuple(out)
 
 
 def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:

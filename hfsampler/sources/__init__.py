@@ -92,6 +92,7 @@ class SourceSpec:
     # sim: (field name, seconds) a read that includes the field takes, asleep with the GIL
     # released as in a slow NVML query; for tests and benchmarks of slow reads
     sim_read_cost_s: tuple[tuple[str, float], ...] = ()
+    sim_mig: tuple[str, ...] = ()  # sim: every GPU's MIG layout (``3g,2g,1g,1g``), () for none
 
 
 class Source(Protocol):
@@ -137,7 +138,9 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "sim":
         from hfsampler.sources.sim import SimSource
 
-        return SimSource(gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s))
+        return SimSource(
+            gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s), mig=spec.sim_mig
+        )
     if spec.kind == "nvml":
         from hfsampler.sources.nvml import NvmlSource
 

@@ -102,7 +102,10 @@ class DcgmSource:
         self._queues = [
             [collections.deque(maxlen=QUEUE_LIMIT) for _ in self._fields] for _ in range(gpus)
         ]
-        supported = np.array([[f.dcgm_field is not None for f in self._fields]] * gpus)
+        # DCGM would give MIG instances as entities of their own; this source reads GPUs only
+        supported = np.array(
+            [[f.dcgm_field is not None and not f.mig_instance for f in self._fields]] * gpus
+        )
         missing = [f.name for f in self._fields if f.dcgm_field is None]
         if missing:
             log.warning(

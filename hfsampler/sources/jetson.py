@@ -118,7 +118,8 @@ class JetsonSource:
             if not costs or costs & keys:
                 self._say_open("jetson: %s", note)
         wanted = self._expand(tuple(fields), lay)
-        supported = [self._recipe(f, lay) is not None for f in wanted]
+        # a MIG instance twin (fields.expand_mig) is NVML's: a Jetson has no MIG
+        supported = [self._recipe(f, lay) is not None and not f.mig_instance for f in wanted]
         self._measure()
         info = DeviceInfo(
             index=0,

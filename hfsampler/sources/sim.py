@@ -39,7 +39,7 @@ from hfsampler.fields import (
     Field,
     Kind,
 )
-from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory, sim_mig
 
 U64 = npt.NDArray[np.uint64]
 
@@ -208,7 +208,11 @@ class SimSource:
     """N synthetic GPUs whose every reading, and every spike, is known in advance."""
 
     def __init__(
-        self, gpus: int = 2, seed: int = 0, read_cost_s: Mapping[str, float] | None = None
+        self,
+        gpus: int = 2,
+        seed: int = 0,
+        read_cost_s: Mapping[str, float] | None = None,
+        mig: Sequence[str] = (),
     ) -> None:
         if gpus < 1:
             raise ValueError("the sim source needs at least one GPU")
@@ -222,6 +226,8 @@ class SimSource:
         self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
         self._events: dict[tuple[str, int, int], _EventTable] = {}
         self._devices: tuple[DeviceInfo, ...] = ()
+        self._mig = tuple(mig)  # every GPU's MIG layout (sim_mig), () for none
+        self._spreads: dict[int, tuple[Sequence[Field], sim_mig.Spread]] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -238,9 +244,11 @@ class SimSource:
             for i in range(self.gpus)
         )
         # the sim imitates NVML GPUs: a field only a Jetson's sysfs has is not there
-        readable = [f.nvml_readable for f in fields]
+        if self._mig:
+            devices = (*devices, *sim_mig.slot_rows(devices, self._mig, self.seed))
+            self._up = np.array([d.is_gpu or d.mig is not None for d in devices], np.bool_)
         self._devices = devices
-        return Inventory(devices, tuple(fields), np.array([readable] * self.gpus, dtype=np.bool_))
+        return Inventory(devices, tuple(fields), sim_mig.supported(fields, devices))
 
     def read(
         self,
@@ -264,12 +272,17 @@ class SimSource:
             block = reader.block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
         block.last_ms = ms
         row = ms - block.start_ms
-        values[:] = block.values[row]
-        driver_ts_us[:] = block.driver_ts_us[row]
+        g = self.gpus
+        values[:g] = block.values[row]
+        driver_ts_us[:g] = block.driver_ts_us[row]
         if plan.counters:
             counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
-                values[:, j] = counters[name]
+                values[:g, j] = counters[name]
+        if self._mig:
+            values[g:] = np.nan
+            driver_ts_us[g:] = 0
+            sim_mig.spread(self._spread(fields), g, values, driver_ts_us)
 
     @property
     def gpu_up(self) -> BoolArray:
@@ -282,6 +295,14 @@ class SimSource:
     def close(self) -> None:
         self._readers_by_id.clear()  # counters start over on the next read
         self._readers.clear()
+
+    def _spread(self, fields: Sequence[Field]) -> sim_mig.Spread:
+        found = self._spreads.get(id(fields))
+        if found is None or found[0] is not fields:
+            found = (fields, sim_mig.plan(fields, self._devices))
+            if len(self._spreads) < _MAX_READERS:
+                self._spreads[id(fields)] = found
+        return found[1]
 
     # -- ground truth ----------------------------------------------------------------------------
 

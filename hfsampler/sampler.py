@@ -148,6 +148,36 @@ _SIGNAL_HINTS: dict[int, str] = {
 }
 
 
+class LayoutTimeline:
+    """The rows' devices over time, as the sampler process reports them (a MIG layout).
+
+    Each entry holds from the time of the read that found it; a window asks for the devices
+    that held in it and the rows that changed inside it. Entries no window can need again (all
+    but the last before the window asked for) are dropped: windows only move forward.
+    """
+
+    def __init__(self, devices: Sequence[DeviceInfo]) -> None:
+        self._entries: list[tuple[int, tuple[DeviceInfo, ...]]] = [(0, tuple(devices))]
+
+    def add(self, since_ns: int, devices: Sequence[DeviceInfo]) -> None:
+        if len(devices) != len(self._entries[0][1]):
+            raise ValueError("a layout never changes the number of rows")
+        self._entries.append((since_ns, tuple(devices)))
+
+    def window(self, t0_ns: int, t1_ns: int) -> tuple[tuple[DeviceInfo, ...], BoolMask]:
+        """The devices of ``[t0_ns, t1_ns)`` (the last that held in it) and per row whether
+        it changed inside it."""
+        entries = self._entries
+        start = max(k for k, (since, _) in enumerate(entries) if since <= t0_ns or k == 0)
+        del entries[:start]
+        inside = [d for since, d in entries if since < t1_ns] or [entries[0][1]]
+        first, last = inside[0], inside[-1]
+        mixed = np.array(
+            [any(d[r] != first[r] for d in inside) for r in range(len(first))], dtype=np.bool_
+        )
+        return last, mixed
+
+
 class Sampler:
     """Owns the rings, the status block and the sampler process (the parent's side)."""
 
@@ -171,8 +201,7 @@ class Sampler:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None  # the child's last word, if it had one
         self._layout: Connection | None = None  # the source's devices, when they change
-        # (since when, devices): the rows' devices over time, the oldest one a window needs first
-        self._layouts: list[tuple[int, tuple[DeviceInfo, ...]]] = [(0, tuple(inventory.devices))]
+        self._layouts = LayoutTimeline(inventory.devices)
         self._exit_reason: str | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
@@ -290,17 +319,8 @@ class Sampler:
             with contextlib.suppress(EOFError, OSError):
                 while conn.poll():
                     since_ns, devices = conn.recv()
-                    if len(devices) == len(self._layouts[0][1]):  # rows never change in number
-                        self._layouts.append((int(since_ns), tuple(devices)))
-        layouts = self._layouts
-        start = max(k for k, (since, _) in enumerate(layouts) if since <= t0_ns or k == 0)
-        inside = [d for since, d in layouts[start:] if since < t1_ns]
-        del layouts[:start]  # windows only move forward
-        first, last = inside[0], inside[-1]
-        mixed = np.array(
-            [any(d[r] != first[r] for d in inside) for r in range(len(first))], dtype=np.bool_
-        )
-        return last, mixed
+                    self._layouts.add(int(since_ns), devices)
+        return self._layouts.window(t0_ns, t1_ns)
 
     def gpu_up(self) -> npt.NDArray[np.bool_]:
         s = self._array()

@@ -7,7 +7,11 @@ hfsampler through the real pynvml.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +21,15 @@ from fake_nvml import FakeNvml, enable_mig, install, make_fake, mig_instance
 
 from hfsampler import attribution
 from hfsampler import fields as F
+from hfsampler.attribution_pb import podresources_pb2 as pb
 from hfsampler.config import from_mapping
 from hfsampler.errors import ConfigError
+from hfsampler.lanes import STOP, run_lanes
 from hfsampler.metrics import MetricModel
+from hfsampler.sampler import GroupPlan, LayoutTimeline, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
-from hfsampler.sources import DeviceInfo, physical
+from hfsampler.sources import DeviceInfo, MigInstance, SourceSpec, physical
 from hfsampler.sources.nvml import NvmlSource
 from hfsampler.window import STATS, WindowStats
 
@@ -292,8 +299,6 @@ def test_copy_device_fields_config() -> None:
 
 
 def test_pod_resources_mig_ids_map_to_their_instance(fake: FakeNvml, source: NvmlSource) -> None:
-    from hfsampler.attribution_pb import podresources_pb2 as pb
-
     devices = _devices(source)
     first = devices[2].mig
     third = devices[4].mig
@@ -354,3 +359,64 @@ def test_mig_handles_are_real_pynvml_handles(fake: FakeNvml) -> None:
             pynvml.nvmlDeviceGetGpuInstanceId(gpu)
     finally:
         pynvml.nvmlShutdown()
+
+
+# -- from the sampler process to the windows ---------------------------------------------------
+
+
+def test_the_slow_lane_publishes_a_new_layout_with_the_time_of_its_read(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    """run_lanes on a thread over the fake: the layout change reaches ``publish`` once, timed."""
+    fake.clock_us = lambda: time.time_ns() // 1000
+    inventory = source.open(FIELDS)
+    fast = tuple(f for f in inventory.fields if f.name == POWER.name)
+    slow = tuple(f for f in inventory.fields if f.mig_instance and not f.gpm_metric)
+    groups = [GroupPlan("fast", 0.001, fast), GroupPlan("slow", 0.01, slow)]
+    got: list[tuple[int, tuple[DeviceInfo, ...]]] = []
+    with Sampler(SourceSpec("nvml"), inventory, groups, window_s=1.0, spin_s=0.0) as sampler:
+        assert sampler.status is not None
+        s = sampler.status.array
+        rings = [sampler.rings[g.name] for g in groups]
+        thread = threading.Thread(
+            target=run_lanes,
+            args=(sampler.plan, source, rings, s, os.getpid(), lambda t, d: got.append((t, d))),
+            daemon=True,
+        )
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gpu = fake.gpus[0]
+        changed_ns = time.time_ns()
+        gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5]
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        s[STOP] = 1
+        thread.join(10)
+    assert len(got) == 2  # the first read's devices, then the change: nothing in between
+    since_ns, devices = got[1]
+    assert since_ns >= changed_ns
+    assert devices[3].mig is None
+    assert devices[2] == got[0][1][2]
+
+
+def test_a_window_takes_the_layout_that_held_in_it() -> None:
+    gpu = DeviceInfo(0, "GPU-0", "H100", "0:17", "570", 0)
+    a = MigInstance(5, 0, "2g.20gb", "MIG-a")
+    b = MigInstance(6, 0, "1g.10gb", "MIG-b")
+    old = (gpu, replace(gpu, mig_slot=0, mig=a))
+    new = (gpu, replace(gpu, mig_slot=0, mig=b))
+    timeline = LayoutTimeline(old)
+    timeline.add(2_500, new)  # found by the read at t = 2.5 s (ns units scaled down)
+    devices, mixed = timeline.window(1_000, 2_000)  # asked late: still the old instance
+    assert devices == old
+    assert not mixed.any()
+    devices, mixed = timeline.window(2_000, 3_000)  # a and b in one window: left out
+    assert devices == new
+    assert list(mixed) == [False, True]
+    devices, mixed = timeline.window(3_000, 4_000)
+    assert devices == new
+    assert not mixed.any()
+    with pytest.raises(ValueError, match="number of rows"):
+        timeline.add(5_000, new[:1])

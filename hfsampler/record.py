@@ -338,6 +338,7 @@ class Recorder:
         power = " ".join(
             f"gpu{self.inventory.devices[p].index} {_w(self.power_now[i])}/{_w(self.power_max[i])}W"
             for i, p in enumerate(self.keep)
+            if self.inventory.devices[p].is_gpu  # an instance's power is its GPU's
         )
         text = (
             f"record {(t_ns - start_ns) / 1e9:7.1f}s  {writer.samples_written:,} samples  "
@@ -379,11 +380,11 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
     add_sampling_flags(p, ("--config", "--interval", "--window"), wording=wording)
     # Not the sampling --gpus (how many simulated GPUs): which of this node's GPUs to record.
-    gpus_help = "GPU indices or UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
+    gpus_help = "GPU indices, UUIDs or MIG UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
     p.add_argument("--gpus", dest="gpu_list", metavar="LIST", help=gpus_help)
     add_sampling_flags(
         p,
-        ("--label", "--duration", "--source", "--seed", "--fields"),
+        ("--label", "--duration", "--source", "--seed", "--sim-mig", "--fields"),
         wording=wording,
         sources=("auto", "nvml", "sim", "jetson"),
     )
@@ -419,7 +420,9 @@ def cmd_record(args: argparse.Namespace) -> int:
         log.error("nothing to record: no GPU or no supported field")
         return 1
     fast = [f for f in plan.fields if f.group == FAST and f.kind is Kind.GAUGE]
-    log.info("recording %d GPU(s), %d fields (%d fast) to %s", len(keep), len(plan.fields),
-             len(fast), opts.output)  # fmt: skip
+    gpus = sum(plan.inventory.devices[p].is_gpu for p in keep)
+    log.info("recording %d GPU(s)%s, %d fields (%d fast) to %s", gpus,
+             f" and {len(keep) - gpus} MIG instance slot(s)" if len(keep) > gpus else "",
+             len(plan.fields), len(fast), opts.output)  # fmt: skip
     out = sys.stderr if opts.status else None
     return Recorder(opts, plan, keep, out).run()

@@ -56,10 +56,10 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
         if where is None:
             continue
         w = rec.windows(where[0])
-        if not len(w.t1_ns) or not np.isfinite(w[MAX][:, i, where[1]]).any():
+        if not len(w.t1_ns) or not np.isfinite(w[MAX][:, g.row, where[1]]).any():
             continue
         t = (w.t0_ns - start) / 1e9  # a window's value holds over [t0, t1)
-        lo, hi, mean = (w[s][:, i, where[1]] for s in (MIN, MAX, MEAN))
+        lo, hi, mean = (w[s][:, g.row, where[1]] for s in (MIN, MAX, MEAN))
         fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0}, showlegend=False,
                                  hoverinfo="skip", line_shape="hv"), row=1, col=1)  # fmt: skip
         fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0}, fill="tonexty",
@@ -81,7 +81,7 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
         if where is None:
             continue
         w = rec.windows(where[0])
-        y = w[stat][:, i, where[1]]
+        y = w[stat][:, g.row, where[1]]
         fig.add_trace(go.Scatter(x=(w.t0_ns - start) / 1e9, y=y, mode="lines", line_shape="hv",
                                  name=f"{label.split(' (')[0]} (window {stat.name})"),
                       row=row, col=1)  # fmt: skip

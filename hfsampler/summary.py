@@ -91,6 +91,7 @@ class GpuSummary:
     index: int
     uuid: str
     model: str
+    row: int = 0  # its position in the recording's devices (MIG instance slots come after GPUs)
     power_field: str | None = None
     samples: int = 0
     energy_j: float = np.nan  # from the driver's energy counter when recorded
@@ -179,7 +180,9 @@ def summarize(rec: Recording) -> Summary:
     """Read every chunk once and build the summary."""
     start_ns, end_ns = rec.time_range_ns()
     duration_us = max(1.0, (end_ns - start_ns) / 1e3)
-    gpus = [GpuSummary(d.index, d.uuid, d.model_name) for d in rec.devices]
+    # one per GPU: a MIG instance's slot shares its GPU's power, clocks and throttling
+    gpus = [GpuSummary(d.index, d.uuid, d.model_name, r) for r, d in enumerate(rec.devices)
+            if d.is_gpu]  # fmt: skip
     for g in gpus:
         g.envelope = Envelope(start_ns // 1000, duration_us / ENVELOPE_BUCKETS)
     _windows(rec, gpus)
@@ -201,15 +204,15 @@ def summarize(rec: Recording) -> Summary:
                     refresh.setdefault(name, []).append(float(np.median(np.diff(chunk.ts_us[a:b]))))
         for i, g in enumerate(gpus):
             if power_at and chunk.group == power_at[0]:
-                ts, v = chunk.cell(i, power_at[1])
+                ts, v = chunk.cell(g.row, power_at[1])
                 if len(ts):
                     g.power_field = power
                     _power(g, steps[i], ts, v, start_ns)
             if reasons_at and chunk.group == reasons_at[0]:
-                ts, v = chunk.cell(i, reasons_at[1])
+                ts, v = chunk.cell(g.row, reasons_at[1])
                 _reasons(g, reason_steps[i], ts, v, start_ns)
             if avg_at and chunk.group == avg_at[0]:
-                avg_parts[i].append(chunk.cell(i, avg_at[1]))
+                avg_parts[i].append(chunk.cell(g.row, avg_at[1]))
     for i, g in enumerate(gpus):
         _scrape(g, avg_parts[i], start_ns, end_ns)
     _job_gpus(rec, gpus)
@@ -226,14 +229,14 @@ def _windows(rec: Recording, gpus: list[GpuSummary]) -> None:
         if len(w.t1_ns) == 0:
             continue
         with np.errstate(all="ignore"):
-            top = np.nanmax(w[MAX][:, :, where[1]], axis=0)
-        for i, g in enumerate(gpus):
-            setattr(g, attr, float(top[i]))
+            top = np.nanmax(w[MAX][:, [g.row for g in gpus], where[1]], axis=0)
+        for k, g in enumerate(gpus):
+            setattr(g, attr, float(top[k]))
     where = rec.locate_role(ENERGY)
     if where is not None:
         w = rec.windows(where[0])
-        for i, g in enumerate(gpus):
-            last = w[LAST][:, i, where[1]]
+        for g in gpus:
+            last = w[LAST][:, g.row, where[1]]
             last = last[np.isfinite(last)]
             if len(last) > 1:
                 g.energy_j = float(last[-1] - last[0]) / 1e3  # mJ

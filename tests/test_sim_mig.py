@@ -18,6 +18,7 @@ from hfsampler.recording import Recording, RecordingWriter
 from hfsampler.sources import physical
 from hfsampler.sources.sim import SimSource
 from hfsampler.sources.sim_mig import parse_layout
+from hfsampler.summary import summarize
 
 FIELDS = F.expand_mig(F.CATALOGUE, F.DEFAULT_GROUP_INTERVALS_S)
 
@@ -113,3 +114,18 @@ def test_recording_header_keeps_the_instances(tmp_path: Path) -> None:
     path = tmp_path / "mig.hfs"
     RecordingWriter(path, {"start_ns": 0}, s.devices, []).close()
     assert Recording(path).devices == s.devices
+
+
+def test_record_and_report_a_mig_gpu(tmp_path: Path) -> None:
+    """`record --sim-mig`: the instances are recorded; the report's summary is per GPU."""
+    path, page = tmp_path / "mig.hfs", tmp_path / "mig.html"
+    args = ["record", "--source", "sim", "--sim-mig", "3g,2g,1g,1g", "--quiet", "-o", str(path)]
+    assert main([*args, "--duration", "2s"]) == 0
+    rec = Recording(path)
+    assert len(physical(rec.devices)) == 2
+    assert sum(d.mig is not None for d in rec.devices) == 8
+    summary = summarize(rec)
+    assert [g.index for g in summary.gpus] == [0, 1]
+    assert all(np.isfinite(g.memory_high_water_mib) for g in summary.gpus)
+    assert main(["report", str(path), "-o", str(page)]) == 0
+    assert "GPU 1" in page.read_text()

@@ -211,7 +211,9 @@ class RecordingWriter:
             "groups": [
                 {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields],
                  # a per-instance field's own labels (a Jetson's rail, zone): [] for the others
-                 "labels": [[list(kv) for kv in f.labels] for f in g.fields]}
+                 "labels": [[list(kv) for kv in f.labels] for f in g.fields],
+                 # which are a MIG instance's own (fields.expand_mig), read on its slot's row
+                 "mig_instance": [f.mig_instance for f in g.fields]}
                 for g in self.groups
             ],
         }  # fmt: skip
@@ -337,9 +339,14 @@ def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
     out = []
     for g in header["groups"]:
         labels = g.get("labels") or [[] for _ in g["fields"]]  # recordings before labels: none
+        twins = g.get("mig_instance") or [False for _ in g["fields"]]  # before MIG: none
         fields = tuple(
-            replace(BY_NAME[n], labels=tuple((str(k), str(v)) for k, v in own))
-            for n, own in zip(g["fields"], labels, strict=True)
+            replace(
+                BY_NAME[n],
+                labels=tuple((str(k), str(v)) for k, v in own),
+                mig_instance=bool(twin),
+            )
+            for n, own, twin in zip(g["fields"], labels, twins, strict=True)
         )
         out.append(GroupPlan(g["name"], float(g["interval_s"]), fields))
     return tuple(out)

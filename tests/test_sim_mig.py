@@ -15,6 +15,7 @@ from hfsampler.cli import main
 from hfsampler.errors import ConfigError
 from hfsampler.record import choose, visible_gpus
 from hfsampler.recording import Recording, RecordingWriter
+from hfsampler.replay import raw_snapshots, window_snapshots
 from hfsampler.sources import physical
 from hfsampler.sources.sim import SimSource
 from hfsampler.sources.sim_mig import parse_layout
@@ -129,3 +130,18 @@ def test_record_and_report_a_mig_gpu(tmp_path: Path) -> None:
     assert all(np.isfinite(g.memory_high_water_mib) for g in summary.gpus)
     assert main(["report", str(path), "-o", str(page)]) == 0
     assert "GPU 1" in page.read_text()
+
+
+def test_replay_of_a_mig_recording_labels_instances(tmp_path: Path) -> None:
+    path = tmp_path / "mig.hfs"
+    args = ["record", "--source", "sim", "--sim-mig", "3g,1g", "--gpus", "1", "--quiet"]
+    assert main([*args, "-o", str(path), "--duration", "2s"]) == 0
+    rec = Recording(path)
+    for snaps in (window_snapshots(rec, {}), list(raw_snapshots(rec, {}))):
+        assert snaps
+        instances = set()
+        for snap in snaps:
+            keys = [(s.name, s.labels) for s in snap.series]
+            assert len(keys) == len(set(keys))  # one value per series and timestamp
+            instances |= {dict(s.labels).get("GPU_I_PROFILE") for s in snap.series}
+        assert instances == {None, "3g.71gb", "1g.18gb"}

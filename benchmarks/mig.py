@@ -6,7 +6,9 @@ groups (fast 1 ms, slow and gpm 100 ms). Scenarios: MIG off (the peer, in the sa
 with 1, 3 and 7 instances. Per group, the mean time of one ``read`` (the tick's source work) over
 many reads at the group's interval (so the slow group's mean includes the layout look one slow
 read a second does, ``nvml_mig.RESCAN_S``), and for the slow group a read that looks at the
-layout every time, to show that look's own cost. All four GPUs are on one fake library and
+layout every time, to show that look's own cost. Last, what the service spends reducing one 1 s
+window of each group's ring: a MIG GPU's ring has a row per instance slot in every group, the
+fast one included, where the slots are all NaN. All four GPUs are on one fake library and
 the scenarios' rounds are interleaved; each figure is the median of the rounds. The table gives
 each against the peer, and the extra cost per instance: (MIG read - peer read) / instances.
 
@@ -40,9 +42,11 @@ import fake_nvml  # noqa: E402  (the tests' fake libnvidia-ml)
 
 from hfsampler import fields as F  # noqa: E402
 from hfsampler.plan import plan_groups  # noqa: E402
+from hfsampler.ring import RingRows  # noqa: E402
 from hfsampler.sampler import GroupPlan  # noqa: E402
 from hfsampler.sources import nvml_mig  # noqa: E402
 from hfsampler.sources.nvml import NvmlSource  # noqa: E402
+from hfsampler.window import reduce  # noqa: E402
 
 LAYOUTS: dict[str, list[tuple[int, str]]] = {
     "mig off": [],
@@ -63,6 +67,7 @@ class _Scenario:
     means: dict[str, list[float]] = field(default_factory=dict)  # group -> per-round read us
     calls: dict[str, float] = field(default_factory=dict)
     rescan_us: list[float] = field(default_factory=list)
+    reduce_ms: dict[str, list[float]] = field(default_factory=dict)  # group -> per-round ms
 
 
 def _open(fake: fake_nvml.FakeNvml, gpu: int, name: str) -> _Scenario:
@@ -103,6 +108,29 @@ def _round(sc: _Scenario, fake: fake_nvml.FakeNvml, now_us: list[int], reads: in
                 source.read(g.fields, values, ts, t_ns)
             sc.rescan_us.append((time.perf_counter_ns() - start) / m / 1e3)
         sc.t_ns[g.name] = t_ns
+        sc.reduce_ms.setdefault(g.name, []).append(_reduce_ms(sc, g, fake, now_us, t_ns))
+
+
+def _reduce_ms(
+    sc: _Scenario, g: GroupPlan, fake: fake_nvml.FakeNvml, now_us: list[int], t_ns: int
+) -> float:
+    """What the service spends reducing one 1 s window of the group (every row the ring has,
+    a MIG GPU's slots included): a window of real reads, reduced a few times."""
+    n = max(1, round(1.0 / g.interval_s))
+    values = np.zeros((n, sc.rows, len(g.fields)))
+    ts = np.zeros(values.shape, dtype=np.int64)
+    times = np.zeros(n, dtype=np.int64)
+    step_us = int(g.interval_s * 1e6)
+    for k in range(n):
+        now_us[0] += step_us
+        times[k] = t_ns + k * step_us * 1000
+        sc.source.read(g.fields, values[k], ts[k], int(times[k]))
+    rows = RingRows(times, np.zeros(n, dtype=np.int64), values, ts)
+    repeats = 5
+    start = time.perf_counter_ns()
+    for _ in range(repeats):
+        reduce(rows, g.fields, int(times[0]), int(times[-1]) + 1)
+    return (time.perf_counter_ns() - start) / repeats / 1e6
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 "read_us": statistics.median(sc.means[g.name]),
                 "read_us_rounds": sc.means[g.name],
                 "nvml_calls_per_read": sc.calls[g.name],
+                "reduce_window_ms": statistics.median(sc.reduce_ms[g.name]),
             }
             if g.name == F.SLOW and sc.rescan_us:
                 groups[g.name]["read_with_rescan_us"] = statistics.median(sc.rescan_us)
@@ -145,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = results["mig off"]["groups"]
     header = (
         f"{'scenario':<9} {'group':<5} {'fields':>6} {'calls':>6} {'read us':>9} {'x peer':>7} "
-        f"{'+us/inst':>9} {'rescan us':>10}"
+        f"{'+us/inst':>9} {'rescan us':>10} {'reduce ms':>10}"
     )
     print("MIG tick cost on the fake NVML (a GPU per scenario; peer: MIG off, same run)")
     print("shared, noisy machine: compare rows of this run only; the fake's calls are Python")
@@ -162,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{name:<9} {group:<5} {row['fields']:>6} {row['nvml_calls_per_read']:>6.1f} "
                 f"{row['read_us']:>9.1f} {row['x_peer']:>7.2f} "
-                f"{(f'{per:.1f}' if n else '-'):>9} {(f'{rescan:.0f}' if rescan else '-'):>10}"
+                f"{(f'{per:.1f}' if n else '-'):>9} {(f'{rescan:.0f}' if rescan else '-'):>10} "
+                f"{row['reduce_window_ms']:>10.2f}"
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

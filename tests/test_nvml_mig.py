@@ -420,3 +420,21 @@ def test_a_window_takes_the_layout_that_held_in_it() -> None:
     assert not mixed.any()
     with pytest.raises(ValueError, match="number of rows"):
         timeline.add(5_000, new[:1])
+
+
+def test_a_gpu_whose_own_gpm_is_refused_in_mig_mode_keeps_its_instances(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake.gpus[0].errors["nvmlGpmSampleGet"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    inv = source.open(FIELDS)
+    gpm = tuple(f for f in inv.fields if f.gpm_metric)
+    for step in range(3):
+        fake.now_us[0] += 200_000  # type: ignore[attr-defined]
+        v = _read(source, gpm, NOW_NS + step * 200_000_000)
+    own = [k for k, f in enumerate(gpm) if not f.mig_instance]
+    twins = [k for k, f in enumerate(gpm) if f.mig_instance]
+    assert np.isnan(v[0, own]).all()  # GPU 0's own: refused, skipped
+    assert not np.isnan(v[1, own]).any()  # GPU 1, MIG off: as before
+    assert not np.isnan(v[2:5][:, twins]).any()  # GPU 0's instances
+    assert source.read_errors.sum() == 0
+    assert sum("GPM samples of GPU row 0" in r.message for r in caplog.records) == 1

@@ -205,6 +205,15 @@ class GpmReader:
                 if ret and int(ret) in _NO_INSTANCE_GPM:
                     continue  # an instance without GPM, or one destroyed since the last scan
             if ret:
+                if at is None and int(ret) in calls.UNSUPPORTED_CODES:
+                    # e.g. a GPU in MIG mode, whose counters are its instances' to sample
+                    p.mask[g] = False
+                    p.rows = [r for r in p.rows if r != g]  # this loop goes on over the old list
+                    log.warning(
+                        "GPM samples of GPU row %d: %s; its GPM fields skipped",
+                        g, calls.error_text(int(ret)),
+                    )  # fmt: skip
+                    continue
                 self.on_error(g, int(ret), int(p.mask[g].sum()))
                 continue
             if not p.have_prev[g]:

@@ -438,3 +438,18 @@ def test_a_gpu_whose_own_gpm_is_refused_in_mig_mode_keeps_its_instances(
     assert not np.isnan(v[2:5][:, twins]).any()  # GPU 0's instances
     assert source.read_errors.sum() == 0
     assert sum("GPM samples of GPU row 0" in r.message for r in caplog.records) == 1
+
+
+def test_instances_whose_driver_refuses_memory_v2_are_read_with_v1(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    for m in fake.gpus[0].mig:
+        m.errors["nvmlDeviceGetMemoryInfo_v2"] = pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    inv = source.open(FIELDS)
+    fb = tuple(f for f in inv.fields if f.mig_instance and not f.gpm_metric)
+    v = _read(source, fb, NOW_NS)
+    assert v[2, _col(fb, "DCGM_FI_DEV_FB_TOTAL")] == 40 * 1024
+    assert not np.isnan(v[2:5, _col(fb, "DCGM_FI_DEV_FB_USED")]).any()
+    reserved = [k for k, f in enumerate(inv.fields) if f.name == "DCGM_FI_DEV_FB_RESERVED"]
+    assert not inv.supported[2:, reserved[-1]].any()  # the v1 struct has no reserved memory
+    assert source.read_errors.sum() == 0

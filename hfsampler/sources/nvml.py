@@ -307,12 +307,16 @@ class NvmlSource:
         for m in self._mig:
             if not self._up[m.row]:
                 continue
+            # the reader (memory v2 or v1) is picked on an instance there is, else on the GPU,
+            # and kept for every slot: an instance made later is read the same way
+            held = [self._handles[slot] for slot in m.slots if self._handles[slot] is not None]
+            handle = held[0] if held else m.handle
             for c in twins:
                 key = fields[c].nvml_call
                 if not key or fields[c].gpm_metric:
                     continue
-                for slot in m.slots:  # the reader is picked on the GPU, read on the instances
-                    if self._probe_call(slot, m.handle, key) == _SUCCESS:
+                for slot in m.slots:
+                    if self._probe_call(slot, handle, key) == _SUCCESS:
                         self._mode[slot, c] = _CALL
 
     def _probe_gpm(self, fields: tuple[Field, ...]) -> None:

@@ -6,11 +6,12 @@ groups (fast 1 ms, slow and gpm 100 ms). Scenarios: MIG off (the peer, in the sa
 with 1, 3 and 7 instances. Per group, the mean time of one ``read`` (the tick's source work) over
 many reads at the group's interval (so the slow group's mean includes the layout look one slow
 read a second does, ``nvml_mig.RESCAN_S``), and for the slow group a read that looks at the
-layout every time, to show that look's own cost. Last, what the service spends reducing one 1 s
-window of each group's ring: a MIG GPU's ring has a row per instance slot in every group, the
-fast one included, where the slots are all NaN. All four GPUs are on one fake library and
-the scenarios' rounds are interleaved; each figure is the median of the rounds. The table gives
-each against the peer, and the extra cost per instance: (MIG read - peer read) / instances.
+layout every time, to show that look's own cost. Last, what the service spends reducing one
+1 s window of each group's ring, as it does: only the rows with a field of the group (a MIG
+GPU's ring has a row per instance slot in every group, the fast one included, where they are
+empty). All four GPUs are on one fake library and the scenarios' rounds are interleaved; each
+figure is the median of the rounds. The table gives each against the peer, and the extra cost
+per instance: (MIG read - peer read) / instances.
 
 The fake's C functions are Python, so a call costs what the fake costs, not the driver: the ratio
 and the per-instance count of calls are what carry over, not the microseconds. The machine is
@@ -63,6 +64,7 @@ class _Scenario:
     source: NvmlSource
     groups: list[GroupPlan]
     rows: int
+    live: dict[str, list[int]]  # group -> the rows the service reduces (those with its fields)
     t_ns: dict[str, int] = field(default_factory=dict)
     means: dict[str, list[float]] = field(default_factory=dict)  # group -> per-round read us
     calls: dict[str, float] = field(default_factory=dict)
@@ -77,7 +79,11 @@ def _open(fake: fake_nvml.FakeNvml, gpu: int, name: str) -> _Scenario:
     keep = inv.supported.any(axis=0)
     kept = tuple(f for f, k in zip(inv.fields, keep, strict=True) if k)
     groups = plan_groups(kept, F.DEFAULT_GROUP_INTERVALS_S)
-    return _Scenario(name, len(LAYOUTS[name]), source, groups, len(source.gpu_up))
+    live = {}
+    for g in groups:
+        cols = [k for k, f in enumerate(inv.fields) if f in set(g.fields)]
+        live[g.name] = [int(r) for r in np.flatnonzero(inv.supported[:, cols].any(axis=1))]
+    return _Scenario(name, len(LAYOUTS[name]), source, groups, len(source.gpu_up), live)
 
 
 def _round(sc: _Scenario, fake: fake_nvml.FakeNvml, now_us: list[int], reads: int) -> None:
@@ -114,8 +120,8 @@ def _round(sc: _Scenario, fake: fake_nvml.FakeNvml, now_us: list[int], reads: in
 def _reduce_ms(
     sc: _Scenario, g: GroupPlan, fake: fake_nvml.FakeNvml, now_us: list[int], t_ns: int
 ) -> float:
-    """What the service spends reducing one 1 s window of the group (every row the ring has,
-    a MIG GPU's slots included): a window of real reads, reduced a few times."""
+    """What the service spends reducing one 1 s window of the group (the rows with a field of
+    the group, as the service does): a window of real reads, reduced a few times."""
     n = max(1, round(1.0 / g.interval_s))
     values = np.zeros((n, sc.rows, len(g.fields)))
     ts = np.zeros(values.shape, dtype=np.int64)
@@ -129,7 +135,7 @@ def _reduce_ms(
     repeats = 5
     start = time.perf_counter_ns()
     for _ in range(repeats):
-        reduce(rows, g.fields, int(times[0]), int(times[-1]) + 1)
+        reduce(rows, g.fields, int(times[0]), int(times[-1]) + 1, only=sc.live[g.name])
     return (time.perf_counter_ns() - start) / repeats / 1e6
 
 

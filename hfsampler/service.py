@@ -50,6 +50,7 @@ class _Group:
     plan: GroupPlan
     index: int
     reader: WindowReader
+    rows: list[int]  # the GPU rows with a field of the group (not a MIG slot's, mostly)
     ticks: int = 0
     late: int = 0
     missed: int = 0
@@ -245,7 +246,8 @@ class Service:
         try:
             await loop.run_in_executor(None, sampler.start)
             self._groups = [
-                _Group(p, i, WindowReader(sampler.rings[p.name])) for i, p in enumerate(self.plans)
+                _Group(p, i, WindowReader(sampler.rings[p.name]), self._rows_of(p))
+                for i, p in enumerate(self.plans)
             ]
             log.info(
                 "sampling %d GPU(s)%s from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
@@ -298,6 +300,11 @@ class Service:
             if skipped:
                 log.warning("window loop fell %d window(s) behind; catching up", skipped)
 
+    def _rows_of(self, plan: GroupPlan) -> list[int]:
+        inv, wanted = self.inventory, set(plan.fields)
+        cols = [k for k, f in enumerate(inv.fields) if f in wanted]
+        return [int(r) for r in np.flatnonzero(inv.supported[:, cols].any(axis=1))]
+
     def _apply_layout(self, sampler: Sampler, t0: int, t1: int) -> None:
         """The window's devices (a MIG slot's instance may have changed) to the model and the
         labeller, before the window's labels are asked for."""
@@ -319,7 +326,7 @@ class Service:
         stats, ticks = {}, {}
         for g in self._groups:
             rows = g.reader.take(t1)
-            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1)
+            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1, only=g.rows)
             ticks[g.plan.name] = TickStats.of(rows)
         return stats, ticks
 

@@ -16,10 +16,12 @@ from hfsampler.errors import ConfigError
 from hfsampler.record import choose, visible_gpus
 from hfsampler.recording import Recording, RecordingWriter
 from hfsampler.replay import raw_snapshots, window_snapshots
+from hfsampler.ring import RingRows
 from hfsampler.sources import physical
 from hfsampler.sources.sim import SimSource
 from hfsampler.sources.sim_mig import parse_layout
 from hfsampler.summary import summarize
+from hfsampler.window import reduce
 
 FIELDS = F.expand_mig(F.CATALOGUE, F.DEFAULT_GROUP_INTERVALS_S)
 
@@ -145,3 +147,22 @@ def test_replay_of_a_mig_recording_labels_instances(tmp_path: Path) -> None:
             assert len(keys) == len(set(keys))  # one value per series and timestamp
             instances |= {dict(s.labels).get("GPU_I_PROFILE") for s in snap.series}
         assert instances == {None, "3g.71gb", "1g.18gb"}
+
+
+def test_reducing_only_the_rows_with_samples_gives_the_same_window() -> None:
+    """The service reduces a group's rows that can have samples (not a MIG GPU's empty slots
+    in the fast group); the window is the one a reduce of every row gives."""
+    s, fields = _open("3g,2g,1g,1g", gpus=1)
+    fast = tuple(f for f in fields if f.group == F.FAST)
+    n = 200
+    values = np.zeros((n, len(s.devices), len(fast)))
+    ts = np.zeros(values.shape, dtype=np.int64)
+    for k in range(n):
+        s.read(fast, values[k], ts[k], 5_000_000_000 + k * 1_000_000)
+    times = 5_000_000_000 + np.arange(n, dtype=np.int64) * 1_000_000
+    rows = RingRows(times, np.zeros(n, dtype=np.int64), values, ts)
+    full = reduce(rows, fast, 0, 1)
+    part = reduce(rows, fast, 0, 1, only=[0])
+    np.testing.assert_array_equal(part.count, full.count)
+    for name, v in full.values.items():
+        np.testing.assert_array_equal(part.values[name], v)

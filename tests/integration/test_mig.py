@@ -121,9 +121,12 @@ def test_a_layout_change_ends_the_old_instance_and_starts_the_new(
     assert "MIG layout changed" in run.stderr
 
 
-def test_mig_run_is_conformant(tmp_path: Path) -> None:
+def test_mig_run_copying_device_fields_is_conformant(tmp_path: Path) -> None:
+    """The strict receiver, with dcgm-exporter's copying on: GPU fields on every instance too."""
+    config = tmp_path / "hfsampler.yml"
+    config.write_text("mig: {copy_device_fields: true}\n")
     with ConformanceReceiver() as receiver:
-        args = _args(receiver.url, "mig-conformance")
+        args = [*_args(receiver.url, "mig-conformance"), "--config", str(config)]
         proc = rx.spawn_cli(args, tmp_path / "run.log", env=rx.fake_nvml_env(_scenario()))
         try:
             assert proc.wait(timeout=DURATION_S + 60) == 0, (tmp_path / "run.log").read_text()
@@ -131,6 +134,8 @@ def test_mig_run_is_conformant(tmp_path: Path) -> None:
             rx.stop_cli(proc)
     receiver.assert_conformant()
     fb = receiver.series_named("DCGM_FI_DEV_FB_USED")
-    instances = {dict(k).get("GPU_I_ID") for k in fb}
-    assert instances == {None, "1", "5", "6", "13"}
+    assert {dict(k).get("GPU_I_ID") for k in fb} == {None, "1", "5", "6", "13"}
+    power = receiver.series_named("DCGM_FI_DEV_POWER_USAGE")
+    by_gpu = {(dict(k)["gpu"], dict(k).get("GPU_I_ID")) for k in power}
+    assert by_gpu == {("0", None), ("1", None), ("0", "1"), ("0", "5"), ("0", "6"), ("0", "13")}
     assert receiver.report()["stale_markers"] > 0

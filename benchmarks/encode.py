@@ -38,7 +38,8 @@ REPEATS = 3
 STATS = suffixes(Kind.GAUGE)  # a gauge's series, for every field alike
 # the catalogue's NVML device fields (not GPM's): 32, so 8 GPUs x 32 fields x 4 statistics (today's
 # len(STATS)) = 1024 series a window
-FIELDS = [f.name for f in CATALOGUE if f.nvml_field or f.nvml_call]
+# (per-link NVLink fields left out: one series per link, benchmarks/nvlink.py measures those)
+FIELDS = [f.name for f in CATALOGUE if (f.nvml_field or f.nvml_call) and f.per is None]
 
 
 def dcgm_series(reg: SeriesRegistry) -> list[Series]:

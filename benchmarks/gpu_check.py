@@ -63,10 +63,14 @@ def open_handles(indices: Sequence[int] | None = None) -> list[Any]:
 
 
 def catalogue_field_ids() -> dict[str, int]:
-    """Every catalogue field read by id that this pynvml knows: field name -> NVML field id."""
+    """Every catalogue field read by id that this pynvml knows: field name -> NVML field id.
+
+    Per-link NVLink fields are left out: their entries name a link (probed at open by the nvml
+    source), so one id per field would measure link 0 only, or a link that is not there.
+    """
     out = {}
     for f in F.CATALOGUE:
-        fid = calls.field_id(f.nvml_field) if f.nvml_field else None
+        fid = calls.field_id(f.nvml_field) if f.nvml_field and f.per != "link" else None
         if fid is not None:
             out[f.name] = fid
     return out

@@ -29,7 +29,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hfsampler.fields import CATALOGUE, DEFAULT_GROUP_INTERVALS_S, Kind  # noqa: E402
+from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select  # noqa: E402
 from hfsampler.plan import plan_groups  # noqa: E402
 from hfsampler.record import store_window  # noqa: E402
 from hfsampler.recording import RecordingWriter  # noqa: E402
@@ -43,7 +43,7 @@ def synthesize(
 ) -> dict[str, float]:
     """A recording of ``seconds`` of ``gpus`` sim GPUs sampled at 1 kHz / 10 Hz, written offline."""
     sim = SimSource(gpus=gpus, seed=seed)
-    inventory = sim.open(CATALOGUE)
+    inventory = sim.open(select(None))
     plans = plan_groups(inventory.fields, DEFAULT_GROUP_INTERVALS_S)
     start = (time.time_ns() - seconds * 10**9) // 10**9 * 10**9
     header = {"start_ns": start, "command": ["synthetic"], "command_line": "synthetic",

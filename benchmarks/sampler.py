@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
     read_cost: dict[str, Any] = {}
     for gpus in gpu_counts:
         src = open_source(SourceSpec("sim", gpus=gpus))
-        inventory = src.open(catalogue.CATALOGUE)
+        inventory = src.open(catalogue.select(None))
         src.close()
         groups = plan_groups(inventory.fields, dict(catalogue.DEFAULT_GROUP_INTERVALS_S))
         read_cost[str(gpus)] = source_read_cost(gpus, groups)

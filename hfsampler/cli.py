@@ -144,6 +144,8 @@ def cmd_fields(args: argparse.Namespace) -> int:
         if f.nvml_field and f.nvml_call:
             how += f" (fallback call:{f.nvml_call})"
         jetson = (f.jetson or "-") + (f" per {f.per}" if f.per else "")
+        if f.opt_in:
+            how += " (opt-in: by name or all)"
         print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {jetson:<22}  "
               f"{how}")  # fmt: skip
     return EXIT_OK

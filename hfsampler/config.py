@@ -266,6 +266,20 @@ def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str,
                 f"add intervals.{f.group}, move the field with field_groups, or leave it out "
                 "of fields",
             )
+    # The fastest group has the sampler's real-time lane to itself (hfsampler.lanes); a per-link
+    # NVLink field asks each link's state there once a second, a stall that lane must not take.
+    # (the lane's group as plan_groups picks it: the first of the shortest interval); a lane of
+    # 100 ms or more has the time
+    used = {f.group for f in fields}
+    lane = min((g for g in intervals_s if g in used), key=intervals_s.__getitem__, default=None)
+    if lane is not None and intervals_s[lane] < catalogue.DEFAULT_GROUP_INTERVALS_S["slow"]:
+        for f in fields:
+            if f.per == "link" and f.group == lane:
+                raise ConfigError(
+                    f"field_groups.{f.name}",
+                    f"group {f.group} is the fastest, the real-time lane's",
+                    "leave per-link NVLink fields in slow, or a group slower than the fastest",
+                )
 
 
 def _check_queue_dir(path: str) -> None:

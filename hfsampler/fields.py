@@ -52,7 +52,10 @@ class Field:
     dcgm_field: int | None = None  # DCGM field id, read by the dcgm source
     jetson: str | None = None  # what the jetson source reads it from (hfsampler.sources.jetson)
     per: str | None = None  # one series per instance found at open, told apart by this label
+    # (a per-link NVLink field's nvml_field may name the link: "..._L{link}")
     labels: tuple[tuple[str, str], ...] = ()  # an expanded field's own labels, e.g. (("rail", ..),)
+    # not in the default selection nor in a group's: only by name or ``all`` (see ``select``)
+    opt_in: bool = False
     # the field's per-MIG-instance twin (expand_mig): read on MIG instance rows, not on GPUs
     mig_instance: bool = False
 
@@ -147,6 +150,31 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
           "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
+    # Per link (a `link` label, one series per link active at open; hfsampler.sources.nvml_nvlink).
+    # DCGM's per-link fields keyed by a link entity, one field id for every link, give the names;
+    # its older per-link ids (DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0 ... _L17) are these
+    # families' series with link="0" ... "17". NVML reads the bandwidth as a cumulative KiB
+    # counter with the link as scopeId, the errors by one field id per link ("{link}").
+    Field("DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK",
+          "NVLink data transmitted on one link, payload without protocol headers (in B/s).",
+          "B/s", Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX",
+          scale=1024.0, nvml_rate=True, per="link", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK",
+          "NVLink data received on one link, payload without protocol headers (in B/s).",
+          "B/s", Kind.GAUGE, SLOW, nvml_field="NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+          scale=1024.0, nvml_rate=True, per="link", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink flow-control CRC errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L{link}", per="link", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink data CRC errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L{link}", per="link", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink replays (retries) on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L{link}", per="link", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL",
+          "Number of NVLink recovery errors on one link.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L{link}", per="link", opt_in=True),
     # Remapped rows
     Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
           "Number of remapped rows for correctable errors.", "1", Kind.COUNTER, SLOW,
@@ -240,6 +268,7 @@ CATALOGUE: tuple[Field, ...] = (
 )  # fmt: skip
 
 BY_NAME: dict[str, Field] = {f.name: f for f in CATALOGUE}
+DEFAULT_SELECTION: tuple[Field, ...] = tuple(f for f in CATALOGUE if not f.opt_in)
 
 # The XID codes hfsampler_xid_events_total has a series for from the start (at 0, so the first
 # event is an increase), from NVIDIA's XID catalogue; any other code counts under "other", and
@@ -359,10 +388,13 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
     """The catalogue entries named by ``selectors``: field names, groups (fast, slow, gpm), ``all``.
 
     Names may omit the ``DCGM_FI_DEV_`` (or ``DCGM_FI_PROF_``) prefix and are case-insensitive.
-    Catalogue order is kept.
+    Catalogue order is kept. Without selectors: every field but the opt-in ones (per-link
+    NVLink: up to 18 links times 12 series per GPU, more than the rest of a GPU's series
+    together, so a fleet upgrading gets them when it asks, as with dcgm-exporter's defaults);
+    a group leaves them out too, ``all`` and their names select them.
     """
     if selectors is None:
-        return CATALOGUE
+        return DEFAULT_SELECTION
     wanted: set[str] = set()
     for raw in selectors:
         token = raw.strip()
@@ -372,7 +404,7 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
         if low == "all":
             wanted.update(BY_NAME)
         elif low in DEFAULT_GROUP_INTERVALS_S:
-            wanted.update(f.name for f in CATALOGUE if f.group == low)
+            wanted.update(f.name for f in DEFAULT_SELECTION if f.group == low)
         else:
             found = next((_BY_LOWER[c] for c in (low, "dcgm_fi_dev_" + low,
                           "dcgm_fi_prof_" + low) if c in _BY_LOWER), None)  # fmt: skip

@@ -110,7 +110,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--label", "external label (repeatable)", metavar="K=V", repeat=True),
     Flag(
         "--fields",
-        "comma-separated field names or groups (fast, slow, all)",
+        "comma-separated field names or groups (fast, slow, gpm; all: per-link NVLink too)",
         metavar="LIST",
         repeat=True,
     ),

@@ -56,7 +56,9 @@ GIL_SWITCH_S = 50e-6
 # Fast ticks between the fast lane's bookkeeping: GPUs up, heartbeat, the slow lane's health.
 _HOUSEKEEPING_TICKS = 16
 _ORPHAN_CHECK_TICKS = 1024  # a getppid() where PR_SET_PDEATHSIG is not available
-_JOIN_S = 5.0  # how long the fast lane waits, on its way out, for a slow lane inside a slow call
+# How long the fast lane waits, on its way out, for a slow lane inside a slow call: well under
+# the parent's wait for the process (Sampler.stop), so that a stuck read is said, not killed.
+_JOIN_S = 2.0
 
 Status = npt.NDArray[np.int64]
 
@@ -71,6 +73,19 @@ def prctl(option: int, value: int) -> None:
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(libc_name, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+_PR_SET_NAME = 15
+SLOW_LANE_THREAD = "hfs-slow-lane"  # its name in /proc/<pid>/task/*/comm (15 bytes at most)
+
+
+def name_thread(name: str) -> None:
+    """Best effort: this thread's name as ps, top and /proc show it (Linux only)."""
+    libc_name = ctypes.util.find_library("c")
+    if not libc_name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(libc_name).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
 def reduce_timer_slack() -> None:
@@ -175,6 +190,14 @@ def run_lanes(
             if slow.thread.is_alive():
                 slow.thread.join(_JOIN_S)
             sys.setswitchinterval(old_switch)
+            reading = slow.reading
+            if slow.thread.is_alive() and reading is not None:
+                group = groups[reading]
+                raise StuckRead(
+                    f"the slow lane is still in a read of group {group.name} after "
+                    f"{(time.perf_counter_ns() - slow.read_since_ns) / 1e9:.1f} s (the driver "
+                    "does not answer); the sampler exits without closing the source"
+                )
     if slow is not None and slow.error is not None:
         raise slow.error
 
@@ -240,6 +263,11 @@ def _fast_lane(
                 return  # orphaned where PR_SET_PDEATHSIG is not available
 
 
+class StuckRead(BaseException):
+    """The slow lane is still inside a read when the process must end: the source and the rings
+    it reads into cannot be closed under it, so the process exits without closing them."""
+
+
 class _SlowLane:
     """Every group but the fastest, on a thread of its own: each with its deadlines and counters.
 
@@ -267,10 +295,13 @@ class _SlowLane:
         self.go = threading.Event()  # set once the fast lane is ready to tick
         self.stop = threading.Event()
         self.error: BaseException | None = None
+        self.reading: int | None = None  # the group (in plan.groups) it is reading, if any
+        self.read_since_ns = 0  # perf_counter_ns when that read began
         self.thread = threading.Thread(target=self._run, name="hfsampler-slow-lane", daemon=True)
 
     def _run(self) -> None:
         try:
+            name_thread(SLOW_LANE_THREAD)
             reduce_timer_slack()  # per thread, as the scheduling policy is
             _normal_priority()
             self.go.wait()
@@ -313,7 +344,9 @@ class _SlowLane:
             ring = rings[j]
             values, driver = ring.slot()
             read_at = wall_ns()
+            self.read_since_ns, self.reading = perf_ns(), self._indices[j]
             src.read(groups[j].fields, values, driver, read_at)
+            self.reading = None
             ring.commit(read_at, lateness)
             if publish is not None and src.devices is not published:
                 published = src.devices

@@ -99,6 +99,7 @@ class _GroupSeries:
     carried: npt.NDArray[np.bool_]  # [field]: counters, states, bitmasks carry forward
     held: npt.NDArray[np.float64]  # [stat, gpu, field]: last exported value of carried fields
     empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
+    seen: npt.NDArray[np.bool_]  # [gpu, field]: had a sample once (else nothing to mark stale)
     refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
     copied: npt.NDArray[np.int64]  # columns copied from a GPU onto its MIG instances
 
@@ -224,6 +225,7 @@ class MetricModel:
             carried,
             np.full((len(by_stat), g, len(fields)), np.nan),
             np.zeros((g, len(fields)), dtype=np.int64),
+            np.zeros((g, len(fields)), dtype=np.bool_),
             refresh,
             np.array(
                 [j for j, f in enumerate(fields) if self.copy_device_fields and not f.mig_instance]
@@ -263,8 +265,10 @@ class MetricModel:
             stats = self._copy_to_instances(group, stats)
             has = stats.count > 0
             group.empty_windows = np.where(has, 0, group.empty_windows + 1)
-            # a gauge stays live through a few windows without samples; carried fields while known
-            recent = group.empty_windows < self.stale_after_windows
+            group.seen |= has
+            # a gauge stays live through a few windows without samples; carried fields while known;
+            # one never sampled on a GPU (a link down there) is no series, not even a stale marker
+            recent = (group.empty_windows < self.stale_after_windows) & group.seen
             for k, (stat, arr) in enumerate(group.by_stat):
                 fresh = stats.values.get(stat.name)
                 if fresh is None:  # a recording from before this statistic existed

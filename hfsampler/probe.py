@@ -201,6 +201,8 @@ def recommend(
         else:  # no refresh seen: the catalogue's default for the field
             interval = catalogue.DEFAULT_GROUP_INTERVALS_S.get(p.group, 0.1)
         interval = min(max(interval, floor_s), window_s)
+        if getattr(catalogue.BY_NAME.get(p.name), "per", None) == "link":  # off the fast lane
+            interval = max(interval, catalogue.DEFAULT_GROUP_INTERVALS_S[catalogue.SLOW])
         if p.name in groups:  # another instance of the field (a Jetson's rails): the faster wins
             interval = min(interval, intervals[groups[p.name]])
         name = catalogue.GPM if p.group == catalogue.GPM else group_name(interval)
@@ -222,7 +224,7 @@ def probe(
 ) -> ProbeResult:
     """Open the source in this process, measure, close it. ``pace`` runs between refresh reads
     (tests advance a fake clock there; for real GPUs reads go back to back)."""
-    wanted = tuple(fields) if fields is not None else catalogue.CATALOGUE
+    wanted = tuple(fields) if fields is not None else catalogue.select(None)
     source = open_source(spec)
     inventory = source.open(wanted)
     try:

@@ -7,6 +7,11 @@ distinct raw samples and its statistics go to a ``RecordingWriter`` instead of R
 command runs as a child in the same process group (so it keeps the terminal); signals sent to the
 recorder are passed on to it, and the recorder exits with the child's exit code (128 + N when a
 signal N ended it).
+
+Markers: the child finds a socket in ``HFSAMPLER_MARKER_SOCKET`` (``hfsampler.markers`` sends
+to it); with ``--mark-pattern`` its stdout and stderr go through pipes (``OutputTap``), copied
+to ours as they come, and matching lines become markers too. Both are read on threads of their
+own; the window loop takes what they found without waiting and stores it once per window.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -35,24 +41,25 @@ from hfsampler.config import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, POWER, Kind, locate
 from hfsampler.flags import add_sampling_flags, config_from_args
+from hfsampler.job_markers import PATTERN_HELP, MarkerSocket, OutputTap, compile_patterns
+from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.plan import RunPlan, build_run
-from hfsampler.recording import RecordingWriter
+from hfsampler.recording import Marker, RecordingWriter
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
-from hfsampler.sources import DeviceInfo, open_source
+from hfsampler.sources import DeviceInfo, ProcessReader, open_processes
 from hfsampler.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
-PROCESS_POLL_S = 2.0
+PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
 END_GRACE_S = 0.02
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
 # already reaches the child, which shares our process group, and a second copy would interrupt
 # its clean-up.
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-Procs = dict[int, list[dict[str, Any]]]  # per GPU index, its compute processes
 
 
 def job_context(env: Mapping[str, str]) -> dict[str, str]:
@@ -169,6 +176,7 @@ class RecordOptions:
     config: Config
     gpus: tuple[str, ...] | None
     status: bool
+    mark_patterns: tuple[re.Pattern[str], ...] = ()
 
 
 class Recorder:
@@ -184,6 +192,10 @@ class Recorder:
         self.out = out
         self.child: subprocess.Popen[bytes] | None = None
         self._stop = False
+        self.inbox: MarkerSocket | None = None
+        self.tap: OutputTap | None = None
+        self._markers: list[Marker] = []
+        self._processes_seen = False
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -210,7 +222,7 @@ class Recorder:
         sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s,
                           max_ring_bytes=cfg.max_ring_bytes)  # fmt: skip
         writer: RecordingWriter | None = None
-        side = self._side_source()
+        side = self._process_reader()
         code = 0
         try:
             sampler.start()
@@ -222,10 +234,15 @@ class Recorder:
             writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
             self._install_signals()
             if self.opts.command:
-                self.child = subprocess.Popen(list(self.opts.command))
+                self._start_child()
             code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
-            writer.close({"end_ns": end_ns, "exit_code": code,
-                          "samples": writer.samples_written})  # fmt: skip
+            self._finish_markers(writer, end_ns)
+            end: dict[str, Any] = {"end_ns": end_ns, "exit_code": code,
+                                   "samples": writer.samples_written}  # fmt: skip
+            if self.inbox is not None:
+                end["markers_dropped_by_job"] = self.inbox.dropped_by_job
+                end["marker_datagrams_rejected"] = self.inbox.rejected
+            writer.close(end)
             self._status(writer, start_ns, end_ns, final=True)
             return code
         finally:
@@ -236,15 +253,56 @@ class Recorder:
                 writer.close()
             if side is not None:
                 side.close()
+            if self.inbox is not None:
+                self.inbox.close()
             sampler.close()
 
+    def _start_child(self) -> None:
+        env = dict(os.environ)
+        try:
+            self.inbox = MarkerSocket()
+            env[MARKER_ENV] = str(self.inbox.path)
+        except OSError as exc:  # markers are a nice-to-have: the job runs all the same
+            log.warning("no marker socket for the job (%s): hfsampler.markers calls are dropped",
+                        exc)  # fmt: skip
+            env.pop(MARKER_ENV, None)
+        if not self.opts.mark_patterns:
+            self.child = subprocess.Popen(list(self.opts.command), env=env)
+            return
+        # a pipe makes Python block-buffer its output: lines would arrive late, and so their marks
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.child = subprocess.Popen(list(self.opts.command), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)  # fmt: skip
+        self.tap = OutputTap(self.opts.mark_patterns, self.child.pid)
+        self.tap.attach(self.child.stdout, self.child.stderr)
+
+    def _collect_markers(self) -> None:
+        if self.inbox is not None:
+            self._markers += self.inbox.drain()
+        if self.tap is not None:
+            self._markers += self.tap.drain()
+
+    def _store_markers(self, writer: RecordingWriter) -> None:
+        if self._markers:
+            writer.add_markers(sorted(self._markers, key=lambda m: m.t_ns))
+            self._markers = []
+
+    def _finish_markers(self, writer: RecordingWriter, end_ns: int) -> None:
+        """The last markers: what waits in the socket, the output's last lines, an open phase."""
+        if self.tap is not None:
+            self._markers += self.tap.finish(end_ns)
+        self._collect_markers()
+        self._store_markers(writer)
+        if self.inbox is not None and self.inbox.dropped_by_job:
+            log.warning("the job could not send %d markers (the socket's queue was full)",
+                        self.inbox.dropped_by_job)  # fmt: skip
+
     def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
-              side: Any, start_ns: int) -> tuple[int, int]:  # fmt: skip
+              side: ProcessReader | None, start_ns: int) -> tuple[int, int]:  # fmt: skip
         # every window is written, however late: no catch-up as `run` does
         clock = WindowClock(self.opts.config.window_s, END_GRACE_S, start_ns=start_ns)
         end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
         next_poll = 0.0
-        seen: dict[int, list[dict[str, Any]]] | None = None
         sampling = True
         while True:
             code = self.child.poll() if self.child is not None else None
@@ -267,11 +325,13 @@ class Recorder:
                     sampling = False
                 if sampling:
                     self._write(readers, writer, clock.t0_ns, clock.t1_ns)
+                self._store_markers(writer)
                 self._status(writer, start_ns, clock.t1_ns)
                 clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
-                seen = self._processes(writer, side, seen)
+                self._processes(writer, side)
+            self._collect_markers()
             time.sleep(0.005)
 
     def _write(self, readers: list[WindowReader], writer: RecordingWriter, t0: int,
@@ -284,35 +344,35 @@ class Recorder:
                 self.power_now = np.where(np.isnan(now), self.power_now, now)
                 self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
 
-    def _side_source(self) -> Any:
-        """A second handle on the source, here in the parent, for the compute-process list."""
-        if self.spec.kind != "nvml":
-            return None
-        source = open_source(self.spec)
+    def _process_reader(self) -> ProcessReader | None:
+        """The compute-process list, here in the parent (once a second is no load to share)."""
+        indices = [self.inventory.devices[p].index for p in self.keep]
         try:
-            source.open(self.inventory.fields[:1])
+            return open_processes(self.spec, indices)
         except Exception as exc:  # the list of processes is a nice-to-have, never a failure
             log.warning("cannot list GPU processes: %s", exc)
             return None
-        return source if hasattr(source, "processes") else None
 
-    def _processes(self, writer: RecordingWriter, side: Any,
-                   seen: Procs | None) -> Procs:  # fmt: skip
+    def _processes(self, writer: RecordingWriter, reader: ProcessReader) -> None:
+        """One snapshot of the recorded GPUs' processes; the job's own (the child's
+        descendants) are marked ``in_job``."""
+        job = descendants(self.child.pid) if self.child is not None else set()
+        now = time.time_ns()
         try:
-            found: dict[int, list[tuple[int, int]]] = side.processes()
+            found = reader.read_processes(job, now)
         except Exception as exc:
             log.debug("listing GPU processes failed: %s", exc)
-            return seen or {}
-        job = descendants(self.child.pid) if self.child is not None else set()
+            return
         kept = {self.inventory.devices[p].index for p in self.keep}
-        now = {
-            gpu: [{"pid": pid, "used_memory_bytes": mem, "in_job": pid in job}
-                  for pid, mem in sorted(procs)]
+        snapshot = {
+            gpu: [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
+                   "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job} for p in procs]
             for gpu, procs in found.items() if gpu in kept
         }  # fmt: skip
-        if now != seen:
-            writer.add_processes(time.time_ns(), now)
-        return now
+        seen = any(snapshot.values())
+        if seen or self._processes_seen:  # the first empty one says that they have gone
+            writer.add_processes(now, snapshot)
+        self._processes_seen = seen
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:
@@ -375,7 +435,7 @@ def register(sub: Any) -> dict[str, Any]:
         "--label": "job label",
         "--duration": "without a command: record this long",
         "--source": None,
-        "--fields": "field names or groups (default all)",
+        "--fields": "field names or groups (default: all but the opt-in per-link NVLink)",
     }
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
     add_sampling_flags(p, ("--config", "--interval", "--window"), wording=wording)
@@ -389,6 +449,8 @@ def register(sub: Any) -> dict[str, Any]:
         sources=("auto", "nvml", "sim", "jetson"),
     )
     p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("--mark-pattern", action="append", default=[], metavar="REGEX",
+                   help=PATTERN_HELP)  # fmt: skip
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
     return {"record": cmd_record}
 
@@ -404,6 +466,7 @@ def options(args: argparse.Namespace) -> RecordOptions:
     return RecordOptions(
         Path(args.output), command, config.duration_s, config,
         tuple(wanted) if wanted else None, status=not args.quiet,
+        mark_patterns=compile_patterns(args.mark_pattern),
     )  # fmt: skip
 
 

@@ -4,10 +4,12 @@ The window series go through the same ``MetricModel`` and ``RemoteWriter`` (enco
 sender, retries) as a live ``hfsampler run``, with the recording's own timestamps, its devices'
 labels, and its job labels (``--label`` at record time, Slurm and Kubernetes identifiers) as
 external labels. ``--raw`` pushes every distinct millisecond sample instead, as ``NAME_raw``
-series. A replay gives up after ``--timeout`` (default 2 minutes, pushing and flushing together)
-with a summary of what was not sent, exit 1; Ctrl-C flushes for at most 5 s more, then exits
-130. The queue is drained as it fills rather than let overflow: a replay has no live data to
-favour over old.
+series, encoded straight from the recording's raw chunk arrays (``RawBatches``, through
+``remote_write.arrays``) a batch of about ``RAW_BATCH_SAMPLES`` samples at a time, each series
+on one of ``RAW_SHARDS`` shards. A replay gives up after ``--timeout`` (default 2 minutes,
+pushing and flushing together) with a summary of what was not sent, exit 1; Ctrl-C flushes
+for at most 5 s more, then exits 130. The queue is drained as it fills rather than let
+overflow: a replay has no live data to favour over old.
 
 Receivers differ on old samples: Prometheus refuses samples older than its head block (about the
 last 1-3 hours) unless ``storage.tsdb.out_of_order_time_window`` is set; VictoriaMetrics accepts
@@ -20,7 +22,8 @@ import argparse
 import asyncio
 import contextlib
 import signal
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,16 +33,21 @@ from hfsampler.durations import parse_duration
 from hfsampler.fields import Kind
 from hfsampler.metrics import MetricModel, gpu_labels, host_labels
 from hfsampler.recording import Recording
-from hfsampler.remote_write import RemoteWriter, endpoint_from_url
+from hfsampler.remote_write import EndpointConfig, RemoteWriter, endpoint_from_url
+from hfsampler.remote_write.arrays import sample_bytes, timeseries
+from hfsampler.remote_write.encoder import encode_labels
 from hfsampler.remote_write.sender import DROPPED, SAMPLES
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import SeriesRegistry, Snapshot
+from hfsampler.series import Family, SeriesRegistry, Snapshot
 
 RAW_SUFFIX = "_raw"
 # How long a replay may take, pushing and flushing together, before it gives up (--timeout).
 TIMEOUT_S = 120.0
 # After Ctrl-C: how long what is queued may still be sent.
 INTERRUPT_FLUSH_S = 5.0
+# --raw: samples encoded at once (a few MB of requests), and the shards sending them
+RAW_BATCH_SAMPLES = 100_000
+RAW_SHARDS = 4
 
 
 def replay_labels(rec: Recording, extra: dict[str, str]) -> dict[str, str]:
@@ -112,7 +120,10 @@ def window_snapshots(rec: Recording, labels: dict[str, str]) -> list[Snapshot]:
 
 
 def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
-    """Per millisecond with data, a snapshot of every raw sample taken in it (the last wins)."""
+    """Per millisecond with data, a snapshot of every raw sample taken in it (the last wins).
+
+    The first way ``--raw`` pushed, a ``Snapshot`` per millisecond; kept as the reference that
+    ``RawBatches`` is tested against and ``benchmarks/replay.py`` measures it beside."""
     registry = SeriesRegistry()
     host = host_labels(rec.header.get("host") or "localhost")
     base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
@@ -144,6 +155,127 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
                                values[idx].tolist(), registry.families)  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class RawBatch:
+    """One batch of ``--raw``: per shard, its encoded ``TimeSeries`` entries and their samples."""
+
+    blocks: tuple[tuple[int, bytes, int], ...]  # (shard, bytes, samples)
+    first_ms: int  # the batch's earliest sample
+
+    @property
+    def samples(self) -> int:
+        return sum(n for _, _, n in self.blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class _RawSeries:
+    labels: bytes  # the encoded Label entries
+    shard: int
+
+
+class RawBatches:
+    """A recording's raw samples as Remote-Write bytes, batch by batch, from the chunk arrays.
+
+    Each series (group, GPU, field) keeps one sample per millisecond, the last, as a sample of
+    ``NAME_raw`` at that millisecond, like ``raw_snapshots``. A series' last millisecond in a
+    batch waits for the next (the next chunk may have a later sample in it), so a batch's
+    samples are final and each series' timestamps strictly increase across batches.
+    """
+
+    def __init__(self, rec: Recording, labels: Mapping[str, str], n_shards: int,
+                 batch_samples: int = RAW_BATCH_SAMPLES) -> None:  # fmt: skip
+        self.rec = rec
+        self.registry = SeriesRegistry()
+        self.n_shards = n_shards
+        self.batch_samples = batch_samples
+        host = host_labels(rec.header.get("host") or "localhost")
+        self._base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
+        # a MIG slot empty at the start has no labels of its own: left out, as in windows
+        self._held = np.array([d.is_gpu or d.mig is not None for d in rec.devices], np.bool_)
+        self._sid: dict[tuple[int, int, int], int] = {}
+        self._series: list[_RawSeries] = []
+        empty = np.empty(0, np.int64)
+        self._carry: tuple[Any, Any, Any] = (empty, empty, np.empty(0))
+
+    @property
+    def families(self) -> Mapping[str, Family]:
+        return self.registry.families
+
+    def _series_id(self, group: int, gpu: int, field: int) -> int:
+        key = (group, gpu, field)
+        sid = self._sid.get(key)
+        if sid is None:
+            f = self.rec.groups[group].fields[field]
+            name = f.name + RAW_SUFFIX
+            kind = "counter" if f.kind is Kind.COUNTER else "gauge"
+            self.registry.family(name, f"{f.help} Every distinct sample.", kind, f.unit)
+            series = self.registry.series(name, {**self._base[gpu], **dict(f.labels)})
+            sid = self._sid[key] = len(self._series)
+            self._series.append(_RawSeries(encode_labels(series), series.id % self.n_shards))
+        return sid
+
+    def __iter__(self) -> Iterator[RawBatch]:
+        parts: list[tuple[Any, Any, Any]] = []
+        pending = 0
+        for chunk in self.rec.raw_chunks():
+            held = self._held[chunk.gpu]
+            cells = [self._series_id(chunk.group, int(g), int(f)) if ok else -1
+                     for g, f, ok in zip(chunk.gpu, chunk.field, held, strict=True)]  # fmt: skip
+            sid = np.repeat(np.array(cells, np.int64), np.diff(chunk.offsets))
+            keep = sid >= 0
+            parts.append((sid[keep], chunk.ts_us[keep] // 1000, chunk.values[keep]))
+            pending += int(keep.sum())
+            if pending >= self.batch_samples:
+                batch = self._batch(parts, final=False)
+                parts, pending = [], 0
+                if batch is not None:
+                    yield batch
+        batch = self._batch(parts, final=True)
+        if batch is not None:
+            yield batch
+
+    def _batch(self, parts: list[tuple[Any, Any, Any]], final: bool) -> RawBatch | None:
+        sid, ms, val = (np.concatenate([c[k] for c in [self._carry, *parts]]) for k in range(3))
+        order = np.argsort(sid, kind="stable")  # a series' samples stay in file (time) order
+        sid, ms, val = sid[order], ms[order], val[order]
+        same = sid[1:] == sid[:-1]
+        if (same & (ms[1:] < ms[:-1])).any():  # a driver clock that stepped back: by time
+            order = np.lexsort((ms, sid))
+            sid, ms, val = sid[order], ms[order], val[order]
+            same = sid[1:] == sid[:-1]
+        # one sample per series and millisecond, the last (Remote-Write would keep one anyway)
+        keep = np.ones(len(sid), dtype=np.bool_)
+        keep[:-1] = ~same | (ms[1:] != ms[:-1])
+        sid, ms, val = sid[keep], ms[keep], val[keep]
+        if not final:
+            last = np.ones(len(sid), dtype=np.bool_)
+            last[:-1] = sid[1:] != sid[:-1]
+            self._carry = (sid[last], ms[last], val[last])
+            sid, ms, val = sid[~last], ms[~last], val[~last]
+        if not len(sid):
+            return None
+        encoded = sample_bytes(ms, val)
+        starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
+        ends = np.r_[starts[1:], len(sid)]
+        out: list[list[bytes]] = [[] for _ in range(self.n_shards)]
+        counts = [0] * self.n_shards
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            s = self._series[int(sid[a])]
+            out[s.shard].append(timeseries(s.labels, encoded, a, b))
+            counts[s.shard] += b - a
+        blocks = tuple((k, b"".join(out[k]), counts[k]) for k in range(self.n_shards) if counts[k])
+        return RawBatch(blocks, int(ms.min()))
+
+
+def raw_endpoint(url: str) -> EndpointConfig:
+    """``--raw``'s endpoint: queues that hold a few batches, requests of a shard's batch."""
+    config = endpoint_from_url(url)
+    queue = replace(config.queue, capacity=8 * RAW_BATCH_SAMPLES, min_shards=RAW_SHARDS,
+                    max_shards=max(RAW_SHARDS, config.queue.max_shards),
+                    max_samples_per_send=RAW_BATCH_SAMPLES)  # fmt: skip
+    return replace(config, queue=queue)
+
+
 async def replay(
     rec: Recording,
     url: str,
@@ -155,7 +287,7 @@ async def replay(
     """Push the recording within ``timeout_s``; ``stop`` (set by Ctrl-C) ends it early, after
     flushing for at most ``INTERRUPT_FLUSH_S``."""
     metrics = SelfMetrics()
-    writer = RemoteWriter(endpoint_from_url(url), metrics)
+    writer = RemoteWriter(raw_endpoint(url) if raw else endpoint_from_url(url), metrics)
     labels = replay_labels(rec, extra)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -164,14 +296,24 @@ async def replay(
     stopped_at: int | None = None
     await writer.start()
     try:
-        snapshots = raw_snapshots(rec, labels) if raw else window_snapshots(rec, labels)
-        for snap in snapshots:
-            if stop.is_set() or loop.time() >= deadline:
-                stopped_at = snap.timestamp_ms
-                break
-            writer.push(snap)
-            pushed += len(snap)
-            await _backpressure(writer, stop, deadline)
+        if raw:
+            batches = RawBatches(rec, labels, writer.n_shards)
+            for batch in batches:
+                if stop.is_set() or loop.time() >= deadline:
+                    stopped_at = batch.first_ms
+                    break
+                for shard, data, samples in batch.blocks:
+                    writer.push_encoded(shard, data, samples, batches.families)
+                pushed += batch.samples
+                await _backpressure(writer, stop, deadline)
+        else:
+            for snap in window_snapshots(rec, labels):
+                if stop.is_set() or loop.time() >= deadline:
+                    stopped_at = snap.timestamp_ms
+                    break
+                writer.push(snap)
+                pushed += len(snap)
+                await _backpressure(writer, stop, deadline)
     finally:
         left = INTERRUPT_FLUSH_S if stop.is_set() else max(0.0, deadline - loop.time())
         await writer.close(left, stop, INTERRUPT_FLUSH_S)

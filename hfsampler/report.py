@@ -22,6 +22,7 @@ import numpy as np
 from hfsampler.errors import HfsamplerError
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, SM_CLOCK
 from hfsampler.recording import Recording
+from hfsampler.report_processes import processes_html, processes_json
 from hfsampler.summary import REASONS, Summary, summarize
 from hfsampler.window import MAX, MEAN, MIN
 
@@ -206,6 +207,7 @@ def render_html(rec: Recording, summary: Summary) -> str:
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
         f"<style>{STYLE}</style></head><body><h1>{title}</h1>{summary_html(summary)}"
         + "".join(parts)
+        + processes_html(rec)
         + fields_html(summary)
         + "</body></html>"
     )
@@ -223,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     rec = Recording(args.recording)
     summary = summarize(rec)
     if args.format == "json":
-        text = json.dumps(summary.as_dict(), indent=2)
+        text = json.dumps({**summary.as_dict(), "processes": processes_json(rec)}, indent=2)
         if args.output:
             Path(args.output).write_text(text + "\n")
         else:

@@ -46,6 +46,7 @@ from hfsampler.lanes import (
     STATE,
     STOP,
     STOPPED,
+    StuckRead,
     prctl,
     run_lanes,
 )
@@ -141,6 +142,7 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+EXIT_STUCK_READ = 3  # the child's status when it left a read the driver never returned from
 _SIGNAL_HINTS: dict[int, str] = {
     signal.SIGBUS: " (its shared memory ran out: is /dev/shm full?)",
     signal.SIGKILL: " (the out-of-memory killer, or kill -9)",
@@ -248,15 +250,18 @@ class Sampler:
         self._conn = reader
         self._layout = layout_reader
         self._exit_reason = None
-        self._process = ctx.Process(
+        process = ctx.Process(
             target=_child_main,
             args=(self.plan, os.getpid(), writer, layout_writer),
             name="hfsampler-sampler",
         )
-        self._process.daemon = True
-        self._process.start()
-        writer.close()  # the child holds its own copy: EOF here once it is gone
-        layout_writer.close()
+        process.daemon = True
+        try:
+            process.start()
+        finally:
+            writer.close()  # the child holds its own copy: EOF here once it is gone
+            layout_writer.close()
+        self._process = process  # only a started one: stop() joins it
         deadline = time.monotonic() + timeout_s
         status = self._array()
         while status[STATE] == STARTING:
@@ -344,13 +349,19 @@ class Sampler:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the process to stop, wait, then make sure it is gone."""
         if self._process is not None:
+            running = self._process.is_alive()  # an end before this was said by whoever saw it
             if self.status is not None:
                 self._array()[STOP] = 1
             self._process.join(timeout_s)
-            if self._process.is_alive():
+            killed = self._process.is_alive()
+            if killed:
                 self._process.kill()
                 self._process.join(timeout_s)
-            self.exit_reason()  # kept for a caller that asks after stopping
+            reason = self.exit_reason()  # kept for a caller that asks after stopping
+            if killed:
+                log.warning("the sampler process did not stop within %g s: killed", timeout_s)
+            elif running and self._process.exitcode:
+                log.warning("the sampler process stopped with an error: %s", reason)
             self._process = None
         if self._conn is not None:
             self._conn.close()
@@ -440,6 +451,13 @@ def _run_child(
         publish = None if layout is None else (lambda t, d: _tell(layout, (t, d)))
         run_lanes(plan, source, rings, s, parent_pid, publish)
         s[STATE] = STOPPED
+    except StuckRead as exc:
+        # The read still writes into a ring and holds the driver: closing either under it would
+        # crash the process (a segfault, or NVML shut down mid-call). The parent unlinks the
+        # shared memory; leaving now frees our mappings.
+        _tell(conn, str(exc))
+        s[STATE] = FAILED
+        os._exit(EXIT_STUCK_READ)
     except Exception as exc:
         log.exception("the sampler loop failed")
         _tell(conn, f"the sampler loop failed: {type(exc).__name__}: {exc}")

@@ -52,6 +52,12 @@ DISTINCT_SAMPLES = MetricDef(
 RING_OVERWRITTEN = MetricDef(
     "hfsampler_ring_overwritten_rows_total", "Rows lost to a lagging reader.", "counter"
 )
+GROUP_STALLED = MetricDef(
+    "hfsampler_group_stalled",
+    "1 while a sampling group has not ticked for 20 of its intervals (3 s at least): a read "
+    "stuck in the driver, or the sampler process stopped.",
+    "gauge",
+)
 GPU_UP = MetricDef("hfsampler_gpu_up", "1 while the GPU answers, 0 once it is lost.", "gauge")
 WINDOWS = MetricDef("hfsampler_windows_total", "Windows reduced and exported.", "counter")
 

@@ -43,6 +43,10 @@ from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, Wi
 log = logging.getLogger(__name__)
 
 FLUSH_DEADLINE_S = 5.0
+# A group that has not ticked for this many of its intervals (and STALL_MIN_S at least) is stalled:
+# a read stuck in the driver, or a stopped sampler. Said once, and /healthz answers 503 meanwhile.
+STALL_INTERVALS = 20
+STALL_MIN_S = 3.0
 
 
 @dataclass(slots=True)
@@ -54,6 +58,33 @@ class _Group:
     ticks: int = 0
     late: int = 0
     missed: int = 0
+    progressed_ns: int | None = None  # when its tick count last grew (wall clock)
+    stalled_s: float = 0.0  # > 0 while stalled: how long it had not ticked when it was said
+
+    def watch(self, ticks: int, now_ns: int) -> None:
+        """Notices a group that stopped ticking, and one that ticks again; logs each once."""
+        if ticks > self.ticks or self.progressed_ns is None:
+            if self.stalled_s:
+                log.info(
+                    "sampler group %s ticks again after %.0f s",
+                    self.plan.name,
+                    (now_ns - (self.progressed_ns or now_ns)) / 1e9,
+                )
+            self.progressed_ns, self.stalled_s = now_ns, 0.0
+            return
+        idle_s = (now_ns - self.progressed_ns) / 1e9
+        if not self.stalled_s and idle_s >= max(
+            STALL_MIN_S, STALL_INTERVALS * self.plan.interval_s
+        ):
+            self.stalled_s = idle_s
+            log.warning(
+                "sampler group %s has not ticked for %.0f s (every %g s expected): a read stuck "
+                "in the driver, or the sampler process stopped; its series go stale and /healthz "
+                "answers 503 until it ticks again",
+                self.plan.name,
+                idle_s,
+                self.plan.interval_s,
+            )
 
 
 class Service:
@@ -354,6 +385,8 @@ class Service:
         for g in self._groups:
             labels = {"group": g.plan.name}
             c = self._sampler.counters(g.index)
+            g.watch(c.ticks, self._clock_ns())
+            m.set(sm.GROUP_STALLED, 1.0 if g.stalled_s else 0.0, labels)
             m.inc(sm.TICKS, c.ticks - g.ticks, labels)
             m.inc(sm.LATE_TICKS, c.late - g.late, labels)
             m.inc(sm.MISSED_TICKS, c.missed - g.missed, labels)
@@ -393,8 +426,12 @@ class Service:
         return web.Response(body=body.encode(), headers={"Content-Type": exposition.CONTENT_TYPE})
 
     async def _handle_health(self, request: web.Request) -> web.Response:
-        ok = self._sampler is not None and self._sampler.alive()
-        return web.Response(status=200 if ok else 503, text="ok\n" if ok else "sampler down\n")
+        if self._sampler is None or not self._sampler.alive():
+            return web.Response(status=503, text="sampler down\n")
+        stalled = [g.plan.name for g in self._groups if g.stalled_s]
+        if stalled:
+            return web.Response(status=503, text=f"sampler group stalled: {', '.join(stalled)}\n")
+        return web.Response(status=200, text="ok\n")
 
     async def _shutdown(self, runner: web.AppRunner | None) -> None:
         if self._reloading is not None and not self._reloading.done():

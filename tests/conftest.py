@@ -11,8 +11,14 @@ from types import ModuleType
 
 import pytest
 import uvloop
+from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# A shared 2-core runner can stall generation for seconds: a property test judges the property,
+# never the machine's speed (each test's own settings add to these).
+settings.register_profile("hfsampler", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("hfsampler")
 
 LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,

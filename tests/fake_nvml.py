@@ -10,7 +10,10 @@ function pointer from ``pynvml._nvmlGetFunctionPointer`` directly. A C function 
 
 Each fake GPU has a table of field values by NVML field id and of call readings by key, each with
 a refresh period: the driver timestamp is the fake clock floored to that period, and a callable
-value is evaluated at that timestamp, so "fields with known refresh periods" come for free.
+value is evaluated at that timestamp, so "fields with known refresh periods" come for free. A
+GPU may have NVLink links (``FakeLink``, ``nvlink_gpu``): ``nvmlDeviceGetNvLinkState`` answers
+for them, and so do their entries of a field-value read (the per-link ids ``..._L0`` to ``_L11``,
+the throughput ids with the link as ``scopeId``); a test takes a link down by setting ``active``.
 
 Calls take time where a test says so: ``FakeNvml.costs`` gives a C function a cost per call (a
 constant, or one that depends on the call's number, such as ``every(20, 0.005)``: a 5 ms call
@@ -59,11 +62,88 @@ class FakeReading:
         return ts, v
 
 
+@dataclass
+class FakeLink:
+    """One NVLink link: up or down, its cumulative data counters (KiB) and error counters.
+
+    Values are functions of the driver timestamp (us) or constants, as ``FakeReading``'s. A link
+    that is down still answers its entries with ``down_ret`` (by default success, the counters
+    where they stand): what the driver does there is not documented, and hfsampler must not take
+    a down link's numbers for traffic either way.
+    """
+
+    active: bool = True
+    tx_kib: Value = 0.0
+    rx_kib: Value = 0.0
+    crc_flit: Value = 0.0
+    crc_data: Value = 0.0
+    replay: Value = 0.0
+    recovery: Value = 0.0
+    period_us: int = 10_000
+    down_ret: int = pynvml.NVML_SUCCESS
+
+
+# NVML's per-link ids (links 0-11) and the scoped throughput ids -> the FakeLink attribute
+_LINK_IDS: dict[int, tuple[str, int]] = {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{name}_L{k}"): (attr, k)
+    for name, attr in (
+        ("CRC_FLIT_ERROR_COUNT", "crc_flit"),
+        ("CRC_DATA_ERROR_COUNT", "crc_data"),
+        ("REPLAY_ERROR_COUNT", "replay"),
+        ("RECOVERY_ERROR_COUNT", "recovery"),
+    )
+    for k in range(12)
+}
+_SCOPED_LINK_IDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+}
+_ALL_LINKS = 0xFFFFFFFF  # scopeId UINT_MAX: the sum over every link
+
+
+def nvlink_gpu(i: int, links: int = 18, down: tuple[int, ...] = ()) -> FakeGpu:
+    """A standard GPU with ``links`` NVLink links, those in ``down`` not up.
+
+    Link k of GPU i moves (10 + k + i) MiB/s out and twice that in, the driver refreshing every
+    10 ms; its CRC flit errors grow by k per second, its replays by one per second on link 1.
+    """
+    gpu = standard_gpu(i)
+    gpu.links = [
+        FakeLink(
+            active=k not in down,
+            tx_kib=functools.partial(_kib, (10 + k + i) * 1024),
+            rx_kib=functools.partial(_kib, 2 * (10 + k + i) * 1024),
+            crc_flit=functools.partial(_per_s, float(k)),
+            replay=functools.partial(_per_s, 1.0 if k == 1 else 0.0),
+        )
+        for k in range(links)
+    ]
+    return gpu
+
+
+def _kib(kib_per_s: float, ts_us: int) -> float:
+    return float(int(ts_us * kib_per_s / 1e6))
+
+
+def _per_s(rate: float, ts_us: int) -> float:
+    return float(int(ts_us * rate / 1e6))
+
+
 # Call reading keys the fake understands, by C function (key -> what it answers):
 #   clock_sm, clock_mem (GetClockInfo), temperature_gpu (GetTemperature), power_usage,
 #   total_energy, power_limit, util_gpu, util_mem (GetUtilizationRates),
 #   util_enc, util_dec, fb_total, fb_free, fb_used, fb_reserved (GetMemoryInfo[_v2]),
 #   clocks_event_reasons (both the Event and the older Throttle name), fan, pstate.
+
+
+@dataclass
+class FakeProcess:
+    """A compute process on a fake GPU: the memory it holds, its SM utilisation (percent, a
+    constant or a function of the sample time in µs; None: the driver has no samples of it)."""
+
+    pid: int
+    used_memory_bytes: int
+    sm_util: Value | None = 0.0
 
 
 @dataclass
@@ -87,6 +167,9 @@ class FakeGpu:
     gpm_period_us: int = 100_000
     # NVML field id -> seconds a nvmlDeviceGetFieldValues call that asks for it spends, added up
     field_cost_s: dict[int, float] = field(default_factory=dict)
+    processes: list[FakeProcess] = field(default_factory=list)
+    process_util_period_us: int = 100_000  # the driver's per-process samples come this often
+    links: list[FakeLink] = field(default_factory=list)  # NVLink links (none: no NVLink)
     # MIG (A100, H100, H200): a capable GPU answers the MIG calls; with mig_mode on, its
     # instances are MIG devices (in this order for nvmlDeviceGetMigDeviceHandleByIndex). A test
     # changes the list at any time, as `nvidia-smi mig -cgi/-dgi` would.
@@ -492,7 +575,7 @@ class FakeLib:
         now = self._fake.clock_us()
         for k in range(_int(count)):
             e = entries[k]
-            r = gpu.fields.get(int(e.fieldId))
+            r = gpu.fields.get(int(e.fieldId)) or self._link_reading(gpu, e)
             e.latencyUsec = 0
             if r is None:
                 e.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -504,6 +587,27 @@ class FakeLib:
             e.nvmlReturn = r.ret
             _set_value(e.value, r.value_type, v)
         return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _link_reading(gpu: FakeGpu, e: Any) -> FakeReading | None:
+        """The reading a per-link entry asks for: by per-link id, or by scoped id and link."""
+        fid, scope = int(e.fieldId), int(e.scopeId)
+        ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        if fid in _LINK_IDS:
+            attr, k = _LINK_IDS[fid]
+        elif fid in _SCOPED_LINK_IDS and gpu.links:
+            attr, k = _SCOPED_LINK_IDS[fid], scope
+            if scope == _ALL_LINKS:
+                up = [ln for ln in gpu.links if ln.active]
+                total = lambda ts: sum(FakeReading(getattr(ln, attr)).sample(ts)[1] for ln in up)  # noqa: E731
+                return FakeReading(total, gpu.links[0].period_us, ull)
+        else:
+            return None
+        if k >= len(gpu.links):
+            return FakeReading(0.0, 1, ull, pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        link = gpu.links[k]
+        ret = pynvml.NVML_SUCCESS if link.active else link.down_ret
+        return FakeReading(getattr(link, attr), link.period_us, ull, ret)
 
     # -- per-device calls ------------------------------------------------------------------
 
@@ -568,6 +672,20 @@ class FakeLib:
 
     def _c_nvmlDeviceGetFanSpeed(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetFanSpeed", handle, "fan", out)
+
+    def _c_nvmlDeviceGetNvLinkState(self, handle: Any, link: Any, out: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetNvLinkState", handle)
+        if gpu is None:
+            return code
+        if not gpu.links:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        k = _int(link)
+        if not 0 <= k < len(gpu.links):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        _obj(out).value = (
+            pynvml.NVML_FEATURE_ENABLED if gpu.links[k].active else pynvml.NVML_FEATURE_DISABLED
+        )
+        return pynvml.NVML_SUCCESS
 
     def _c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetPerformanceState", handle, "pstate", out)
@@ -665,6 +783,45 @@ class FakeLib:
         return pynvml.NVML_SUCCESS
 
     # -- events ----------------------------------------------------------------------------
+
+    def _c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any,
+                                                   infos: Any) -> int:  # fmt: skip
+        code, gpu = self._device("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+        if gpu is None:
+            return code
+        n, room = len(gpu.processes), _obj(count)
+        if infos is None or room.value < n:
+            room.value = n
+            return pynvml.NVML_SUCCESS if n == 0 else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, p in enumerate(gpu.processes):
+            infos[i].pid = p.pid
+            infos[i].usedGpuMemory = p.used_memory_bytes
+            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF
+        room.value = n
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count: Any,
+                                           last_seen: Any) -> int:  # fmt: skip
+        """One sample per process with samples, at the last period's start, if newer."""
+        code, gpu = self._device("nvmlDeviceGetProcessUtilization", handle)
+        if gpu is None:
+            return code
+        now = self._fake.clock_us()
+        ts = now - now % gpu.process_util_period_us
+        procs = [p for p in gpu.processes if p.sm_util is not None]
+        room = _obj(count)
+        if ts <= _int(last_seen) or not procs:
+            room.value = 0
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if samples is None or room.value < len(procs):
+            room.value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, p in enumerate(procs):
+            util = p.sm_util(ts) if callable(p.sm_util) else p.sm_util
+            samples[i].pid, samples[i].timeStamp, samples[i].smUtil = p.pid, ts, int(util or 0)
+            samples[i].memUtil = samples[i].encUtil = samples[i].decUtil = 0
+        room.value = len(procs)
+        return pynvml.NVML_SUCCESS
 
     def _c_nvmlEventSetCreate(self, out: Any) -> int:
         ctypes.c_void_p.from_buffer(_obj(out)).value = _EVENT_SET

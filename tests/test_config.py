@@ -335,3 +335,21 @@ def test_plan_groups_refuses_a_field_without_an_interval() -> None:
     with pytest.raises(ConfigError, match=r"^intervals.slow: not given, yet DCGM_FI_DEV_GPU_TEMP"):
         plan_groups([temp], {"fast": 0.001})
     assert [g.name for g in plan_groups([temp], {"fast": 0.001, "slow": 0.1})] == ["slow"]
+
+
+def test_a_per_link_nvlink_field_is_refused_on_the_fastest_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fastest group is the real-time lane's: a per-link field (which asks each link's state
+    once a second) moved there is a one-line error naming it; a group between is fine."""
+    name = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
+    path = tmp_path / "c.yml"
+    path.write_text(f"fields: [all]\nfield_groups: {{{name}: fast}}\n")
+    assert main(["check-config", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"hfsampler: error: field_groups.{name}: group fast is the fastest, the real-time lane's "
+        "(leave per-link NVLink fields in slow, or a group slower than the fastest)"
+    )
+    path.write_text(f"intervals: {{fast: 1ms, mid: 10ms, slow: 100ms, gpm: 100ms}}\n"
+                    f"fields: [all]\nfield_groups: {{{name}: mid}}\n")  # fmt: skip
+    assert next(f for f in load_file(path).selected_fields() if f.name == name).group == "mid"

@@ -44,7 +44,11 @@ def test_names_unique_and_every_field_readable() -> None:
     assert len(names) == len(set(names))
     for f in CATALOGUE:
         assert f.nvml_readable or f.jetson, f.name
-        if f.nvml_field:
+        if f.nvml_field and "{link}" in f.nvml_field:  # one id per link: NVML has links 0-11
+            for link in (0, 11):
+                constant = f.nvml_field.format(link=link)
+                assert isinstance(getattr(pynvml, constant), int), constant
+        elif f.nvml_field:
             assert isinstance(getattr(pynvml, f.nvml_field), int), f.nvml_field
         assert f.group in fields.DEFAULT_GROUP_INTERVALS_S
         assert f.help.endswith(".")
@@ -83,8 +87,20 @@ def test_select_by_name_short_name_and_group() -> None:
     assert "DCGM_FI_DEV_POWER_USAGE" in names
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in names
     assert "DCGM_FI_DEV_GPU_UTIL" not in names
-    assert fields.select(None) == CATALOGUE
     assert fields.select(["all"]) == CATALOGUE
+
+
+def test_per_link_fields_are_opt_in() -> None:
+    """Not by default nor with their group: by name or ``all``, beside what was chosen."""
+    per_link = {f.name for f in CATALOGUE if f.per == "link"}
+    assert len(per_link) == 6
+    assert {f.name for f in CATALOGUE if f.opt_in} == per_link
+    default = {f.name for f in fields.select(None)}
+    assert default == {f.name for f in CATALOGUE} - per_link
+    assert not per_link & {f.name for f in fields.select(["fast", "slow", "gpm"])}
+    chosen = {f.name for f in fields.select(["slow", "NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"])}
+    assert chosen & per_link == {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"}
+    assert per_link <= {f.name for f in fields.select(["all"])}
 
 
 def test_select_unknown_names_the_key_and_fix() -> None:
@@ -105,7 +121,7 @@ def test_jetson_fields_follow_the_naming_and_expand_per_instance() -> None:
     for f in jetson_only:
         assert f.name.startswith("hfsampler_jetson_"), f.name
         assert not f.labels  # the catalogue holds templates; sources add the instance's label
-    per = {f.name: f.per for f in CATALOGUE if f.per}
+    per = {f.name: f.per for f in CATALOGUE if f.per and f.per != "link"}
     assert per == {
         "hfsampler_jetson_rail_power_watts": "rail",
         "hfsampler_jetson_rail_voltage_volts": "rail",

@@ -534,3 +534,29 @@ def test_a_clock_stepped_back_does_not_stall_reading(board: jt.Board, tree: Path
     # the step back restarts the integral (no credit for it), 10 ms from 2x to 3x later
     assert later[energy] == pytest.approx(got[energy] + (2 + 3) / 2 * first * 10.0)
     src.close()
+
+
+def test_a_fast_read_never_waits_for_a_file_only_the_slow_lane_reads(tree: Path) -> None:
+    """A slow group's file held mid-read (its lock taken, as a slow I2C sensor's read holds it):
+    the fast group's read, on the other lane, completes meanwhile."""
+    src, live = _open(tree)
+    try:
+        fast = tuple(f for f in live if f.group == F.FAST)
+        slow = tuple(f for f in live if f.group != F.FAST)
+        only_slow = set(map(id, src.files_for(slow))) - set(map(id, src.files_for(fast)))
+        held = [f.blob.lock for f in src.files_for(slow) if id(f) in only_slow]
+        assert held, "no file only the slow group reads"
+        for lock in held:
+            lock.acquire()
+        done = threading.Event()
+        try:
+            reader = threading.Thread(
+                target=lambda: (_read(src, fast, T0), done.set()), daemon=True
+            )
+            reader.start()
+            assert done.wait(5.0), "the fast read waited for a slow group's file"
+        finally:
+            for lock in held:
+                lock.release()
+    finally:
+        src.close()

@@ -23,7 +23,7 @@ from fake_nvml import FakeNvml, every, install, make_fake
 from hfsampler import fields as F
 from hfsampler.errors import SourceError
 from hfsampler.fields import Field
-from hfsampler.lanes import STOP, run_lanes
+from hfsampler.lanes import SLOW_LANE_THREAD, STOP, run_lanes
 from hfsampler.plan import discover, plan_groups
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan, Sampler
@@ -266,6 +266,29 @@ def test_only_the_fast_lane_is_real_time() -> None:
         pid = s.pid
         assert pid is not None
         tasks = {int(p.name): _policy(p) for p in Path(f"/proc/{pid}/task").iterdir()}
+        names = {int(p.name): (p / "comm").read_text().strip()
+                 for p in Path(f"/proc/{pid}/task").iterdir()}  # fmt: skip
     assert tasks.pop(pid) == os.SCHED_FIFO  # the main thread: the fast lane
-    assert tasks, "no slow-lane thread"
+    slow = [t for t, name in names.items() if name == SLOW_LANE_THREAD]
+    assert len(slow) == 1, names  # the slow lane by its name, not any other thread numpy made
+    assert tasks[slow[0]] != os.SCHED_FIFO
     assert os.SCHED_FIFO not in tasks.values()
+
+
+def test_a_read_stuck_at_shutdown_is_said_and_the_process_leaves_without_crashing() -> None:
+    """A slow-lane read the driver does not return from (here 30 s) when the sampler must stop:
+    the source and rings stay open under it, the process exits with its own status and the
+    reason reaches the parent, instead of a segfault in a read writing to an unmapped ring."""
+    spec = SourceSpec("sim", gpus=1, seed=1, sim_read_cost_s=((GPU_TEMP.name, 30.0),))
+    inventory = discover(spec, F.CATALOGUE)
+    groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1, "gpm": 0.1})
+    with Sampler(spec, inventory, groups, window_s=1.0, spin_s=0.0) as s:
+        s.start()
+        _wait(lambda: s.counters(0).ticks >= 200)  # the slow lane is in its first read by now
+        started = time.monotonic()
+        s.stop(timeout_s=10.0)
+        took = time.monotonic() - started
+        reason = s.exit_reason()
+    assert reason is not None
+    assert "still in a read of group slow" in reason, reason
+    assert took < 10.0  # it left by itself: not killed at the end of the wait

@@ -278,3 +278,22 @@ def _as_dict_xid(snapshot) -> dict[tuple[str, str], float]:  # type: ignore[no-u
         for s, v in snapshot.items()
         if s.name == "hfsampler_xid_events_total"
     }
+
+
+def test_a_gauge_never_sampled_on_a_gpu_is_no_series_there_not_even_stale() -> None:
+    """A link down on GPU 1 from the start: its series never exists there, so no stale marker
+    when GPU 0's ends or at shutdown; GPU 0's gets one."""
+    tx = fields.BY_NAME["DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"].instance("17")
+    inv = SimSource(2).open([POWER])
+    model = MetricModel(inv.devices, {"g": (tx,)}, SelfMetrics(), hostname="n")
+    up = np.array([True, True])
+    names = lambda snap: {(s.name, dict(s.labels)["gpu"], is_stale(v)) for s, v in snap.items()  # noqa: E731
+                          if s.name.startswith(tx.name)}  # fmt: skip
+    first = names(model.snapshot({"g": _stats((tx,), [[2.0e9], [np.nan]])}, up, 1))
+    assert {(n, g) for n, g, _ in first} == {(tx.name + s.suffix, "0") for s in STATS
+                                             if s.exports(tx.kind)}  # fmt: skip
+    ended = set()
+    for t in range(2, 12):  # GPU 0's link goes quiet too: its series end after the grace
+        ended |= names(model.snapshot({"g": _stats((tx,), [[np.nan], [np.nan]])}, up, t))
+    assert {g for _, g, stale in ended if stale} == {"0"}
+    assert not [s for s in model.final_snapshot(13).series if dict(s.labels)["gpu"] == "1"]

@@ -39,6 +39,8 @@ def known_periods(gpu: FakeGpu) -> dict[str, float]:
             r.value = _changing(100.0, r.period_us).value
     truth: dict[str, float] = {}
     for f in F.CATALOGUE:
+        if f.per == "link":
+            continue  # per link: this GPU has no NVLink (test_nvml_nvlink has links)
         if f.gpm_metric:
             truth[f.name] = gpu.gpm_period_us / 1e6
         elif f.nvml_field:
@@ -181,3 +183,15 @@ def test_intervals_auto_leaves_out_a_field_the_probe_found_unsupported() -> None
     ]
     nothing = P.ProbeResult("sim", ("x",), 1.0, tuple(probes[1:]), (), 1.0, 2.0, 5e5, {}, {})
     assert P.apply_recommendation(config, nothing) is config
+
+
+def test_recommend_keeps_per_link_nvlink_off_the_fastest_groups() -> None:
+    """A per-link field refreshing every millisecond still goes to 100 ms or slower."""
+    tx = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
+    probes = [
+        P.FieldProbe("DCGM_FI_DEV_POWER_USAGE_INSTANT", F.FAST, True, 1.0, 2.0, (0.001,),
+                     "timestamps", 5),
+        P.FieldProbe(tx, F.SLOW, True, 1.0, 2.0, (0.001,), "timestamps", 5, (("link", "0"),)),
+    ]  # fmt: skip
+    _, groups = P.recommend(probes, tick_us=10.0)
+    assert groups == {"DCGM_FI_DEV_POWER_USAGE_INSTANT": "every_1ms", tx: "every_100ms"}

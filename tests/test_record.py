@@ -99,11 +99,12 @@ def test_crash_leaves_a_readable_file_and_report(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recording, str]:
-    """A default `hfsampler record --source sim` around a 2 s command, and what it logged."""
+    """`hfsampler record --source sim` of every field (the opt-in per-link ones too) around a
+    2 s command, and what it logged."""
     out = tmp_path_factory.mktemp("plan") / "x.hfs"
     proc = subprocess.run(
-        _hfsampler("record", "--source", "sim", "--quiet", "-o", str(out), "--", sys.executable,
-                   "-c", "import time; time.sleep(2)"),
+        _hfsampler("record", "--source", "sim", "--quiet", "--fields", "all", "-o", str(out), "--",
+                   sys.executable, "-c", "import time; time.sleep(2)"),
         env=_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -130,7 +131,9 @@ def test_the_header_lists_what_run_samples_and_what_was_recorded(
     the "recording ... fields" line counts the same fields."""
     rec, logged = sim_run
     parser, _ = build_parser()
-    plan = build_run(config_from_args(parser.parse_args(["run", "--source", "sim"])))
+    plan = build_run(
+        config_from_args(parser.parse_args(["run", "--source", "sim", "--fields", "all"]))
+    )
     header = [(g.name, g.interval_s, [f.name for f in g.fields]) for g in rec.groups]
     assert header == [(g.name, g.interval_s, [f.name for f in g.fields]) for g in plan.groups]
     recorded = {
@@ -158,3 +161,25 @@ def test_record_takes_max_ring_bytes_from_its_config(
     err = capsys.readouterr().err
     assert "hfsampler: error: max_ring_bytes: --window 10s with intervals" in err
     assert not out.exists()
+
+
+def test_record_keeps_nvlink_per_link_with_its_link_label(sim_run: tuple[Recording, str]) -> None:
+    """Each link is its own recorded field with its `link` label and its own samples; the link
+    the sim has down on GPU 1 has samples on GPU 0 only."""
+    rec, _ = sim_run
+    group = rec.group_index(F.SLOW)
+    fields = rec.groups[group].fields
+    tx = [j for j, f in enumerate(fields) if f.name == "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]
+    assert [fields[j].labels for j in tx] == [(("link", str(k)),) for k in range(18)]
+    chunks = list(rec.raw_chunks(group))
+
+    def samples(gpu: int, j: int) -> np.ndarray:
+        return np.concatenate([c.cell(gpu, j)[1] for c in chunks])
+
+    assert len(samples(0, tx[17])) >= 5
+    assert len(samples(1, tx[17])) == 0
+    assert samples(0, tx[0]).tolist() != samples(0, tx[1]).tolist()  # each link its own signal
+    crc = [j for j, f in enumerate(fields) if f.name.startswith("DCGM_FI_DEV_NVLINK_CRC_FLIT")]
+    counts = samples(1, crc[3])
+    assert (np.diff(counts) >= 0).all()
+    assert counts[-1] > counts[0]

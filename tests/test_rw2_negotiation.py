@@ -11,6 +11,7 @@ from conformance import ConformanceReceiver, Reply
 from test_rw_sender import FAST, eventually, labels_of, make_series, snap
 
 from hfsampler.remote_write import EndpointConfig, RemoteWriter
+from hfsampler.remote_write.relabel import parse_rules
 from hfsampler.remote_write.sender import DROPPED, PROTOCOL_FALLBACKS, SAMPLES
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, SeriesRegistry, Snapshot
@@ -104,4 +105,27 @@ async def test_a_spool_replayed_at_start_goes_out_with_metadata(tmp_path: Path) 
         await eventually(lambda: stored(rx) >= 2)
         await second.close(5)
     rx.assert_conformant()
+    assert {rx.metadata_of[k] for k in rx.samples} == {("gauge", FAMILY.help, "W")}
+
+
+async def test_a_family_renamed_by_relabelling_keeps_its_metadata() -> None:
+    """write_relabel_configs renaming ``__name__``: 2.0 metadata follows the series' new name."""
+    rules = parse_rules(
+        [{"source_labels": ["__name__"], "regex": "DCGM_FI_DEV_(.*)", "target_label": "__name__",
+          "replacement": "gpu_$1"}],
+        "write_relabel_configs",
+    )  # fmt: skip
+    reg = SeriesRegistry()
+    series = [reg.series(FAMILY.name, {"gpu": str(g), "UUID": f"GPU-{g}"}) for g in range(2)]
+    families = {FAMILY.name: FAMILY}
+    async with ConformanceReceiver(require_metadata=True) as rx:
+        metrics = SelfMetrics()
+        cfg = replace(v2_endpoint(rx.url), relabel=rules)
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        writer.push(Snapshot(NOW + 1000, series, [1.0, 2.0], families))
+        await eventually(lambda: stored(rx) >= 2)
+        await writer.close(5)
+    rx.assert_conformant()
+    assert {dict(k)["__name__"] for k in rx.samples} == {"gpu_POWER_USAGE"}
     assert {rx.metadata_of[k] for k in rx.samples} == {("gauge", FAMILY.help, "W")}

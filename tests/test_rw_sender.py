@@ -161,6 +161,32 @@ async def test_503_then_204_resends_the_same_samples() -> None:
     assert m.total(DROPPED) == 0
 
 
+async def test_an_outage_is_logged_when_it_starts_changes_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Eight retries of a 503, two of a 502: two warnings (the start, the new reason), the
+    other retries at debug, and one line when the endpoint takes the batch again."""
+    script = [Reply(503, "try later")] * 8 + [Reply(502, "bad gateway")] * 2
+    caplog.set_level(logging.DEBUG, logger="hfsampler")
+    async with Receiver(script) as rx:
+        cfg = EndpointConfig(rx.url, name="t", queue=FAST)
+        writer, m = await running(cfg)
+        writer.push(snap(make_series(2), 1000))
+        await eventually(lambda: len(rx.accepted()) == 2)
+        await writer.close(5)
+    retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 10 == m.total(RETRIES)
+    loud = [r.getMessage() for r in retries if r.levelno == logging.WARNING]
+    assert len(loud) == 2
+    assert "HTTP 503" in loud[0]
+    assert "later retries are said every 300 s" in loud[0]
+    assert "HTTP 502" in loud[1]
+    assert "9 retries" in loud[1]
+    recovered = [r.getMessage() for r in caplog.records if "delivering again" in r.getMessage()]
+    assert len(recovered) == 1
+    assert "after 10 retries" in recovered[0]
+
+
 async def test_429_retry_after_is_honoured() -> None:
     async with Receiver([Reply(429, headers={"Retry-After": "1"})]) as rx:
         cfg = EndpointConfig(rx.url, queue=FAST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hfsampler import fields
+from hfsampler.sources import sim
 from hfsampler.sources.sim import SW_POWER_CAP_BIT, SimSource
 
 SEC = 1_000_000_000
@@ -99,9 +100,16 @@ def test_inventory_labels_are_stable() -> None:
     assert a.devices == b.devices
     assert a.devices[0].uuid != a.devices[1].uuid
     assert a.devices[1].device == "nvidia1"
-    # every field NVML has; none that only a Jetson's sysfs has
-    assert (a.supported.all(axis=0) == [f.nvml_readable for f in fields.CATALOGUE]).all()
-    assert not a.supported[:, [f.jetson == "rail_power" for f in fields.CATALOGUE]].any()
+    # every field NVML has (a per-link one per link, the last link down on GPU 1 only); none
+    # that only a Jetson's sysfs has
+    assert a.fields == b.fields
+    last = [f.per == "link" and f.labels == (("link", str(sim.NVLINKS - 1)),) for f in a.fields]
+    readable = np.array([f.nvml_readable for f in a.fields])
+    assert (a.supported[0] == readable).all()
+    assert (a.supported[1] == readable & ~np.array(last)).all()
+    assert not a.supported[:, [f.jetson == "rail_power" for f in a.fields]].any()
+    per_link = [f for f in a.fields if f.per == "link"]
+    assert len(per_link) == sim.NVLINKS * sum(f.per == "link" for f in fields.CATALOGUE)
 
 
 def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:
@@ -116,3 +124,48 @@ def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:
     assert (later >= first).all()  # every counter only grows
     nvlink = [f.name for f in counters].index("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
     assert later[0, nvlink] - first[0, nvlink] == 1e9  # its profile's rate, one second
+
+
+def test_nvlink_per_link_is_deterministic_distinct_per_link_and_nan_where_down() -> None:
+    per_link = tuple(f for f in fields.CATALOGUE if f.per == "link")
+    inv = SimSource(2, seed=4).open(per_link)
+    opened = inv.fields
+    tx = fields.BY_NAME["DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]
+    crc = fields.BY_NAME["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"]
+    last = str(sim.NVLINKS - 1)
+
+    def run(seed: int) -> np.ndarray:
+        src = SimSource(2, seed=seed)
+        src.open(per_link)
+        out = []
+        for k in range(30):  # 3 s at 100 ms
+            values = np.zeros((2, len(opened)))
+            ts = np.zeros((2, len(opened)), dtype=np.int64)
+            src.read(opened, values, ts, T0 + k * 100_000_000)
+            out.append(values.copy())
+        return np.array(out)
+
+    a, b = run(4), run(4)
+    np.testing.assert_array_equal(a, b)  # the same seed, the same numbers, NaN included
+    col = {(f.name, dict(f.labels)["link"]): j for j, f in enumerate(opened)}
+    t0, t1 = col[(tx.name, "0")], col[(tx.name, "1")]
+    assert a[:, 0, t0].tolist() != a[:, 0, t1].tolist()  # each link has its own signal
+    assert 2.0e9 < np.nanmean(a[:, :, t0]) < 3.6e9  # B/s, an 18th of the NVLink total
+    assert np.isnan(a[:, 1, col[(tx.name, last)]]).all()  # down on GPU 1 only
+    assert not np.isnan(a[:, 0, col[(tx.name, last)]]).any()
+    errors = a[:, 0, col[(crc.name, "5")]]
+    assert (np.diff(errors) >= 0).all()
+    assert errors[-1] > errors[0]
+    assert not (run(5) == a)[:, :, t0].all()  # another seed, other numbers
+
+
+def test_value_at_gives_one_link_s_truth() -> None:
+    tx = fields.BY_NAME["DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]
+    link3 = tx.instance("3")
+    src = SimSource(2, seed=2)
+    (opened,) = src.open((link3,)).fields
+    values = np.zeros((2, 1))
+    src.read((opened,), values, np.zeros((2, 1), dtype=np.int64), T0 + 250_000_000)
+    truth = src.value_at(tx.name, [T0 + 200_000_000] * 2, [0, 1], labels=link3.labels)
+    np.testing.assert_array_equal(values[:, 0], truth)
+    assert (truth != src.value_at(tx.name, [T0 + 200_000_000] * 2, [0, 1])).all()

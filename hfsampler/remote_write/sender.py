@@ -25,9 +25,10 @@ import asyncio
 import logging
 import re
 import time
+from collections import ChainMap
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -37,7 +38,7 @@ from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, Requ
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
-from hfsampler.remote_write.encoder import BlockEncoder, QueuedSample, compress, wait_done
+from hfsampler.remote_write.encoder import Block, BlockEncoder, QueuedSample, compress, wait_done
 from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
@@ -73,6 +74,7 @@ _CPU = ThreadPoolExecutor(4, thread_name_prefix="rw-cpu")
 EXECUTOR_THRESHOLD_BYTES = 1 << 20
 # After a fallback from 2.0, how long an endpoint stays on 1.0 before 2.0 is tried again.
 REPROBE_S = 600.0
+OUTAGE_REMINDER_S = 300.0  # how often a failing endpoint's retries are said again
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
 
@@ -149,6 +151,46 @@ class _Flight:
         return self.batch.count - self.settled
 
 
+class _Outage:
+    """The endpoint's failing stretch, for the log: a retried failure is said when the endpoint
+    starts failing, again when the reason changes or every ``OUTAGE_REMINDER_S``, and the
+    recovery once; the attempts between go to debug (each is counted in the retries metric).
+
+    An edge node in a long outage retries every ``max_backoff`` on every shard: a line per
+    attempt would bury the one line that says why. Shared by the endpoint's shards.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.since: float | None = None
+        self.retries = 0
+        self._said_at = 0.0
+        self._said_kind = ""
+
+    def failed(self, err: RecoverableSendError) -> str | None:
+        """Counts one retried failure: what to add to its warning, or None to say it at debug."""
+        now = self._clock()
+        kind = str(err).split(": ", 1)[0]  # "HTTP 503", "ClientConnectorError", a timeout
+        self.retries += 1
+        if self.since is None:
+            self.since = now
+            note = f"; later retries are said every {OUTAGE_REMINDER_S:.0f} s or on a new reason"
+        elif kind == self._said_kind and now - self._said_at < OUTAGE_REMINDER_S:
+            return None
+        else:
+            note = f"; failing for {now - self.since:.0f} s, {self.retries} retries"
+        self._said_at, self._said_kind = now, kind
+        return note
+
+    def delivered(self) -> tuple[int, float] | None:
+        """Ends a failing stretch: (retries, seconds) when one was going on, else None."""
+        if self.since is None:
+            return None
+        ended = (self.retries, self._clock() - self.since)
+        self.since, self.retries, self._said_kind = None, 0, ""
+        return ended
+
+
 class _Negotiation:
     """Which protocol an endpoint gets now: 2.0 unless a fallback put it on 1.0 for a while."""
 
@@ -206,9 +248,12 @@ class RemoteWriter:
         self._client = RemoteClient(config, metrics, self._n_shards)
         self._relabeller = Relabeller(config.relabel) if config.relabel else None
         self._families: dict[str, Family] = dict(families or {})
+        # a family renamed by write_relabel_configs keeps its metadata under its new name
+        self._renamed: dict[str, Family] = {}
         self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
+        self._outage = _Outage()
         self._v2 = (
-            RequestEncoderV2(lambda: self._families, _start_ms)
+            RequestEncoderV2(lambda: ChainMap(self._renamed, self._families), _start_ms)
             if self._negotiation.wants_v2
             else None
         )
@@ -263,6 +308,8 @@ class RemoteWriter:
                 if value != value and is_stale(value):
                     relabeller.forget(series)  # it ends here: the cache must not keep it
             if out is not None:
+                if out.name != series.name and out.name not in self._renamed:
+                    self._learn_rename(series.name, out.name)
                 buckets[out.id % n if n > 1 else 0].append(QueuedSample(out, value, ts))
         step = self.config.queue.max_samples_per_send
         dropped = 0
@@ -271,6 +318,35 @@ class RemoteWriter:
                 block = self._blocks.block(bucket[i : i + step], metadata)
                 metadata = None  # once, in the first block
                 dropped += queue.put(block)
+        if dropped:
+            self._drop(dropped, "queue_full")
+        self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _learn_rename(self, old: str, new: str) -> None:
+        """A relabelled name's 2.0 metadata: the original family's, under the new name (a name
+        several families are renamed to takes the first one's)."""
+        family = self._families.get(old)
+        if family is not None and new not in self._families:
+            self._renamed[new] = replace(family, name=new)
+
+    def push_encoded(
+        self, shard: int, data: bytes, samples: int, families: Mapping[str, Family]
+    ) -> None:
+        """Queue ``WriteRequest`` bytes encoded elsewhere (``arrays``, for ``replay --raw``)
+        on one shard; the caller keeps each series on shard ``series.id % n_shards``, as
+        ``push`` does, so its samples stay in order. Never relabelled: a writer with
+        ``write_relabel_configs`` refuses (it would have to decode the bytes again)."""
+        if self._relabeller is not None:
+            raise ValueError("push_encoded bypasses write_relabel_configs")
+        if self._closed:
+            self._drop(samples, "shutdown")
+            return
+        if self._v2 is not None and len(families) != len(self._families):
+            self._families.update(families)
+        if not self._metadata_done and families:
+            data = encode_metadata(families.values()) + data
+            self._metadata_done = True
+        dropped = self._queues[shard].put(Block.ready(data, samples))
         if dropped:
             self._drop(dropped, "queue_full")
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
@@ -457,13 +533,16 @@ class RemoteWriter:
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(RETRIES, 1, self._labels)
-                log.warning(
-                    "remote write %s (%s): %s; retrying in %.3f s%s",
+                note = self._outage.failed(err)
+                log.log(
+                    logging.DEBUG if note is None else logging.WARNING,
+                    "remote write %s (%s): %s; retrying in %.3f s%s%s",
                     self.config.remote_name,
                     self.config.display_url,
                     err,
                     delay.seconds,
                     f" ({delay.adjusted})" if delay.adjusted else "",
+                    note or "",
                 )
                 await asyncio.sleep(delay.seconds)
                 continue
@@ -501,6 +580,14 @@ class RemoteWriter:
             if v2 and written is not None and written < request.samples:
                 stored = max(written, 0)
                 self._partial(request, stored, "2xx")
+            ended = self._outage.delivered()
+            if ended is not None:
+                log.info(
+                    "remote write %s (%s): delivering again after %d retries over %.1f s",
+                    self.config.remote_name,
+                    self.config.display_url,
+                    *ended,
+                )
             self._metrics.inc(SAMPLES, stored, self._labels)
             self._metrics.inc(BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels)
             self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)

@@ -7,7 +7,7 @@ sampler receives a picklable ``SourceSpec`` and builds the source with ``open_so
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -131,6 +131,39 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process on one GPU at one moment: the memory it holds and its share of the SMs."""
+
+    pid: int
+    used_memory_bytes: int | None  # None where the driver does not say
+    sm_util_pct: float | None  # mean since the last read; None where the driver gives none
+
+
+class ProcessReader(Protocol):
+    """Lists the compute processes of the recorded GPUs (``record``, about once a second)."""
+
+    def read_processes(self, job_pids: Collection[int], now_ns: int) -> dict[int, list[GpuProcess]]:
+        """Per GPU index, its processes now; ``job_pids`` are the recorded job's (the sim's
+        processes are the job's; a real driver knows its own)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_processes(spec: SourceSpec, indices: Sequence[int]) -> ProcessReader | None:
+    """The process list for the GPUs ``indices`` of a source, where the source has one."""
+    if spec.kind == "sim":
+        from hfsampler.sources.sim import SimSource
+
+        return SimSource(gpus=spec.gpus, seed=spec.seed)
+    if spec.kind == "nvml":
+        from hfsampler.sources.nvml_processes import NvmlProcesses
+
+        return NvmlProcesses(indices)
+    return None
 
 
 def open_source(spec: SourceSpec) -> Source:

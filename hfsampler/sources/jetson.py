@@ -79,6 +79,7 @@ SLOW_READ_NS = 20_000_000  # a read this long after its group's previous one is 
 class _Plan:
     files: tuple[File, ...]  # polled each read, each once
     cols: tuple[Value | None, ...]  # None: the energy counter
+    feeds_energy: bool  # it polls the GPU rail: each read integrates the energy counter
     last_ns: int = 0  # the previous read of this plan: far back, a slow group's
 
 
@@ -102,6 +103,7 @@ class JetsonSource:
         self._recipes: dict[Field, Value | None] = {}
         self._rail_values: dict[tuple[str, str], Value | None] = {}
         self._energy: Energy | None = None
+        self._rail_read_by_fields = False  # a selected field reads the GPU rail (the power)
         self._lock = threading.Lock()
         self._up = np.ones(1, dtype=np.bool_)
         self._devices: tuple[DeviceInfo, ...] = ()
@@ -120,6 +122,12 @@ class JetsonSource:
         wanted = self._expand(tuple(fields), lay)
         # a MIG instance twin (fields.expand_mig) is NVML's: a Jetson has no MIG
         supported = [self._recipe(f, lay) is not None and not f.mig_instance for f in wanted]
+        rail = {id(part) for part in self._energy.files} if self._energy is not None else set()
+        self._rail_read_by_fields = any(
+            rail & {id(part) for part in recipe.files}
+            for f in wanted
+            if f.jetson != "gpu_rail_energy" and (recipe := self._recipes.get(f)) is not None
+        )
         self._measure()
         info = DeviceInfo(
             index=0,
@@ -146,30 +154,32 @@ class JetsonSource:
             plan = self._plan(fields)
             if isinstance(fields, tuple) and len(self._plans) < 64:
                 self._plans[id(fields)] = (fields, plan)
-        with self._lock:  # the energy counter's thread polls the GPU rail's files too
-            for f in plan.files:
-                f.poll(now_ns)
-            since, plan.last_ns = now_ns - plan.last_ns, now_ns
-            if not 0 <= now_ns - self._checked_ns < CHECK_NS:
-                # due: on a slow group's read, never on a fast tick unless no slow one comes
-                if not self._checked_ns:
-                    self._checked_ns = now_ns  # the first read: everything was just opened
-                elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
-                    self._check(now_ns)
-            energy = self._energy
-            if energy is not None:  # every plan polls the GPU rail (_plan): every reading counts
+        # No lock across the file reads: the lanes read at once, each file behind its own lock
+        # (Blob), so a slow sensor on the slow lane never holds up a fast tick.
+        for f in plan.files:
+            f.poll(now_ns)
+        since, plan.last_ns = now_ns - plan.last_ns, now_ns
+        if not 0 <= now_ns - self._checked_ns < CHECK_NS:
+            # due: on a slow group's read, never on a fast tick unless no slow one comes
+            if not self._checked_ns:
+                self._checked_ns = now_ns  # the first read: everything was just opened
+            elif since >= SLOW_READ_NS or not 0 <= now_ns - self._checked_ns < 2 * CHECK_NS:
+                self._check(now_ns)
+        energy = self._energy
+        if energy is not None and plan.feeds_energy:
+            with self._lock:  # the integral only (no file is read under it): any lane, the helper
                 energy.update()
                 energy.watch()
-            row, stamps = values[0], driver_ts_us[0]
-            for k, recipe in enumerate(plan.cols):
-                if recipe is None:
-                    if energy is None or not energy.last_ns:
-                        row[k], stamps[k] = NAN, 0
-                    else:
-                        row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
-                    continue
-                value, ts = recipe.evaluate()
-                row[k], stamps[k] = value, ts // 1000
+        row, stamps = values[0], driver_ts_us[0]
+        for k, recipe in enumerate(plan.cols):
+            if recipe is None:
+                if energy is None or not energy.last_ns:
+                    row[k], stamps[k] = NAN, 0
+                else:
+                    row[k], stamps[k] = energy.total_mj, energy.last_ns // 1000
+                continue
+            value, ts = recipe.evaluate()
+            row[k], stamps[k] = value, ts // 1000
 
     @property
     def gpu_up(self) -> BoolArray:
@@ -192,6 +202,7 @@ class JetsonSource:
         self._rail_values.clear()
         self._plans.clear()
         self._energy = None
+        self._rail_read_by_fields = False
 
     @property
     def files(self) -> tuple[File, ...]:
@@ -398,7 +409,12 @@ class JetsonSource:
             for part in value.files if value is not None else ():
                 if part is not DEAD:
                     files[id(part)] = part
-        # whatever group the counter is in, each read of any group polls the GPU rail for it
-        for part in energy.files if energy is not None else ():
-            files[id(part)] = part
-        return _Plan(tuple(files.values()), tuple(cols))
+        # The GPU rail feeds the energy counter: read by the groups whose own fields read it
+        # (the power, on the fast lane), or, when no selected field does, by every group's read.
+        rail = {id(part) for part in energy.files} if energy is not None else set()
+        feeds = bool(rail & files.keys())
+        if energy is not None and not feeds and not self._rail_read_by_fields:
+            for part in energy.files:
+                files[id(part)] = part
+            feeds = True
+        return _Plan(tuple(files.values()), tuple(cols), feeds)

@@ -40,7 +40,8 @@ class Energy:
         lock: threading.Lock,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        """``lock`` is the source's: held by every read, and by the helper thread's."""
+        """``lock`` is the source's: held around each ``update`` (never across a file read) by
+        the reads that poll the rail and by the helper thread."""
         self.power = power
         self.files: tuple[File, ...] = power.files
         self.step_ns = 0  # the helper thread's: half the rail's cycle, once it is known
@@ -107,10 +108,10 @@ class Energy:
     def _run(self) -> None:
         try:
             while not self._stop.wait(self.step_ns / 1e9):
+                now = self._clock_ns()
+                for f in self.files:
+                    f.poll(now)  # each under its file's lock
                 with self._lock:
-                    now = self._clock_ns()
-                    for f in self.files:
-                        f.poll(now)
                     self.update()
         except Exception:  # never silent, never the sampler's loop
             log.exception("jetson: the energy counter's thread failed; energy from reads only")

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +84,9 @@ class Blob:
     closes one whose path is gone; while closed, every read fails with why.
     """
 
-    __slots__ = ("at_ns", "data", "fd", "ident", "path", "replaced", "size", "stale", "why")
+    __slots__ = (
+        "at_ns", "data", "fd", "ident", "lock", "path", "replaced", "size", "stale", "why"
+    )  # fmt: skip
 
     def __init__(self, path: Path, size: int) -> None:
         self.path = path
@@ -95,6 +98,10 @@ class Blob:
         self.replaced = 0
         self.at_ns = -1
         self.data = b""
+        # Its reads (File.poll) and its reopening, one at a time: the lanes may share a file
+        # (meminfo, the GPU rail), and a descriptor closed under a read could be reused by the
+        # next open. Per file, so a slow one (an I2C sensor) holds up only its own readers.
+        self.lock = threading.Lock()
 
     def open(self) -> None:
         """Open, or open again; raises OSError (and stays closed, ``why`` saying why)."""
@@ -119,6 +126,7 @@ class Blob:
         return os.pread(self.fd, self.size, 0)
 
     def get(self, now_ns: int) -> bytes:
+        """The file at ``now_ns``, read once for all its values (under ``lock``: File.poll)."""
         if now_ns != self.at_ns:
             self.data = self.read()
             self.at_ns = now_ns
@@ -126,6 +134,10 @@ class Blob:
 
     def check(self) -> bool:
         """Reopen if stale or replaced, close if gone; True when it was replaced (and reopened)."""
+        with self.lock:
+            return self._check()
+
+    def _check(self) -> bool:
         if not self.stale:
             try:
                 st = os.stat(self.path)
@@ -175,6 +187,12 @@ class File:
         self.runs = 0  # runs of failures
 
     def poll(self, now_ns: int) -> None:
+        """Read the file unless it cannot have changed; under its blob's lock, so two lanes (or
+        the energy thread) polling one file keep its sample and its blob consistent."""
+        with self.blob.lock:
+            self._poll(now_ns)
+
+    def _poll(self, now_ns: int) -> None:
         # (the clock is the wall clock, which NTP may step back: a negative gap is a new read)
         if 0 <= now_ns - self.read_ns < self.skip_ns:
             return  # the hardware cannot have refreshed since the last read

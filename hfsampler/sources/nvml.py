@@ -4,11 +4,13 @@ Every NVML call goes through ``nvml_calls``, the only module that imports ``pynv
 probes each field on each device once and picks how to read it (batched field id, or a per-device
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
-per-device calls. A lost GPU is marked down and skipped; the others keep sampling. A MIG-enabled
-GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins of the fields
-(``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own MIG device
-handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads (never the
-fastest group's, which has no twins) and after a slot's call failed, and ``devices`` changes.
+per-device calls. A lost GPU is marked down and skipped; the others keep sampling. Per-link NVLink
+fields are entries of the same batch, one per link up at open (``nvml_nvlink`` says which).
+A MIG-enabled GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins
+of the fields (``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own
+MIG device handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads
+(never the fastest group's, which has no twins) and after a slot's call failed, and ``devices``
+changes.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
 NVML's handles are thread-safe, each field set has its own plan and buffers, and what the sets
@@ -33,6 +35,7 @@ from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inven
 from hfsampler.sources import nvml_calls as calls
 from hfsampler.sources import nvml_gpm as gpm
 from hfsampler.sources import nvml_mig as mig
+from hfsampler.sources import nvml_nvlink as nvlink
 from hfsampler.sources import nvml_xid as xid
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,8 @@ class _Batch:
     per_gpu: list[Any]  # per GPU, a ctypes array sharing buf's memory at that GPU's offset
     view: Any  # numpy structured view of buf, [gpu, n]
     ids: IntArray  # field ids, [n]
+    scopes: IntArray  # scope ids, [n]: the link of a per-link NVLink field, else 0
+    links: IntArray | None  # [n]: each column's link (nvlink.NOT_A_LINK), None: no link column
     mask: BoolArray  # [gpu, n]: cells read through the batch (mode FIELD)
     rows: list[int]  # GPUs with at least one such cell
     scale: FloatArray  # [n]
@@ -130,6 +135,7 @@ class NvmlSource:
         self._fn: Any = None
         self._xid: xid.XidWatcher | None = None
         self._gpm: gpm.GpmReader | None = None
+        self._links: nvlink.LinkWatcher | None = None
         self._open = False
         self._physical = 0  # rows 0..n-1 are GPUs; MIG instance slots follow
         self._mig: list[mig.MigGpu] = []
@@ -173,6 +179,7 @@ class NvmlSource:
             self._devices = (*self._devices, *slots)
         except calls.NvmlError as e:
             raise calls.translate(e, "NVML device discovery") from e
+        fields = self._expand_links(fields, indices)
         gpus = len(self._handles)
         self._fields = fields
         self._col = {f: c for c, f in enumerate(fields)}
@@ -198,6 +205,17 @@ class NvmlSource:
         self._probe(fields)
         return Inventory(self._devices, fields, self._mode != _NONE)
 
+    def _expand_links(self, fields: tuple[Field, ...], indices: Sequence[int]) -> tuple[Field, ...]:
+        """Per-link NVLink fields: one per link up at open (``nvml_nvlink``), states watched."""
+        if not any(f.per == nvlink.LINK for f in fields):
+            return fields
+        # a MIG instance slot has no links of its own: its GPU's are the GPU's row's
+        slots = len(self._handles) - self._physical
+        states = nvlink.probe_links(self._handles[: self._physical]) + [[] for _ in range(slots)]
+        fields = nvlink.expand(fields, states)
+        self._links = nvlink.LinkWatcher(self._handles, states, fields, indices)
+        return fields
+
     @staticmethod
     def _device_info(index: int, handle: Any, driver: str) -> DeviceInfo:
         bus = calls.pci_bus_id(handle)
@@ -220,6 +238,7 @@ class NvmlSource:
         self._open = False
         self._plans.clear()
         self._plan_by_id.clear()
+        self._links = None
         if self._gpm is not None:
             self._gpm.close()
             self._gpm = None
@@ -255,19 +274,27 @@ class NvmlSource:
         self._readers = [{} for _ in range(gpus)]
         why: dict[int, dict[str, list[int]]] = {}  # column -> reason -> GPUs
         fallback: dict[int, list[int]] = {}  # column -> GPUs read by call instead of field id
-        ids = {c: calls.field_id(f.nvml_field) for c, f in enumerate(fields) if f.nvml_field}
+        entries = {c: nvlink.entry(f) for c, f in enumerate(fields) if f.nvml_field}
+        ids = {c: i for c, (i, _) in entries.items()}
         for c, f in enumerate(fields):
-            if f.nvml_field and ids[c] is None:
-                why.setdefault(c, {}).setdefault(f"pynvml lacks {f.nvml_field}", [])
+            if f.nvml_field and ids[c] is None and not nvlink.unexpanded(f):
+                why.setdefault(c, {}).setdefault(f"pynvml lacks {nvlink.constant(f)}", [])
+        # a link down at open on a GPU: its cells are not read there, and that is no warning
+        link_down = np.zeros((gpus, len(fields)), dtype=np.bool_)
+        if self._links is not None:
+            link_down = ~self._links.cells(nvlink.links(fields))
+        link_down[:, [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]] = True
         if any(f.nvml_call in ("xid", "xid_count") for f in fields):
             self._xid = xid.XidWatcher(self._handles[: self._physical] + [None] * len(self._slots))
         twins = [c for c, f in enumerate(fields) if f.mig_instance]
         for g, handle in enumerate(self._handles[: self._physical]):
             if not self._up[g]:
                 continue
-            present = {c: i for c, i in ids.items() if i is not None and c not in twins}
-            id_cols = list(present)
-            entry_codes = self._probe_ids(g, handle, id_cols, list(present.values()))
+            present = {
+                c: (i, entries[c][1]) for c, i in ids.items() if i is not None and c not in twins
+            }
+            id_cols = [c for c in present if not link_down[g, c]]
+            entry_codes = self._probe_ids(g, handle, id_cols, [present[c] for c in id_cols])
             for c, code in zip(id_cols, entry_codes, strict=True):
                 if code == _SUCCESS:
                     self._mode[g, c] = _FIELD
@@ -294,7 +321,11 @@ class NvmlSource:
                     "%s: field id %s unsupported on GPU %s; read with call %s",
                     f.name, f.nvml_field, self._gpus(fallback[c]), f.nvml_call,
                 )  # fmt: skip
-            missing = [g for g in range(self._physical) if self._mode[g, c] == _NONE]
+            missing = [
+                g
+                for g in range(self._physical)
+                if self._mode[g, c] == _NONE and not link_down[g, c]
+            ]
             if missing:
                 reasons = "; ".join(f"{r}" for r in why.get(c, {}) or ("no way to read it",))
                 log.warning(
@@ -396,7 +427,9 @@ class NvmlSource:
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         return self._failed(g, code, cells)
 
-    def _probe_ids(self, g: int, handle: Any, cols: list[int], ids: list[int]) -> list[int]:
+    def _probe_ids(
+        self, g: int, handle: Any, cols: list[int], ids: list[tuple[int, int]]
+    ) -> list[int]:
         if not ids:
             return []
         try:
@@ -488,8 +521,12 @@ class NvmlSource:
         row_type = calls.FieldValue * n
         per_gpu = [row_type.from_buffer(buf, g * n * _FV_SIZE) for g in range(gpus)]
         view = np.frombuffer(buf, dtype=_FV_DTYPE).reshape(gpus, n)
-        ids = np.array([calls.field_id(fields[k].nvml_field or "") or 0 for k in cols], np.int64)
+        entries = [nvlink.entry(fields[k]) for k in cols]
+        ids = np.array([i or 0 for i, _ in entries], dtype=np.int64)
+        scopes = np.array([scope for _, scope in entries], dtype=np.int64)
         view["fieldId"][:] = ids
+        view["scopeId"][:] = scopes
+        links = nvlink.links([fields[k] for k in cols])
         mask = mode[:, cols] == _FIELD
         vt0 = self._vt[:, [src[k] for k in cols]]
         seen = {int(t) for t in vt0[mask]}
@@ -500,6 +537,8 @@ class NvmlSource:
             per_gpu=per_gpu,
             view=view,
             ids=ids,
+            scopes=scopes,
+            links=links if (links != nvlink.NOT_A_LINK).any() else None,
             mask=mask,
             rows=[g for g in range(gpus) if mask[g].any()],
             scale=np.array([fields[k].scale for k in cols], dtype=np.float64),
@@ -523,6 +562,8 @@ class NvmlSource:
         values.fill(np.nan)
         driver_ts_us.fill(0)
         if plan.batch is not None:
+            if plan.batch.links is not None and self._links is not None:
+                self._links.refresh(now_ns, self._up)
             self._read_batch(plan.batch, values, driver_ts_us)
         if plan.has_xid and self._xid is not None:
             self._xid.poll()
@@ -559,6 +600,7 @@ class NvmlSource:
         row_ok = up.copy()
         view = b.view
         view["fieldId"][:] = b.ids  # cheap insurance should a driver ever touch the inputs
+        view["scopeId"][:] = b.scopes
         for g in b.rows:
             if not up[g]:
                 continue
@@ -577,10 +619,14 @@ class NvmlSource:
                 np.copyto(out, view[name], where=vt == t, casting="unsafe")
         rets = view["nvmlReturn"]
         live = b.mask & row_ok[:, None]
+        if b.links is not None and self._links is not None:
+            live &= self._links.cells(b.links)  # a link that went down is not read while down
         ok = live & (rets == 0)
         bad = live & ~ok
         if bad.any():
             self._entry_errors(bad, rets)
+            if b.links is not None and self._links is not None and bad[:, b.links >= 0].any():
+                self._links.recheck()  # a link that went down answers so, maybe
             ok &= self._up[:, None]
         ts = view["timestamp"]
         if b.rate.any():

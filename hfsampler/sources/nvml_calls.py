@@ -7,8 +7,8 @@ place. It holds the one table that turns an NVML return code into hfsampler's ex
 The catalogue names a per-device call by key (``Field.nvml_call``); this module says which pynvml
 function answers it, which older function answers it on an older driver (tried in order at open,
 the first that answers kept for the device), and how one field's number is taken out of what the
-call returns (several fields share one call: memory, utilization). Last, the layout of
-``c_nvmlFieldValue_t`` as a numpy dtype for the batched hot path.
+call returns (several fields share one call: memory, utilization). NVLink's link state is asked
+here too. Last, the layout of ``c_nvmlFieldValue_t`` as a numpy dtype for the batched hot path.
 """
 
 from __future__ import annotations
@@ -133,9 +133,33 @@ def minor_number(handle: Any) -> int:
     return int(pynvml.nvmlDeviceGetMinorNumber(handle))
 
 
-def field_values(handle: Any, ids: Sequence[int]) -> Any:
-    """pynvml's ``nvmlDeviceGetFieldValues``: a new array of entries (for probing, not per tick)."""
+def field_values(handle: Any, ids: Sequence[int | tuple[int, int]]) -> Any:
+    """pynvml's ``nvmlDeviceGetFieldValues``: a new array of entries (for probing, not per tick).
+
+    An id may be a (field id, scope id) pair: the scope names a link for NVLink's fields.
+    """
     return pynvml.nvmlDeviceGetFieldValues(handle, ids)
+
+
+def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
+    """Each compute process on the device: its pid and the device memory it holds, in bytes
+    (None where the driver does not say, as under WDDM)."""
+    procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
+            for p in procs]  # fmt: skip
+
+
+def process_utilization(handle: Any, since_us: int) -> list[tuple[int, int, int]]:
+    """Per-process samples newer than ``since_us`` (the CPU clock, µs): pid, the sample's
+    timestamp, its SM utilisation in percent; [] when the driver has none yet."""
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except pynvml.NVMLError as e:
+        # NOT_FOUND: no sample since then; SUCCESS: pynvml raises it for an empty first answer
+        if int(e.value) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS):
+            return []
+        raise
+    return [(int(x.pid), int(x.timeStamp), int(x.smUtil)) for x in samples]
 
 
 def c_function(name: str) -> Any:
@@ -209,6 +233,18 @@ def mig_profile(mig_handle: Any) -> str:
 def gpm_mig_sample_function() -> Any:
     """``nvmlGpmMigSampleGet``'s C entry point: (parent handle, GPU instance id, sample)."""
     return c_function("nvmlGpmMigSampleGet")
+
+
+# -- NVLink ----------------------------------------------------------------------------------------
+
+# Links NVML may number on a device; the probe stops at the first link the driver does not know.
+NVLINK_MAX_LINKS: int = int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))
+
+
+def nvlink_active(handle: Any, link: int) -> bool:
+    """``nvmlDeviceGetNvLinkState``: whether ``link`` is up (raises for a link there is not)."""
+    state = int(pynvml.nvmlDeviceGetNvLinkState(handle, link))
+    return state == int(pynvml.NVML_FEATURE_ENABLED)
 
 
 # -- XID events ------------------------------------------------------------------------------------
@@ -394,15 +430,19 @@ VALUE_TYPES: tuple[tuple[int, str], ...] = (
 )
 # c_nvmlFieldValue_t as numpy sees it, the value union as overlapping fields, so a whole
 # [gpu, field] block converts in a few vectorised operations instead of per-entry ctypes access.
+_ENTRY_HEAD = (  # (member, format) of the entry before its value union
+    ("fieldId", "<u4"),
+    ("scopeId", "<u4"),
+    ("timestamp", "<i8"),
+    ("valueType", "<u4"),
+    ("nvmlReturn", "<u4"),
+)
 FIELD_VALUE_DTYPE = np.dtype(
     {
-        "names": ["fieldId", "timestamp", "valueType", "nvmlReturn", *(n for _, n in VALUE_TYPES)],
-        "formats": ["<u4", "<i8", "<u4", "<u4", "<f8", "<u4", _ULONG, "<u8", "<i8", "<i4", "<u2"],
+        "names": [*(n for n, _ in _ENTRY_HEAD), *(n for _, n in VALUE_TYPES)],
+        "formats": [*(f for _, f in _ENTRY_HEAD), "<f8", "<u4", _ULONG, "<u8", "<i8", "<i4", "<u2"],
         "offsets": [
-            pynvml.c_nvmlFieldValue_t.fieldId.offset,
-            pynvml.c_nvmlFieldValue_t.timestamp.offset,
-            pynvml.c_nvmlFieldValue_t.valueType.offset,
-            pynvml.c_nvmlFieldValue_t.nvmlReturn.offset,
+            *(getattr(pynvml.c_nvmlFieldValue_t, n).offset for n, _ in _ENTRY_HEAD),
             *([_VALUE_OFFSET] * len(VALUE_TYPES)),
         ],
         "itemsize": FIELD_VALUE_SIZE,

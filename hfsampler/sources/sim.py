@@ -7,6 +7,8 @@ capped and the SW power-cap reason bit is set. Every counter of the catalogue (`
 integrates from a field set's first read: energy the power, violation time the throttling, others
 their profile's rate (most stay 0). Each field refreshes on its own period, and the driver
 timestamp is that period's start, so the sampler sees repeats exactly as with real NVML.
+Each GPU has NVLink links (``NVLINKS``, an H200's 18, the last one down on odd GPUs): a per-link
+field becomes one field per link at open, each with its own noise and counters, NaN where down.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
 each field set keeps its own precomputed rows and counters, and what the sets share (the plans,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +41,15 @@ from hfsampler.fields import (
     Field,
     Kind,
 )
-from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory, sim_mig
+from hfsampler.sources import (
+    BoolArray,
+    DeviceInfo,
+    FloatArray,
+    GpuProcess,
+    IntArray,
+    Inventory,
+    sim_mig,
+)
 
 U64 = npt.NDArray[np.uint64]
 
@@ -106,8 +116,29 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_PROF_NVLINK_RX_BYTES": Profile(6.0e10, 6.0e9, 100_000_000),
     # counters: energy and violation time follow the power and throttling signals instead
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Profile(0.0, 0.0, 100_000_000, rate_per_s=1.0e9),
+    # per link: an 18th of the GPM totals above, and a trickle of link-level errors
+    "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK": Profile(2.8e9, 2.8e8, 100_000_000),
+    "DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK": Profile(3.3e9, 3.3e8, 100_000_000),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL": Profile(0.0, 0.0, 100_000_000, 0.2),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL": Profile(0.0, 0.0, 100_000_000, 0.05),
 }
 _LEAK_MIB_PER_S = 20.0
+NVLINKS = 18  # links per sim GPU, as an H200 has
+
+
+def nvlink_up(gpu: int, link: int) -> bool:
+    """Whether a sim GPU's link is up: all but the last, which is down on odd GPUs."""
+    return 0 <= link < NVLINKS and not (gpu % 2 == 1 and link == NVLINKS - 1)
+
+
+def _key(name: str, labels: tuple[tuple[str, str], ...] = ()) -> str:
+    """The sim's name for a field: its catalogue name, and its own labels where it has them."""
+    return name + "".join(f"{{{k}={v}}}" for k, v in labels)
+
+
+def _base(key: str) -> str:
+    """The catalogue name in a ``_key``."""
+    return key.split("{", 1)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +195,7 @@ class _Plan:
     shaped: tuple[tuple[int, str], ...]  # columns with their own shape (spikes, leak, throttle)
     counters: tuple[tuple[int, str], ...]
     cost_s: float  # what one read of these fields takes in the "driver" (slept, GIL released)
+    absent: BoolArray | None  # [gpu, field]: a link that is down there (NaN), None: none
 
 
 _SHAPED = frozenset(
@@ -244,11 +276,18 @@ class SimSource:
             for i in range(self.gpus)
         )
         # the sim imitates NVML GPUs: a field only a Jetson's sysfs has is not there
+        fields = tuple(
+            out for f in fields
+            for out in ([f.instance(str(k)) for k in range(NVLINKS)]
+                        if f.per == "link" and not f.labels else [f])
+        )  # fmt: skip
         if self._mig:
             devices = (*devices, *sim_mig.slot_rows(devices, self._mig, self.seed))
             self._up = np.array([d.is_gpu or d.mig is not None for d in devices], np.bool_)
         self._devices = devices
-        return Inventory(devices, tuple(fields), sim_mig.supported(fields, devices))
+        supported = sim_mig.supported(fields, devices)
+        supported[: self.gpus] &= ~self._link_down(fields)
+        return Inventory(devices, fields, supported)
 
     def read(
         self,
@@ -279,6 +318,9 @@ class SimSource:
             counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
                 values[:g, j] = counters[name]
+        if plan.absent is not None:  # [gpu, field]: the GPUs' rows
+            values[:g][plan.absent] = np.nan
+            driver_ts_us[:g][plan.absent] = 0
         if self._mig:
             values[g:] = np.nan
             driver_ts_us[g:] = 0
@@ -306,18 +348,40 @@ class SimSource:
 
     # -- ground truth ----------------------------------------------------------------------------
 
+    def read_processes(self, job_pids: Collection[int], now_ns: int) -> dict[int, list[GpuProcess]]:
+        """The job's processes share every GPU: the k-th of n pids (in pid order) holds the
+        share (n - k) / (1 + ... + n) of the GPU's memory used and of its utilisation at
+        ``now_ns``, so the shares add up to the GPU's own values."""
+        pids = sorted(job_pids)
+        if not pids:
+            return {}
+        n = len(pids)
+        shares = np.arange(n, 0, -1) / (n * (n + 1) / 2)
+        used_mib = self.value_at(FB_USED.names[0], now_ns)
+        util = self.value_at(GPU_UTIL.names[0], now_ns)
+        return {
+            g: [GpuProcess(pid, round(float(used_mib[g] * share) * 2**20), float(util[g] * share))
+                for pid, share in zip(pids, shares, strict=True)]
+            for g in range(self.gpus)
+        }  # fmt: skip
+
     def value_at(
-        self, name: str, t_ns: npt.ArrayLike, gpu: npt.ArrayLike | None = None
+        self,
+        name: str,
+        t_ns: npt.ArrayLike,
+        gpu: npt.ArrayLike | None = None,
+        labels: tuple[tuple[str, str], ...] = (),
     ) -> FloatArray:
         """A gauge's exact value at ``t_ns`` (for every GPU, or for ``gpu`` broadcast with t).
 
         The time is the driver's sampling instant: a reading at ``now`` reports the value at the
-        start of the field's refresh period, as ``read`` does.
+        start of the field's refresh period, as ``read`` does. ``labels``: an instance's own
+        (``(("link", "3"),)``), for a field that has several.
         """
         t = np.asarray(t_ns, dtype=np.int64)
         g = self._gpu_ids if gpu is None else np.asarray(gpu, dtype=np.int64)
         t, g = np.broadcast_arrays(t, g)
-        plan = self._plan((name,))
+        plan = self._plan((_key(name, labels),))
         out = self._signal(plan, g.ravel(), t.reshape(-1, 1))
         return out[:, 0].reshape(t.shape)
 
@@ -344,31 +408,42 @@ class SimSource:
 
     # -- the signals -----------------------------------------------------------------------------
 
+    def _link_down(self, fields: Sequence[Field]) -> BoolArray:
+        """[gpu, field]: the field is a link's that is down on the GPU."""
+        down = np.zeros((self.gpus, len(fields)), dtype=np.bool_)
+        for j, f in enumerate(fields):
+            link = dict(f.labels).get("link") if f.per == "link" else None
+            if link is not None:
+                down[:, j] = [not nvlink_up(g, int(link)) for g in range(self.gpus)]
+        return down
+
     def _reader(self, fields: Sequence[Field]) -> _Reader:
-        names = tuple(f.name for f in fields)
+        names = tuple(_key(f.name, f.labels) for f in fields)
         if not isinstance(fields, tuple) or len(self._readers_by_id) >= _MAX_READERS:
             reader = self._readers.get(names)
             if reader is None:
-                reader = self._readers[names] = _Reader(None, self._plan(names))
+                reader = self._readers[names] = _Reader(None, self._plan(names, fields))
             return reader
         # Keyed by identity, so the hot path skips the names; the reader keeps the tuple alive,
         # so its id cannot be reused while the entry exists.
-        reader = _Reader(fields, self._plan(names))
+        reader = _Reader(fields, self._plan(names, fields))
         self._readers_by_id[id(fields)] = reader
         return reader
 
-    def _plan(self, names: tuple[str, ...]) -> _Plan:
+    def _plan(self, names: tuple[str, ...], fields: Sequence[Field] = ()) -> _Plan:
         plan = self._plans.get(names)
         if plan is None:
-            profiles = [_PROFILES.get(n, _DEFAULT_PROFILE) for n in names]
+            profiles = [_PROFILES.get(_base(n), _DEFAULT_PROFILE) for n in names]
+            down = self._link_down(fields) if fields else None
             plan = _Plan(
                 keys=np.array([_field_key(n) for n in names], dtype=np.int64),
                 base=np.array([p.base for p in profiles]),
                 noise=np.array([p.noise for p in profiles]),
                 refresh_ns=np.array([p.refresh_ns for p in profiles], dtype=np.int64),
                 shaped=tuple((j, n) for j, n in enumerate(names) if n in _SHAPED),
-                counters=tuple((j, n) for j, n in enumerate(names) if n in _COUNTER_NAMES),
-                cost_s=sum(self._read_cost_s.get(n, 0.0) for n in names),
+                counters=tuple((j, n) for j, n in enumerate(names) if _base(n) in _COUNTER_NAMES),
+                cost_s=sum(self._read_cost_s.get(_base(n), 0.0) for n in names),
+                absent=down if down is not None and down.any() else None,
             )
             self._plans[names] = plan  # two threads making the same plan: either one is kept
         return plan
@@ -497,7 +572,7 @@ class SimSource:
             throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
             violation += np.where(throttled, dt_ns / 1e3, 0.0)
         for name, counter in counters.items():
-            rate = _PROFILES.get(name, _DEFAULT_PROFILE).rate_per_s
+            rate = _PROFILES.get(_base(name), _DEFAULT_PROFILE).rate_per_s
             if rate:
                 counter += rate * dt_ns / 1e9
         return counters

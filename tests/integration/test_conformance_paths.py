@@ -24,6 +24,14 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"
+NVLINK_TX = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"  # one series per link: a `link` label
+
+
+def links_by_gpu(receiver: ConformanceReceiver, name: str) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for labels in receiver.series_named(name):
+        out.setdefault(dict(labels)["gpu"], set()).add(dict(labels)["link"])
+    return out
 
 
 def names_of(receiver: ConformanceReceiver) -> set[str]:
@@ -67,7 +75,9 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
     header = rx_tenant_header(flavor)
     with ConformanceReceiver(flavour=flavor, tenant_header=header) as receiver:  # type: ignore[arg-type]
         config = write_config(tmp_path / "hfsampler.yml", receiver.url, flavor, jobs)
-        args = rx.sim_run_args([], duration="6s", labels={"team": "ml"})
+        args = rx.sim_run_args(
+            [], duration="6s", labels={"team": "ml"}, extra=["--fields", "all"]
+        )  # all: the opt-in per-link NVLink series too
         proc = rx.spawn_cli([*args, "--config", str(config)], tmp_path / "run.log")
         try:
             receiver.wait(
@@ -93,6 +103,12 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
         assert "pci_bus_id" not in got
     jobs_seen = {dict(k).get("hpc_job") for k in power if dict(k)["gpu"] == "0"}
     assert jobs_seen == {"slurm-4242", "slurm-4243"}
+    # per-link series: relabelled like the others, each link once per GPU and job (the sim's
+    # last link is down on GPU 1)
+    links = links_by_gpu(receiver, NVLINK_TX)
+    assert links == {"0": {str(k) for k in range(18)}, "1": {str(k) for k in range(17)}}
+    for labels in receiver.series_named(NVLINK_TX):
+        assert dict(labels)["AAA_first"] == f"g{dict(labels)['gpu']}"
     assert report["stale_markers"] > 0  # the ended job's series, then everything at shutdown
     assert "hfsampler_windows_total" in names_of(receiver)
 
@@ -106,7 +122,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("conformance-replay") / "run.hfs"
     done = subprocess.run(
         [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--label",
-         "run=conformance", "-o", str(path), "--", sys.executable, "-c",
+         "run=conformance", "--fields", "all", "-o", str(path), "--", sys.executable, "-c",
          "import time; time.sleep(2.5)"],
         env=rx.hfsampler_env(), capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
@@ -126,6 +142,9 @@ def test_replay(recording: Path, raw: bool) -> None:
         assert all(n.endswith("_raw") for n in names), names
     else:
         assert POWER_MAX in names
+    # a recorded link keeps its label through replay, windows and raw samples alike
+    links = links_by_gpu(receiver, NVLINK_TX + ("_raw" if raw else "_max"))
+    assert links == {"0": {str(k) for k in range(18)}, "1": {str(k) for k in range(17)}}
     assert all(dict(k)["run"] == "conformance" for k in receiver.samples)
 
 

@@ -116,6 +116,10 @@ class SimPush:
     listen: str
 
 
+NVLINK_TX = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
+NVLINK_CRC = "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"
+
+
 @pytest.fixture(scope="module")
 def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
     log_at = {name: len(r.log_text()) for name, r in receivers.items()}
@@ -127,6 +131,8 @@ def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
         window=f"{WINDOW_MS // 1000}s",
         duration=f"{DURATION_S}s",
         labels=EXTERNAL,
+        # the default selection, and two of the opt-in per-link NVLink families: a gauge, a counter
+        extra=["--fields", f"fast,slow,gpm,{NVLINK_TX},{NVLINK_CRC}"],
     )
     try:
         run = rx.run_cli(args, timeout_s=DURATION_S + 45)
@@ -383,6 +389,47 @@ def test_counters_monotonic(
     result = receivers[name].query(f'rate({ENERGY}{{cluster="ci"}}[5s]) / 1000', time_s=end_s - 1.5)
     for item in result:
         assert 200 < float(item["value"][1]) < 500, item
+
+
+@pytest.mark.parametrize("name", RECEIVERS)
+def test_nvlink_per_link(receivers: dict[str, rx.Receiver], sim_push: SimPush, name: str) -> None:
+    """Every link is a series of one family told apart by ``link``, queried per link: the sim's
+    18 links on GPU 0, 17 on GPU 1 (its last one is down); each window's mean is the sim's for
+    that link; the error counters are counters, rate() per link their rate."""
+    from hfsampler.sources.sim import NVLINKS, nvlink_up
+
+    receiver, sim = receivers[name], _sim()
+    start_s, end_s = _span(sim_push)
+    raw = receiver.raw_samples(f'{NVLINK_TX}{{cluster="ci"}}', start_s, end_s)
+    by_link = {(int(dict(k)["gpu"]), int(dict(k)["link"])): v for k, v in raw.items()}
+    assert sorted(by_link) == [(g, k) for g in range(GPUS) for k in range(NVLINKS)
+                               if nvlink_up(g, k)]  # fmt: skip
+    ticks = _tick_counts(receiver, sim_push)
+    refresh_ns = sim.refresh_ns(NVLINK_TX)
+    windows = 0
+    for (gpu, link), samples in by_link.items():
+        for ts_ms, value in _full_windows(samples):
+            t1_ns = ts_ms * 1_000_000
+            first = -(-(t1_ns - WINDOW_MS * 1_000_000) // refresh_ns) * refresh_ns
+            instants = np.arange(first, t1_ns, refresh_ns, dtype=np.int64)
+            truth = sim.value_at(NVLINK_TX, instants, gpu, labels=(("link", str(link)),))
+            allowance = ticks.missed_fraction("slow", ts_ms) * float(np.ptp(truth))
+            assert value == pytest.approx(float(np.mean(truth)), rel=1e-6, abs=allowance), (
+                f"gpu {gpu} link {link} window ending {ts_ms}: pushed {value}"
+            )
+            windows += 1
+    assert windows >= len(by_link) * (DURATION_S - 4)
+    # per link, as a dashboard asks: both GPUs on link 0, only GPU 0 on the last link
+    at = end_s - 1.5
+    count = receiver.query(f'count by (link) ({NVLINK_TX}{{cluster="ci"}})', time_s=at)
+    per_link = {item["metric"]["link"]: float(item["value"][1]) for item in count}
+    assert per_link["0"] == GPUS
+    assert per_link[str(NVLINKS - 1)] == 1
+    assert len(per_link) == NVLINKS
+    rate = receiver.query(f'rate({NVLINK_CRC}{{cluster="ci",link="4"}}[5s])', time_s=at)
+    assert len(rate) == GPUS
+    for item in rate:  # the sim's 0.2 CRC errors per second on every link
+        assert 0.1 < float(item["value"][1]) < 0.3, item
 
 
 @pytest.mark.parametrize("name", RECEIVERS)

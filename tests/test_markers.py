@@ -1,0 +1,215 @@
+"""``hfsampler.markers`` and the recorder's socket: the wire between them, garbage and all."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hfsampler import markers
+from hfsampler.errors import ConfigError
+from hfsampler.job_markers import MarkerSocket, compile_patterns, pattern_marker
+from hfsampler.recording import Marker
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def inbox(monkeypatch: pytest.MonkeyPatch) -> MarkerSocket:
+    sock = MarkerSocket()
+    monkeypatch.setenv(markers.ENV, str(sock.path))
+    yield sock  # type: ignore[misc]
+    sock.close()
+
+
+def _arrived(inbox: MarkerSocket, n: int) -> list[Marker]:
+    """What the socket's reading thread has taken once ``n`` datagrams arrived (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while inbox.received + inbox.rejected < n and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return inbox.drain()
+
+
+def test_importable_without_numpy_and_silent_without_a_recorder(tmp_path: Path) -> None:
+    """The training script imports only the stdlib; no recorder, or one gone: no error."""
+    code = f"""
+import sys
+class NoNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ImportError("numpy is hidden")
+sys.meta_path.insert(0, NoNumpy())
+import os
+from hfsampler import markers
+assert "numpy" not in sys.modules
+assert not markers.enabled()
+assert markers.mark("x") is False and markers.dropped() == 0  # outside record: a no-op
+os.environ[markers.ENV] = {str(tmp_path / "gone.sock")!r}
+with markers.phase("p"):
+    markers.step(3)
+@markers.phase("decorated")
+def f():
+    return 7
+assert f() == 7
+print(markers.sent(), markers.dropped(), sorted(m for m in sys.modules if m.startswith("hfs")))
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop(markers.ENV, None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().split(maxsplit=2) == ["0", "5", "['hfsampler', 'hfsampler.markers']"]
+
+
+def test_events_arrive_as_markers_in_order(inbox: MarkerSocket) -> None:
+    before = time.time_ns()
+    with markers.phase("epoch 3"):
+        assert markers.step(12)
+        markers.mark("eval\tloss")  # a control character becomes a space
+    markers.mark("x" * 1000)  # cut to the longest name
+    got = _arrived(inbox, 5)
+    assert [(m.kind, m.name, m.step) for m in got] == [
+        ("begin", "epoch 3", None), ("step", "step", 12), ("mark", "eval loss", None),
+        ("end", "epoch 3", None), ("mark", "x" * markers.MAX_NAME_CHARS, None),
+    ]  # fmt: skip
+    assert all(m.pid == os.getpid() and m.source == "api" for m in got)
+    times = [m.t_ns for m in got]
+    assert times == sorted(times)
+    assert before <= times[0] <= time.time_ns()
+    assert inbox.rejected == 0
+
+
+def test_phase_ends_on_an_exception_and_step_wants_an_integer(inbox: MarkerSocket) -> None:
+    with pytest.raises(KeyError), markers.phase("load"):
+        raise KeyError("boom")
+    with pytest.raises(TypeError):
+        markers.step(1.5)  # type: ignore[arg-type]
+    assert [(m.kind, m.name) for m in _arrived(inbox, 2)] == [("begin", "load"), ("end", "load")]
+
+
+def test_socket_is_private_and_removed_on_close() -> None:
+    sock = MarkerSocket()
+    assert stat.S_IMODE(sock.directory.stat().st_mode) == 0o700
+    assert stat.S_ISSOCK(sock.path.stat().st_mode)
+    sock.close()
+    sock.close()
+    assert not sock.directory.exists()
+
+
+def test_threads_lose_nothing_unaccounted(inbox: MarkerSocket) -> None:
+    """Many threads at once: every event either reaches the recorder whole or is counted."""
+    sent0, dropped0 = markers.sent(), markers.dropped()
+
+    def sender(base: int) -> None:
+        for i in range(300):
+            markers.step(base + i)
+
+    senders = [threading.Thread(target=sender, args=(k * 1000,)) for k in range(6)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    sent, dropped = markers.sent() - sent0, markers.dropped() - dropped0
+    assert sent + dropped == 1800
+    received = [m.step for m in _arrived(inbox, sent)]
+    assert len(received) == sent
+    assert len(set(received)) == sent
+    assert inbox.rejected == 0
+    assert inbox.dropped_by_job <= dropped  # what the job said it dropped, as of its last send
+
+
+def test_a_full_queue_or_a_gone_recorder_drops_never_blocks(inbox: MarkerSocket) -> None:
+    dropped0 = markers.dropped()
+    results = [markers.mark("flood") for _ in range(50_000)]  # faster than any reader
+    assert markers.dropped() - dropped0 == results.count(False)
+    assert len(_arrived(inbox, results.count(True))) == results.count(True)
+    inbox.close()  # the recorder is gone
+    assert markers.mark("late") is False
+
+
+def test_a_forked_child_sends_with_its_own_pid(inbox: MarkerSocket) -> None:
+    markers.mark("parent")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        ok = markers.mark("child") and markers.sent() == 1
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    got = _arrived(inbox, 2)
+    assert [(m.name, m.pid) for m in got] == [("parent", os.getpid()), ("child", pid)]
+
+
+HOSTILE = [
+    b"",
+    b"\xff\xfe\x00garbage",
+    b"[1, 2]",
+    b'"just a string"',
+    b"{" * 3000,
+    json.dumps(
+        {"v": 2, "t_ns": 1, "kind": "mark", "name": "a", "step": None, "pid": 1, "dropped": 0}
+    ).encode(),
+    b'{"v":1,"t_ns":1,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0}',  # long ago
+    b'{"v":1,"t_ns":NOW,"kind":"explode","name":"a","step":null,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"\\u001b[2J","step":null,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"","step":null,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":true,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":-4,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":3,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":"me"}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0,"extra":1}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":-1}',
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1}',  # no "dropped"
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0}' + b" " * 5000,
+]
+
+
+def test_hostile_datagrams_are_counted_logged_once_escaped(
+    inbox: MarkerSocket, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = str(time.time_ns()).encode()
+    ok = b'{"v":1,"t_ns":NOW,"kind":"mark","name":"ok","step":null,"pid":1,"dropped":0}'
+    with (
+        caplog.at_level(logging.WARNING, "hfsampler.job_markers"),
+        socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s,
+    ):
+        for data in [*HOSTILE, ok]:
+            s.sendto(data.replace(b"NOW", now), str(inbox.path))  # blocks while the queue is full
+        got = _arrived(inbox, len(HOSTILE) + 1)
+    assert [m.name for m in got] == ["ok"]
+    assert inbox.rejected == len(HOSTILE)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1
+    assert "not a marker" in warnings[0]
+    assert all(c.isprintable() for c in warnings[0])
+
+
+def test_pattern_kinds() -> None:
+    step, phase, mark, named, edge = compile_patterns([
+        r"step (?P<step>\d+)", r"(?P<phase>Epoch \d+)", r"saving", r"ckpt (?P<name>\w+)",
+        r"(?P<begin>eval) started|(?P<end>eval) done",
+    ])  # fmt: skip
+
+    def kinds(pattern: object, line: str, open_phase: str | None = None) -> list[tuple[str, str]]:
+        m = pattern.search(line)  # type: ignore[attr-defined]
+        return [(x.kind, x.name) for x in pattern_marker(m, 1, 7, open_phase)]
+
+    assert kinds(step, "step 42 loss 1.0") == [("step", "step")]
+    assert pattern_marker(step.search("step 42"), 1, 7, None)[0].step == 42  # type: ignore[arg-type]
+    assert kinds(phase, "Epoch 2 of 9") == [("begin", "Epoch 2")]
+    assert kinds(phase, "Epoch 3", "Epoch 2") == [("end", "Epoch 2"), ("begin", "Epoch 3")]
+    assert kinds(phase, "Epoch 3: 45%|####", "Epoch 3") == []  # a progress bar redrawn
+    assert kinds(mark, "saving model") == [("mark", "saving")]
+    assert kinds(named, "ckpt best.pt") == [("mark", "best")]
+    assert kinds(edge, "eval started") == [("begin", "eval")]
+    assert kinds(edge, "eval done") == [("end", "eval")]
+    with pytest.raises(ConfigError, match="--mark-pattern"):
+        compile_patterns(["(unclosed"])

@@ -13,11 +13,12 @@ import pytest
 from hfsampler import fields as F
 from hfsampler.cli import main
 from hfsampler.errors import ConfigError
+from hfsampler.probe import probe
 from hfsampler.record import choose, visible_gpus
 from hfsampler.recording import Recording, RecordingWriter
 from hfsampler.replay import RawBatches, raw_snapshots, window_snapshots
 from hfsampler.ring import RingRows
-from hfsampler.sources import physical
+from hfsampler.sources import SourceSpec, physical
 from hfsampler.sources.sim import SimSource
 from hfsampler.sources.sim_mig import parse_layout
 from hfsampler.summary import summarize
@@ -169,3 +170,9 @@ def test_reducing_only_the_rows_with_samples_gives_the_same_window() -> None:
     np.testing.assert_array_equal(part.count, full.count)
     for name, v in full.values.items():
         np.testing.assert_array_equal(part.values[name], v)
+
+
+def test_probe_reports_gpus_not_instance_slots() -> None:
+    result = probe(SourceSpec("sim", gpus=1, sim_mig=("3g", "2g")), F.CATALOGUE, duration_s=0.5)
+    assert result.gpus == ("hfsampler sim H200",)
+    assert all(len(p.refresh_s) == 1 for p in result.fields if p.supported)

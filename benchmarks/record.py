@@ -24,69 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hfsampler.fields import CATALOGUE, DEFAULT_GROUP_INTERVALS_S, Kind  # noqa: E402
-from hfsampler.plan import plan_groups  # noqa: E402
-from hfsampler.record import store_window  # noqa: E402
-from hfsampler.recording import RecordingWriter  # noqa: E402
-from hfsampler.ring import RingRows  # noqa: E402
-from hfsampler.sources.sim import SimSource  # noqa: E402
-from hfsampler.window import WindowClock  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
 
-
-def synthesize(
-    path: Path, gpus: int, seconds: int, quantize: bool, seed: int = 0
-) -> dict[str, float]:
-    """A recording of ``seconds`` of ``gpus`` sim GPUs sampled at 1 kHz / 10 Hz, written offline."""
-    sim = SimSource(gpus=gpus, seed=seed)
-    inventory = sim.open(CATALOGUE)
-    plans = plan_groups(inventory.fields, DEFAULT_GROUP_INTERVALS_S)
-    start = (time.time_ns() - seconds * 10**9) // 10**9 * 10**9
-    header = {"start_ns": start, "command": ["synthetic"], "command_line": "synthetic",
-              "host": "bench", "source": "sim", "labels": {}, "job": {}}  # fmt: skip
-    writer = RecordingWriter(path, header, inventory.devices, plans)
-    keep = list(range(gpus))
-    last = [np.full((gpus, len(p.fields)), -1, np.int64) for p in plans]
-    g_ids = np.arange(gpus)[None, :]
-    began = time.perf_counter()
-    clock = WindowClock(1.0, start_ns=start)  # offline: its windows, never its wall clock
-    for _ in range(seconds):
-        t0, t1 = clock.t0_ns, clock.t1_ns
-        clock.advance()
-        for gi, plan in enumerate(plans):
-            step = int(plan.interval_s * 1e9)
-            ticks = np.arange(t0, t1, step, dtype=np.int64)
-            n, f = len(ticks), len(plan.fields)
-            values = np.empty((n, gpus, f))
-            driver = np.empty((n, gpus, f), np.int64)
-            if any(x.kind is Kind.COUNTER for x in plan.fields):
-                for r, t in enumerate(ticks):
-                    sim.read(plan.fields, values[r], driver[r], int(t))
-            else:
-                for j, field in enumerate(plan.fields):
-                    refresh = sim.refresh_ns(field.name)
-                    at = ticks - ticks % refresh
-                    values[:, :, j] = sim.value_at(field.name, at[:, None], g_ids)
-                    driver[:, :, j] = (at // 1000)[:, None]
-            if quantize:
-                for j, field in enumerate(plan.fields):
-                    if field.kind is not Kind.COUNTER:  # NVML's integer units, then the scale
-                        unit = 1e-3 if field.unit == "W" else 1.0
-                        values[:, :, j] = np.round(values[:, :, j] / unit) * unit
-            prev = np.concatenate([last[gi][None], driver[:-1]])
-            values[driver == prev] = np.nan  # repeats, as the sampler marks them
-            last[gi] = driver[-1].copy()
-            rows = RingRows(ticks, np.zeros(n, np.int64), values, driver)
-            store_window(writer, gi, plan, rows, t0, t1, keep)
-    writer.close({"end_ns": start + seconds * 10**9, "exit_code": 0})
-    elapsed = time.perf_counter() - began
-    size = path.stat().st_size
-    return {"bytes": size, "bytes_per_gpu_hour": size / gpus / (seconds / 3600),
-            "write_s": elapsed, "samples": writer.samples_written}  # fmt: skip
+from sim_recordings import synthesize  # noqa: E402  (the tests' offline sim recordings)
 
 
 def cpu_of(args: list[str]) -> float:

@@ -38,7 +38,7 @@ def phase_tables(summary: Summary) -> list[dict[str, Any]]:
             gpus.append({
                 "gpu": g.index,
                 "energy_j": _num(energy) if covered else None,
-                "energy_wh": _num(energy / 3600) if covered else None,
+                "energy_wh": _num(energy / 3600, 9) if covered else None,
                 "mean_power_w": _num(energy / covered) if covered else None,
                 "p99_power_w": _num(histogram_quantile(g.phase_histograms[k], 0.99), 3),
                 "peak_power_w": _num(g.power_top.between(a, b)),
@@ -61,7 +61,7 @@ def phase_tables(summary: Summary) -> list[dict[str, Any]]:
             "ended": p.ended,
             "depth": p.depth,
             "energy_j": _num(total),
-            "energy_wh": _num(total / 3600) if total is not None else None,
+            "energy_wh": _num(total / 3600, 9) if total is not None else None,
             "p99_resolution_w": HISTOGRAM_BIN_W,
             "gpus": gpus,
         })  # fmt: skip

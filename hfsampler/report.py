@@ -89,6 +89,7 @@ def gpu_figure(summary: Summary, i: int) -> Any:
     titles = ["Power (W)", *(p[2] for p in PANELS), "Throttle reasons"]
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=titles, row_heights=[3, 1, 1, 1, 1, 1])  # fmt: skip
+    fig.update_layout(shapes=phase_shapes(summary))  # first: add_hline appends to them
     band = [summary.window_series(POWER, s) for s in (MIN, MAX, MEAN)]
     if all(b is not None for b in band):
         (_, lo), (_, hi), (_, mean) = band  # type: ignore[misc]
@@ -131,7 +132,7 @@ def gpu_figure(summary: Summary, i: int) -> Any:
                            x=summary.duration_s / 2, y=0)  # fmt: skip
     fig.update_xaxes(title_text="seconds since start", row=len(titles), col=1)
     fig.update_layout(height=1100, title=f"GPU {g.index}: {g.model} ({g.uuid})",
-                      template="plotly_white", shapes=phase_shapes(summary),
+                      template="plotly_white",
                       margin={"t": 80, "l": 60, "r": 20, "b": 40})  # fmt: skip
     return fig
 

@@ -52,6 +52,7 @@ IntArray = npt.NDArray[np.int64]
 
 SCRAPE_INTERVAL_S = 15.0
 REFRESH_CHUNKS = 10  # chunks per group used to measure each field's refresh period
+BATCH_SAMPLES = 1 << 14  # a stream's samples gathered before they are reduced at once
 SM_ACTIVE = Role(("DCGM_FI_PROF_SM_ACTIVE",))
 TENSOR_ACTIVE = Role(("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",))
 # The window statistics the report plots below power, each reduced to plot buckets as it streams.
@@ -250,10 +251,10 @@ def summarize(rec: Recording) -> Summary:
             reducer.raw(chunk)
         else:
             reducer.window(chunk)
+    reducer.finish()
     for g in gpus:
         for r in (g.power_at, g.reasons_at, g.activity_at, g.step_energy_at):
             r.finish()
-    reducer.finish()
     _job_gpus(rec, gpus)
     periods = {k: float(np.median(v)) / 1e6 for k, v in reducer.refresh.items()}
     return Summary(rec, start_ns, end_ns, gpus, periods, tl, buckets, reducer.series)
@@ -280,6 +281,8 @@ class _Pass:
             where = rec.locate_role(role)
             if where is not None:
                 self.handlers.setdefault(where, handler)
+        self._pending: dict[tuple[int, int, int], list[tuple[IntArray, FloatArray]]] = {}
+        self._pending_n: dict[tuple[int, int, int], int] = {}
         self._handled: dict[int, IntArray] = {}
         for group, j in self.handlers:
             self._handled[group] = np.append(self._handled.get(group, []), j).astype(np.int64)
@@ -348,8 +351,22 @@ class _Pass:
             c = int(cell)
             a, b = int(offsets[c]), int(offsets[c + 1])
             if b > a:
-                handler = self.handlers[(group, int(chunk.field[c]))]
-                handler(int(chunk.gpu[c]), ts[a:b], chunk.values[a:b])
+                key = (group, int(chunk.field[c]), int(chunk.gpu[c]))
+                parts = self._pending.setdefault(key, [])
+                parts.append((ts[a:b], chunk.values[a:b]))
+                self._pending_n[key] = self._pending_n.get(key, 0) + b - a
+                if self._pending_n[key] >= BATCH_SAMPLES:
+                    self._flush(key)
+
+    def _flush(self, key: tuple[int, int, int]) -> None:
+        """Hand a stream's pending samples to its handler at once: one call per some thousand
+        samples rather than per chunk, since a call's cost is mostly numpy's per-call overhead."""
+        parts = self._pending.pop(key, [])
+        self._pending_n.pop(key, None)
+        if parts:
+            ts = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+            v = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+            self.handlers[key[:2]](key[2], ts, v)
 
     def _power(self, i: int, ts: IntArray, v: FloatArray) -> None:
         g = self.gpus[i]
@@ -433,7 +450,9 @@ class _Pass:
         g.last_average_w = float(v[-1])
 
     def finish(self) -> None:
-        """Scrapes after the last sample see it."""
+        """The pending samples, then: scrapes after the last sample see it."""
+        for key in list(self._pending):
+            self._flush(key)
         for i, g in enumerate(self.gpus):
             if np.isfinite(g.last_average_w):
                 g.scrape_w += [g.last_average_w] * (len(self.scrape_at_us) - self.scraped[i])

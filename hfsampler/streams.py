@@ -144,7 +144,8 @@ class Held:
 
 @dataclass(slots=True)
 class Readout:
-    """Running integrals of ``k`` quantities over time, read at fixed times ``at_us``.
+    """Running integrals of ``k`` quantities of one stream over time, read at fixed times
+    ``at_us`` (one stream each: it reads a time once the stream has passed it).
 
     The value at a time between two samples is interpolated linearly within the interval it
     falls in, which is exact for a held signal and, for the trapezoid energy, off by less than one

@@ -112,7 +112,7 @@ class GpuSummary:
     # activity integral and covered s, of SM and of tensor activity
     power_at: Readout = field(init=False)
     reasons_at: Readout = field(init=False)
-    activity_at: Readout = field(init=False)
+    activity_at: tuple[Readout, Readout] = field(init=False)  # SM, tensor: a Readout per stream
     step_energy_at: Readout = field(init=False)
     power_top: SegmentMax = field(init=False)
     memory_top: SegmentMax = field(init=False)
@@ -124,7 +124,7 @@ class GpuSummary:
     def __post_init__(self) -> None:
         self.power_at = Readout(self.phase_edges_us, 3)
         self.reasons_at = Readout(self.phase_edges_us, len(REASONS))
-        self.activity_at = Readout(self.phase_edges_us, 4)
+        self.activity_at = (Readout(self.phase_edges_us, 2), Readout(self.phase_edges_us, 2))
         self.step_energy_at = Readout(self.step_edges_us, 1)
         self.power_top = SegmentMax(self.phase_edges_us)
         self.memory_top = SegmentMax(self.phase_edges_us)
@@ -146,9 +146,9 @@ class GpuSummary:
 
     def activity(self, which: int, a: int | None = None, b: int | None = None) -> float | None:
         """Mean SM (0) or tensor (1) activity, over the run or between two phase edges."""
-        q = self.activity_at.total if a is None or b is None else self.activity_at.between(a, b)
-        covered = q[2 * which + 1]
-        return _num(q[2 * which] / covered) if covered > 0 else None
+        at = self.activity_at[which]
+        q = at.total if a is None or b is None else at.between(a, b)
+        return _num(q[0] / q[1]) if q[1] > 0 else None
 
     def as_dict(self, duration_s: float) -> dict[str, Any]:
         scrape = np.array(self.scrape_w)
@@ -253,7 +253,7 @@ def summarize(rec: Recording) -> Summary:
             reducer.window(chunk)
     reducer.finish()
     for g in gpus:
-        for r in (g.power_at, g.reasons_at, g.activity_at, g.step_energy_at):
+        for r in (g.power_at, g.reasons_at, *g.activity_at, g.step_energy_at):
             r.finish()
     _job_gpus(rec, gpus)
     periods = {k: float(np.median(v)) / 1e6 for k, v in reducer.refresh.items()}
@@ -422,10 +422,8 @@ class _Pass:
         iv = g.activity_held[which].intervals(ts, v)
         if not len(iv.held_us):
             return
-        q = np.zeros((4, len(iv.held_us)))
-        q[2 * which] = iv.value * iv.held_us / 1e6
-        q[2 * which + 1] = iv.held_us / 1e6
-        g.activity_at.add(iv.start_us, iv.held_us, q)
+        q = np.stack([iv.value * iv.held_us, iv.held_us]) / 1e6
+        g.activity_at[which].add(iv.start_us, iv.held_us, q)
 
     def _sm(self, i: int, ts: IntArray, v: FloatArray) -> None:
         self._activity(0, i, ts, v)

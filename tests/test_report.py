@@ -206,9 +206,11 @@ def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
             assert g["memory_high_water_mib"] == pytest.approx(
                 float(fb[(fb_ts >= t0 // 1000) & (fb_ts < t1 // 1000)].max())
             )
-            sm = sim.value_at("DCGM_FI_PROF_SM_ACTIVE", np.arange(t0, t1, 100 * MS), g["gpu"])
-            assert g["mean_sm_active"] == pytest.approx(float(sm.mean()), abs=0.02)
-            assert g["mean_tensor_active"] is not None
+            for key, name in (("mean_sm_active", "SM_ACTIVE"),
+                              ("mean_tensor_active", "PIPE_TENSOR_ACTIVE")):  # fmt: skip
+                every_100ms = np.arange(t0, t1, 100 * MS)  # the GPM fields' refresh
+                truth = float(sim.value_at(f"DCGM_FI_PROF_{name}", every_100ms, g["gpu"]).mean())
+                assert g[key] == pytest.approx(truth, abs=0.02), key
             # the reasons are read every 100 ms: each throttling episode is known to within that
             episodes = [(max(e.start_ns, t0), min(e.end_ns, t1))
                         for e in sim.throttles(g["gpu"], t0, t1)]  # fmt: skip

@@ -49,18 +49,33 @@ def cpu_of(args: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+# Runs `hfsampler ARGS` and, at exit, prints its own peak RSS (VmHWM): ru_maxrss would count the
+# pages the child shared with this benchmark between fork and exec (the synthesizer's gigabytes).
+PEAK_RSS = """import atexit, runpy, sys
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("PEAK_RSS_KB " + line.split()[1] + "\\n")
+atexit.register(peak)
+sys.argv[0] = "hfsampler"
+runpy.run_module("hfsampler", run_name="__main__")
+"""
+
+
 def measured(args: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
-    """Wall and CPU seconds and peak RSS of one command (its own, from ``wait4``)."""
+    """Wall and CPU seconds (``wait4``: that process alone) and peak RSS of `hfsampler ARGS`."""
     began = time.perf_counter()
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS, *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    err = proc.stderr.read().decode() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - began
-    err = proc.stderr.read().decode() if proc.stderr else ""
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{args} failed ({proc.returncode}): {err[-2000:]}")
+    peak_kb = [int(line.split()[1]) for line in err.splitlines() if line.startswith("PEAK_RSS_KB")]
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mb": usage.ru_maxrss / 1024}  # fmt: skip
+            "peak_rss_mb": peak_kb[-1] / 1024}  # fmt: skip
 
 
 def export_peer(ref: str, into: Path) -> Path | None:
@@ -91,8 +106,7 @@ def report_scaling(tmp: Path, gpus: int, gpu_hours: list[float], peer: Path | No
             env = {**os.environ, "PYTHONPATH": str(root)}
             for fmt in ("json", "html"):
                 out = tmp / f"report-{gh:g}-{impl}.{fmt}"
-                m = measured([sys.executable, "-m", "hfsampler", "report", str(path), "--format",
-                              fmt, "-o", str(out)], env)  # fmt: skip
+                m = measured(["report", str(path), "--format", fmt, "-o", str(out)], env)
                 rows.append({"gpu_hours": gh, "file_mb": size_mb, "impl": impl,
                              "format": fmt, **m, "output_mb": out.stat().st_size / 1e6,
                              "gpu_hours_per_cpu_minute": gh / (m["cpu_s"] / 60)})  # fmt: skip

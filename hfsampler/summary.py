@@ -353,7 +353,8 @@ class _Pass:
             if b > a:
                 key = (group, int(chunk.field[c]), int(chunk.gpu[c]))
                 parts = self._pending.setdefault(key, [])
-                parts.append((ts[a:b], chunk.values[a:b]))
+                # copies: a view would keep the whole chunk alive while a slow stream gathers
+                parts.append((ts[a:b].copy(), chunk.values[a:b].copy()))
                 self._pending_n[key] = self._pending_n.get(key, 0) + b - a
                 if self._pending_n[key] >= BATCH_SAMPLES:
                     self._flush(key)

@@ -57,15 +57,20 @@ def peak():
         if line.startswith("VmHWM:"):
             sys.stderr.write("PEAK_RSS_KB " + line.split()[1] + "\\n")
 atexit.register(peak)
+import hfsampler
+sys.stderr.write("IMPORTED " + hfsampler.__file__ + "\\n")
 sys.argv[0] = "hfsampler"
 runpy.run_module("hfsampler", run_name="__main__")
 """
 
 
-def measured(args: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
-    """Wall and CPU seconds (``wait4``: that process alone) and peak RSS of `hfsampler ARGS`."""
+def measured(args: list[str], root: Path, cwd: Path) -> dict[str, float]:
+    """Wall and CPU seconds (``wait4``: that process alone) and peak RSS of `hfsampler ARGS`,
+    the package imported from ``root`` (run in ``cwd``, not the checkout, whose own package
+    would come first on ``sys.path``)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
     began = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS, *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS, *args], env=env, cwd=cwd,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     err = proc.stderr.read().decode() if proc.stderr else ""
     _, status, usage = os.wait4(proc.pid, 0)
@@ -74,6 +79,9 @@ def measured(args: list[str], env: dict[str, str] | None = None) -> dict[str, fl
     if proc.returncode:
         raise RuntimeError(f"{args} failed ({proc.returncode}): {err[-2000:]}")
     peak_kb = [int(line.split()[1]) for line in err.splitlines() if line.startswith("PEAK_RSS_KB")]
+    imported = [line for line in err.splitlines() if line.startswith("IMPORTED ")]
+    if not imported or not imported[-1].endswith(str(root / "hfsampler" / "__init__.py")):
+        raise RuntimeError(f"the wrong hfsampler ran: {imported} (wanted {root})")
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
             "peak_rss_mb": peak_kb[-1] / 1024}  # fmt: skip
 
@@ -103,10 +111,9 @@ def report_scaling(tmp: Path, gpus: int, gpu_hours: list[float], peer: Path | No
         for impl, root in (("new", REPO), ("old", peer)):
             if root is None or (impl == "old" and gh > peer_max):
                 continue
-            env = {**os.environ, "PYTHONPATH": str(root)}
             for fmt in ("json", "html"):
                 out = tmp / f"report-{gh:g}-{impl}.{fmt}"
-                m = measured(["report", str(path), "--format", fmt, "-o", str(out)], env)
+                m = measured(["report", str(path), "--format", fmt, "-o", str(out)], root, tmp)
                 rows.append({"gpu_hours": gh, "file_mb": size_mb, "impl": impl,
                              "format": fmt, **m, "output_mb": out.stat().st_size / 1e6,
                              "gpu_hours_per_cpu_minute": gh / (m["cpu_s"] / 60)})  # fmt: skip

@@ -70,12 +70,6 @@ class Envelope:
         t = self.buckets.seconds(have) + self.buckets.width_us / 2e6
         return np.repeat(t, 2), np.column_stack([self.lo[have], self.hi[have]]).ravel()
 
-    def mids(self) -> tuple[FloatArray, FloatArray]:
-        """(seconds from start, midpoint of min and max) per bucket with data: one line."""
-        have = np.nonzero(np.isfinite(self.lo))[0]
-        t = self.buckets.seconds(have) + self.buckets.width_us / 2e6
-        return t, (self.lo[have] + self.hi[have]) / 2
-
 
 @dataclass(slots=True)
 class WindowSeries:

@@ -189,6 +189,9 @@ def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
     assert phases["train"]["duration_s"] == pytest.approx(11.7)
     assert any("'nothing'" in p and "ignored" in p for p in d["marker_problems"])
     assert [m["name"] for m in d["marks"]] == ["lr drop"]
+    for g in d["gpus"]:  # the whole run's p99 comes from the same 0.5 W histogram
+        _, v = rec.raw(POWER, g["gpu"])
+        assert abs(g["p99_power_w"] - float(np.percentile(v, 99))) <= g["p99_resolution_w"]
     for p in phases.values():
         t0, t1 = start + round(p["start_s"] * 1e3) * MS, start + round(p["end_s"] * 1e3) * MS
         total = 0.0

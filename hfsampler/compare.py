@@ -26,6 +26,13 @@ GPU_MEASURES = (
     ("mean SM activity", "mean_sm_active", "", 3),
     ("mean tensor activity", "mean_tensor_active", "", 3),
 )
+JOB_MEASURES = (
+    ("duration", "duration_s", " s", 3),
+    ("energy, integrated, all GPUs", "energy_integrated_j", " J", 0),
+    ("peak power, any GPU", "peak_power_w", " W", 1),
+    ("time above power limit, all GPUs", "time_above_power_limit_s", " s", 3),
+    ("throttled, all GPUs and reasons", "throttled_total_s", " s", 3),
+)
 PHASE_MEASURES = (
     ("duration", "duration_s", " s", 3),
     ("energy, all GPUs", "energy_j", " J", 1),
@@ -49,6 +56,21 @@ def delta(base: float | None, new: float | None) -> dict[str, float | None]:
 
 def _gpu_values(g: dict[str, Any]) -> dict[str, Any]:
     return {**g, "throttled_total_s": round(sum(g["throttled_s"].values()), 6)}
+
+
+def _job_values(d: dict[str, Any]) -> dict[str, Any]:
+    """The whole job: sums over its GPUs (the largest for peak power)."""
+    gpus = [_gpu_values(g) for g in d["gpus"]]
+
+    def total(key: str) -> float | None:
+        have = [g[key] for g in gpus if g[key] is not None]
+        return round(sum(have), 6) if have else None
+
+    peaks = [g["peak_power_w"] for g in gpus if g["peak_power_w"] is not None]
+    return {"duration_s": d["duration_s"], "energy_integrated_j": total("energy_integrated_j"),
+            "peak_power_w": max(peaks) if peaks else None,
+            "time_above_power_limit_s": total("time_above_power_limit_s"),
+            "throttled_total_s": total("throttled_total_s")}  # fmt: skip
 
 
 def _phase_values(p: dict[str, Any]) -> dict[str, Any]:
@@ -87,7 +109,7 @@ def compare_dict(base: Summary, new: Summary) -> dict[str, Any]:
         "base": b,
         "new": n,
         "delta": {
-            "duration_s": delta(b["duration_s"], n["duration_s"]),
+            "job": {m[1]: delta(_job_values(b)[m[1]], _job_values(n)[m[1]]) for m in JOB_MEASURES},
             "gpus": gpus,
             "phases": _paired(b["phases"], n["phases"], "label", PHASE_MEASURES, _phase_values),
             "steps": _paired(b["steps"], n["steps"], "name", STEP_MEASURES, _step_values),
@@ -137,7 +159,7 @@ def compare_html(base: Summary, new: Summary) -> str:
     gpu_entries = [(f"GPU {g['gpu_base']}/{g['gpu_new']}: ", g) for g in delta_["gpus"]]
     body = [
         "<h2>Compared</h2>",
-        html_table(_rows([("", delta_)], (("duration", "duration_s", " s", 3),)), heads),
+        html_table(_rows([("", delta_["job"])], JOB_MEASURES), heads),
         "<h3>Per GPU</h3>",
         html_table(_rows(gpu_entries, GPU_MEASURES), heads),
     ]

@@ -291,6 +291,12 @@ def test_compare_two_runs(marked: tuple[Path, int], tmp_path: Path) -> None:
     d = _report_json(str(base), str(new))
     assert d["base"]["gpus"] == b["gpus"]
     assert d["new"]["gpus"] == n["gpus"]
+    job = d["delta"]["job"]
+    want_j = sum(g["energy_integrated_j"] for g in n["gpus"]) - sum(
+        g["energy_integrated_j"] for g in b["gpus"]
+    )
+    assert job["energy_integrated_j"]["delta"] == pytest.approx(want_j, abs=1e-4)
+    assert job["peak_power_w"]["new"] == max(g["peak_power_w"] for g in n["gpus"])
     g0 = d["delta"]["gpus"][0]
     want = n["gpus"][0]["energy_integrated_j"] - b["gpus"][0]["energy_integrated_j"]
     assert g0["energy_integrated_j"]["delta"] == pytest.approx(want, abs=1e-5)
@@ -318,6 +324,7 @@ def test_compare_two_runs(marked: tuple[Path, int], tmp_path: Path) -> None:
     legend = re.findall(r'class="legendtext"[^>]*>([^<]*)<', dom.stdout)
     assert {"base", "new"} <= set(legend)
     assert "train: energy, all GPUs" in dom.stdout
+    assert "energy, integrated, all GPUs" in dom.stdout
     assert "step: energy per step (mean)" in dom.stdout
 
 

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler import logs
 from hfsampler.errors import ConfigError, SourceError
 from hfsampler.fields import Field
 from hfsampler.lanes import (
@@ -91,6 +92,8 @@ class SamplerPlan:
     late_threshold_s: float
     spin_s: float | None  # None: calibrate at start
     realtime_priority: int  # SCHED_FIFO priority to ask for; 0 keeps the normal scheduler
+    log_level: int = logging.INFO  # the parent's, so that the process logs as the service does
+    log_json: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +239,8 @@ class Sampler:
             threshold,
             spin_s,
             realtime_priority,
+            logging.getLogger().getEffectiveLevel(),
+            any(isinstance(h.formatter, logs.JsonFormatter) for h in logging.getLogger().handlers),
         )
 
     @property
@@ -409,7 +414,7 @@ def _child_main(
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
+    logs.setup(logging.getLevelName(plan.log_level), "json" if plan.log_json else "text")
     try:
         _run_child(plan, parent_pid, conn, layout)
     except BaseException as exc:
@@ -459,7 +464,7 @@ def _run_child(
         s[STATE] = FAILED
         os._exit(EXIT_STUCK_READ)
     except Exception as exc:
-        log.exception("the sampler loop failed")
+        log.debug("the sampler loop failed", exc_info=True)  # the parent says why, in one line
         _tell(conn, f"the sampler loop failed: {type(exc).__name__}: {exc}")
         s[ERROR] = 1
         s[STATE] = FAILED

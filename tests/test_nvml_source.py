@@ -535,3 +535,32 @@ def test_a_pynvml_without_the_lookup_helper_is_function_not_found(
     with pytest.raises(nvml_calls.NvmlError) as caught:
         nvml_calls.c_function("nvmlDeviceGetFieldValues")
     assert int(caught.value.value) == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def test_a_field_failing_on_one_gpu_is_said_once_and_again_when_it_reads(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batched entry and a per-device call that keep failing on GPU 1 (not a lost GPU): one
+    warning each when the run of failures starts, one line when they read again."""
+    fields = (INSTANT, SM_CLOCK)
+    source.open(fields)
+    read(source, fields)
+    entry = fake.gpus[1].fields[pynvml.NVML_FI_DEV_POWER_INSTANT]
+    entry.ret = pynvml.NVML_ERROR_TIMEOUT
+    fake.gpus[1].errors["nvmlDeviceGetClockInfo"] = pynvml.NVML_ERROR_UNKNOWN
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+        for _ in range(3):  # fewer than the unknown errors that take a GPU down
+            values, _ = read(source, fields)
+        assert np.isnan(values[1]).all()
+        entry.ret = pynvml.NVML_SUCCESS
+        del fake.gpus[1].errors["nvmlDeviceGetClockInfo"]
+        values, _ = read(source, fields)
+        read(source, fields)
+    assert not np.isnan(values).any()
+    assert source.gpu_up.all()
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 2, failed
+    assert any(INSTANT.name in m and "Timeout" in m for m in failed), failed
+    assert any(SM_CLOCK.name in m and "Unknown Error" in m for m in failed), failed
+    again = [r.getMessage() for r in caplog.records if "reads again" in r.getMessage()]
+    assert len(again) == 2, again

@@ -78,6 +78,11 @@ def probe_driver() -> str | None:
     return None
 
 
+def _log_name(f: Field) -> str:
+    """A field as a log line names it: its own labels too (a link's)."""
+    return f.name + "".join(f"{{{k}={v}}}" for k, v in f.labels)
+
+
 @dataclass(slots=True)
 class _Batch:
     """One field set's preallocated ``nvmlDeviceGetFieldValues`` buffer, all GPUs back to back."""
@@ -98,6 +103,8 @@ class _Batch:
     prev_ts_us: IntArray  # [gpu, n]: its driver timestamp
     types: tuple[tuple[int, str], ...]  # value types seen at open
     vt0: IntArray  # [gpu, n]: the value types seen at open
+    names: tuple[str, ...]  # [n]: the fields, as the log names them
+    failing: BoolArray  # [gpu, n]: cells whose last read failed (said when a run starts, ends)
 
 
 @dataclass(slots=True)
@@ -130,6 +137,8 @@ class NvmlSource:
         self._unknown: list[int] = []
         self._errors = np.zeros(0, dtype=np.int64)
         self._book = threading.Lock()  # guards _up, _unknown and _errors; never across a call
+        # (GPU, call) whose last read failed; each lane adds and removes only its own calls
+        self._failing_calls: set[tuple[int, str]] = set()
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
@@ -547,6 +556,8 @@ class NvmlSource:
             prev_ts_us=np.zeros((gpus, n), dtype=np.int64),
             types=tuple((t, name) for t, name in _TYPES if t in seen),
             vt0=vt0,
+            names=tuple(_log_name(fields[k]) for k in cols),
+            failing=np.zeros((gpus, n), dtype=np.bool_),
         )
 
     def read(
@@ -585,7 +596,11 @@ class NvmlSource:
                         values[g].fill(np.nan)
                         driver_ts_us[g].fill(0)
                         break
+                    if (g, key) not in self._failing_calls:
+                        self._say_call(g, key, plan.fields, outs, int(e.value))
                     continue
+                if self._failing_calls and (g, key) in self._failing_calls:
+                    self._say_call(g, key, plan.fields, outs, None)
                 self._answered(g)
                 for k, extract, scale in outs:
                     v = extract(raw)
@@ -623,6 +638,8 @@ class NvmlSource:
             live &= self._links.cells(b.links)  # a link that went down is not read while down
         ok = live & (rets == 0)
         bad = live & ~ok
+        if bad.any() or b.failing.any():
+            self._say_failing(b, bad, ok, rets)
         if bad.any():
             self._entry_errors(bad, rets)
             if b.links is not None and self._links is not None and bad[:, b.links >= 0].any():
@@ -649,6 +666,41 @@ class NvmlSource:
         b.prev_ts_us = np.where(fresh, ts, b.prev_ts_us)
         result: FloatArray = np.where(b.rate, rate, raw)
         return result
+
+    def _say_call(
+        self, g: int, key: str, fields: tuple[Field, ...], outs: Sequence[Any], code: int | None
+    ) -> None:
+        """A per-device call that starts failing on GPU ``g`` (``code``), or reads again (None)."""
+        names = ", ".join(_log_name(fields[k]) for k, *_ in outs)
+        gpu = self._devices[g].index
+        if code is None:
+            self._failing_calls.discard((g, key))
+            log.info("GPU %s: %s reads again", gpu, names)
+            return
+        self._failing_calls.add((g, key))
+        log.warning(
+            "GPU %s: reading %s failed: %s; its series go stale while it fails (said again when "
+            "it reads)",
+            gpu, names, calls.error_text(code),
+        )  # fmt: skip
+
+    def _say_failing(self, b: _Batch, bad: BoolArray, ok: BoolArray, rets: Any) -> None:
+        """A field that starts failing on a GPU is said once, and so is its first good read
+        after: a field that fails for good is a warning, not series vanishing without a word."""
+        started = bad & ~b.failing
+        ended = ok & b.failing
+        b.failing = (b.failing | bad) & ~ok
+        for g, k in zip(*np.nonzero(started), strict=True):
+            code = int(rets[g][k])
+            if code in calls.LOST_CODES:
+                continue  # the GPU is lost: _mark_down says so
+            log.warning(
+                "GPU %s: reading %s failed: %s; its series go stale while it fails (said again "
+                "when it reads)",
+                self._devices[g].index, b.names[k], calls.error_text(code),
+            )  # fmt: skip
+        for g, k in zip(*np.nonzero(ended), strict=True):
+            log.info("GPU %s: %s reads again", self._devices[g].index, b.names[k])
 
     def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
         with self._book:

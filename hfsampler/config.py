@@ -38,6 +38,9 @@ LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
 # Compared in whole nanoseconds, so that no spelling of 100us falls a float's hair short of it.
 _MIN_INTERVAL_NS = to_ns(MIN_INTERVAL_S)
+# The slow lane's groups sleep without spinning and share a thread: faster than this, they are
+# often late (measured: a 1 ms group there was late on half of its ticks)
+SLOW_LANE_MIN_INTERVAL_S = 0.01
 MIN_MAX_RING_BYTES = 1 << 20
 
 
@@ -212,13 +215,32 @@ class Config:
 
     def warnings(self) -> list[str]:
         """What is accepted but will not do what it might seem to: said at check and at start."""
-        out = self.label_warnings()
+        out = self.label_warnings() + self.lane_warnings()
         default_max = QueueConfig().max_shards
         for i, ep in enumerate(self.remote_write):
             if ep.queue.max_shards != default_max:
                 out.append(
                     f"remote_write[{i}].queue_config.max_shards is not used: hfsampler runs "
                     f"min_shards ({ep.queue.min_shards}) shards and does not reshard"
+                )
+        return out
+
+    def lane_warnings(self) -> list[str]:
+        """Groups as fast as the real-time lane's but not on it (only the fastest group is)."""
+        used = {f.group for f in self.selected_fields()}
+        groups = [g for g in self.intervals_s if g in used]
+        if len(groups) < 2:
+            return []
+        lane = min(groups, key=self.intervals_s.__getitem__)  # as plan_groups picks it
+        out = []
+        for g in groups:
+            interval = self.intervals_s[g]
+            if g != lane and interval < SLOW_LANE_MIN_INTERVAL_S:
+                out.append(
+                    f"intervals.{g}: {interval * 1e3:g} ms runs on the sampler's second thread "
+                    f"(only the fastest group, {lane}, has the real-time lane) and will often "
+                    f"be late; give it {SLOW_LANE_MIN_INTERVAL_S * 1e3:g} ms or more, or move "
+                    "its fields into the fastest group with field_groups"
                 )
         return out
 

@@ -120,6 +120,9 @@ def ask_realtime(priority: int) -> int:
     """
     if priority <= 0 or not hasattr(os, "sched_setscheduler"):
         return 0
+    inherited = _inherited_realtime()
+    if inherited >= priority:
+        return inherited  # started under chrt with more than asked: keep it
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
     except (PermissionError, OSError) as exc:
@@ -131,6 +134,28 @@ def ask_realtime(priority: int) -> int:
         )
         return 0
     return priority
+
+
+def _inherited_realtime() -> int:
+    """The real-time priority this thread runs at already (0: the normal scheduler)."""
+    with contextlib.suppress(AttributeError, OSError):
+        if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
+            return int(os.sched_getparam(0).sched_priority)
+    return 0
+
+
+def _other_threads_to_normal() -> None:
+    """Every other thread of the process (numpy's BLAS threads, started at import, inherit a
+    chrt policy) back to the normal scheduler: none may outrank the fast lane."""
+    me = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            tid = int(task)
+            if tid == me:
+                continue
+            with contextlib.suppress(AttributeError, OSError):
+                if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
 def _normal_priority() -> None:
@@ -167,6 +192,7 @@ def run_lanes(
             slow.thread.start()  # before asking for real-time: a new thread inherits the policy
         reduce_timer_slack()
         s[RT_PRIORITY] = ask_realtime(plan.realtime_priority)
+        _other_threads_to_normal()
         if plan.spin_s is not None:
             spin_ns = int(plan.spin_s * 1e9)
         else:

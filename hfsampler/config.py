@@ -101,6 +101,7 @@ class Config:
 
     source: str = "auto"
     sim_gpus: int = 2
+    sim_mig: tuple[str, ...] = ()  # `--sim-mig 3g,2g,1g,1g`: every sim GPU's MIG layout
     seed: int = 0
     devices: tuple[int, ...] | None = None
     intervals_s: Mapping[str, float] = field(
@@ -130,6 +131,8 @@ class Config:
     instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
     max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
+    # `mig.copy_device_fields`: GPU-level fields on every MIG instance too, as dcgm-exporter does
+    mig_copy_device_fields: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -353,6 +356,7 @@ _FILE_KEYS = (
     "hostname",
     "host_label",
     "instance",
+    "mig",
 )
 
 
@@ -471,6 +475,14 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
         elif key == "instance":
             # `instance: ""` or `instance: false` leave the label off
             kw[key] = "" if value in ("", False) else _expect(value, str, key, "node17:9400")
+        elif key == "mig":
+            block = _expect(value, dict, key, "{copy_device_fields: true}")
+            for sub, subvalue in block.items():
+                if sub != "copy_device_fields":
+                    raise _unknown(str(sub), ["copy_device_fields"], "mig.")
+                kw["mig_copy_device_fields"] = _expect(
+                    subvalue, bool, "mig.copy_device_fields", "true"
+                )
         elif key == "hpc_job_mapping_dir":
             kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
     return replace(base or Config(), **kw)

@@ -38,7 +38,7 @@ from hfsampler.errors import HfsamplerError
 from hfsampler.fields import BY_NAME, Field, Kind, Role, locate
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
-from hfsampler.sources import DeviceInfo
+from hfsampler.sources import DeviceInfo, MigInstance
 from hfsampler.window import STATS, Stat, WindowStats
 
 MAGIC = b"HFSREC\x00\x01"
@@ -217,13 +217,17 @@ class RecordingWriter:
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
                  "pci_bus_id": d.pci_bus_id, "driver_version": d.driver_version,
-                 "minor_number": d.minor_number}
+                 "minor_number": d.minor_number,
+                 # a MIG instance slot, and the instance it held when the recording began
+                 **({} if d.is_gpu else {"mig_slot": d.mig_slot, "mig": _mig_header(d)})}
                 for d in devices
             ],
             "groups": [
                 {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields],
                  # a per-instance field's own labels (a Jetson's rail, zone): [] for the others
-                 "labels": [[list(kv) for kv in f.labels] for f in g.fields]}
+                 "labels": [[list(kv) for kv in f.labels] for f in g.fields],
+                 # which are a MIG instance's own (fields.expand_mig), read on its slot's row
+                 "mig_instance": [f.mig_instance for f in g.fields]}
                 for g in self.groups
             ],
         }  # fmt: skip
@@ -328,17 +332,35 @@ class Frame:
     length: int
 
 
+def _mig_header(device: DeviceInfo) -> dict[str, Any] | None:
+    m = device.mig
+    if m is None:
+        return None
+    return {"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+            "profile": m.profile, "uuid": m.uuid}  # fmt: skip
+
+
 def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-    return tuple(DeviceInfo(**d) for d in header["devices"])
+    out = []
+    for d in header["devices"]:
+        mig = d.get("mig")
+        d = {**d, "mig": MigInstance(**mig) if mig else None}
+        out.append(DeviceInfo(**d))
+    return tuple(out)
 
 
 def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
     out = []
     for g in header["groups"]:
         labels = g.get("labels") or [[] for _ in g["fields"]]  # recordings before labels: none
+        twins = g.get("mig_instance") or [False for _ in g["fields"]]  # before MIG: none
         fields = tuple(
-            replace(BY_NAME[n], labels=tuple((str(k), str(v)) for k, v in own))
-            for n, own in zip(g["fields"], labels, strict=True)
+            replace(
+                BY_NAME[n],
+                labels=tuple((str(k), str(v)) for k, v in own),
+                mig_instance=bool(twin),
+            )
+            for n, own, twin in zip(g["fields"], labels, twins, strict=True)
         )
         out.append(GroupPlan(g["name"], float(g["interval_s"]), fields))
     return tuple(out)

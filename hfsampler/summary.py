@@ -32,6 +32,7 @@ from hfsampler.fields import (
 from hfsampler.phase_tables import phase_tables, step_tables
 from hfsampler.phases import Timeline, timeline
 from hfsampler.recording import Marker, RawChunk, Recording, WindowChunk
+from hfsampler.sources import physical
 from hfsampler.streams import (
     HISTOGRAM_BIN_W,
     HISTOGRAM_BINS,
@@ -255,6 +256,9 @@ def summarize(rec: Recording) -> Summary:
     for g in gpus:
         for r in (g.power_at, g.reasons_at, *g.activity_at, g.step_energy_at):
             r.finish()
+    # one per GPU: a MIG instance's slot row (after every GPU's) shares its GPU's power, clocks
+    # and throttling, so the GPUs' rows keep their positions in the streams
+    gpus = gpus[: len(physical(rec.devices))]
     _job_gpus(rec, gpus)
     periods = {k: float(np.median(v)) / 1e6 for k, v in reducer.refresh.items()}
     return Summary(rec, start_ns, end_ns, gpus, periods, tl, buckets, reducer.series)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pynvml
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             fake_nvml.enable_mig(fake.gpus[gpu], gpu, layout)
     now_us = [1_000_000]
     fake.clock_us = lambda: now_us[0]
-    pynvml.nvmlLib = fake_nvml.FakeLib(fake)
-    pynvml._nvmlGetFunctionPointer_cache = {}
+    # the fake under the real pynvml (imported by nvml_calls alone), as the tests put it
+    fake_nvml.install(pytest.MonkeyPatch(), fake)
     scenarios = [_open(fake, gpu, name) for gpu, name in enumerate(LAYOUTS)]
     try:
         for _ in range(args.rounds):

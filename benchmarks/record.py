@@ -1,4 +1,4 @@
-"""Recording cost: bytes per GPU-hour at 1 kHz, recorder CPU, report time for 1 h x 8 GPUs.
+"""Recording cost: bytes per GPU-hour at 1 kHz, recorder CPU, report time and memory by length.
 
 1. Synthesizes a recording offline from the sim source at virtual time (the same writer and
    window code as `hfsampler record`, without waiting an hour) and measures its size; once with the
@@ -6,9 +6,16 @@
    rounded to NVML's own resolution (1 mW, 1 %, 1 MHz, 1 MiB), which is what real GPUs give.
 2. Runs `hfsampler record --duration` and `hfsampler run --duration` (no export) on the same sim
    GPUs and compares their CPU time: the difference is what recording costs.
-3. Times `hfsampler report` (HTML and JSON) on the synthesized 1 h x 8 GPU recording.
+3. Runs `hfsampler report` (JSON and HTML) on synthesized recordings of 0.5, 2 and 8 GPU-hours
+   (``--gpus`` GPUs, so 8 GPUs: 3.75, 15 and 60 min) and measures each run's wall time, CPU time
+   and peak RSS (``wait4``: that process alone), and the HTML's size; GPU-hours reduced per CPU
+   minute (the report is one thread: per core). Peer, in the same run: the report before it
+   streamed (``--peer-ref``, a commit of this repository, exported with ``git archive``), on the
+   recordings up to ``--peer-max-gpu-hours`` (its memory grows about 0.67 GB per GPU-hour).
 
     python benchmarks/record.py [--gpus 8] [--hours 1] [--cpu-seconds 15]
+                                [--report-gpu-hours 0.5,2,8] [--peer-ref 22a9a79]
+                                [--peer-max-gpu-hours 2]
 
 Prints a table and writes benchmarks/out/record.json.
 """
@@ -17,76 +24,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select  # noqa: E402
-from hfsampler.plan import plan_groups  # noqa: E402
-from hfsampler.record import store_window  # noqa: E402
-from hfsampler.recording import RecordingWriter  # noqa: E402
-from hfsampler.ring import RingRows  # noqa: E402
-from hfsampler.sources.sim import SimSource  # noqa: E402
-from hfsampler.window import WindowClock  # noqa: E402
+sys.path.insert(0, str(REPO / "tests"))
 
-
-def synthesize(
-    path: Path, gpus: int, seconds: int, quantize: bool, seed: int = 0
-) -> dict[str, float]:
-    """A recording of ``seconds`` of ``gpus`` sim GPUs sampled at 1 kHz / 10 Hz, written offline."""
-    sim = SimSource(gpus=gpus, seed=seed)
-    inventory = sim.open(select(None))
-    plans = plan_groups(inventory.fields, DEFAULT_GROUP_INTERVALS_S)
-    start = (time.time_ns() - seconds * 10**9) // 10**9 * 10**9
-    header = {"start_ns": start, "command": ["synthetic"], "command_line": "synthetic",
-              "host": "bench", "source": "sim", "labels": {}, "job": {}}  # fmt: skip
-    writer = RecordingWriter(path, header, inventory.devices, plans)
-    keep = list(range(gpus))
-    last = [np.full((gpus, len(p.fields)), -1, np.int64) for p in plans]
-    g_ids = np.arange(gpus)[None, :]
-    began = time.perf_counter()
-    clock = WindowClock(1.0, start_ns=start)  # offline: its windows, never its wall clock
-    for _ in range(seconds):
-        t0, t1 = clock.t0_ns, clock.t1_ns
-        clock.advance()
-        for gi, plan in enumerate(plans):
-            step = int(plan.interval_s * 1e9)
-            ticks = np.arange(t0, t1, step, dtype=np.int64)
-            n, f = len(ticks), len(plan.fields)
-            values = np.empty((n, gpus, f))
-            driver = np.empty((n, gpus, f), np.int64)
-            if any(x.kind is Kind.COUNTER for x in plan.fields):
-                for r, t in enumerate(ticks):
-                    sim.read(plan.fields, values[r], driver[r], int(t))
-            else:
-                for j, field in enumerate(plan.fields):
-                    refresh = sim.refresh_ns(field.name)
-                    at = ticks - ticks % refresh
-                    values[:, :, j] = sim.value_at(field.name, at[:, None], g_ids)
-                    driver[:, :, j] = (at // 1000)[:, None]
-            if quantize:
-                for j, field in enumerate(plan.fields):
-                    if field.kind is not Kind.COUNTER:  # NVML's integer units, then the scale
-                        unit = 1e-3 if field.unit == "W" else 1.0
-                        values[:, :, j] = np.round(values[:, :, j] / unit) * unit
-            prev = np.concatenate([last[gi][None], driver[:-1]])
-            values[driver == prev] = np.nan  # repeats, as the sampler marks them
-            last[gi] = driver[-1].copy()
-            rows = RingRows(ticks, np.zeros(n, np.int64), values, driver)
-            store_window(writer, gi, plan, rows, t0, t1, keep)
-    writer.close({"end_ns": start + seconds * 10**9, "exit_code": 0})
-    elapsed = time.perf_counter() - began
-    size = path.stat().st_size
-    return {"bytes": size, "bytes_per_gpu_hour": size / gpus / (seconds / 3600),
-            "write_s": elapsed, "samples": writer.samples_written}  # fmt: skip
+from sim_recordings import synthesize  # noqa: E402  (the tests' offline sim recordings)
 
 
 def cpu_of(args: list[str]) -> float:
@@ -97,11 +49,106 @@ def cpu_of(args: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+# Runs `hfsampler ARGS` and, at exit, prints its own peak RSS (VmHWM): ru_maxrss would count the
+# pages the child shared with this benchmark between fork and exec (the synthesizer's gigabytes).
+PEAK_RSS = """import atexit, runpy, sys
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            sys.stderr.write("PEAK_RSS_KB " + line.split()[1] + "\\n")
+atexit.register(peak)
+import hfsampler
+sys.stderr.write("IMPORTED " + hfsampler.__file__ + "\\n")
+sys.argv[0] = "hfsampler"
+runpy.run_module("hfsampler", run_name="__main__")
+"""
+
+
+def measured(args: list[str], root: Path, cwd: Path) -> dict[str, float]:
+    """Wall and CPU seconds (``wait4``: that process alone) and peak RSS of `hfsampler ARGS`,
+    the package imported from ``root`` (run in ``cwd``, not the checkout, whose own package
+    would come first on ``sys.path``)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    began = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", PEAK_RSS, *args], env=env, cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - began
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{args} failed ({proc.returncode}): {err[-2000:]}")
+    peak_kb = [int(line.split()[1]) for line in err.splitlines() if line.startswith("PEAK_RSS_KB")]
+    imported = [line for line in err.splitlines() if line.startswith("IMPORTED ")]
+    if not imported or not imported[-1].endswith(str(root / "hfsampler" / "__init__.py")):
+        raise RuntimeError(f"the wrong hfsampler ran: {imported} (wanted {root})")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss_mb": peak_kb[-1] / 1024}  # fmt: skip
+
+
+def export_peer(ref: str, into: Path) -> Path | None:
+    """The package as it was at ``ref`` (None where git or the commit is not there)."""
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "hfsampler"],
+                                 check=True, capture_output=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return into
+
+
+def report_scaling(tmp: Path, gpus: int, gpu_hours: list[float], peer: Path | None,
+                   peer_max: float, made: dict[float, Path]) -> list[dict[str, Any]]:  # fmt: skip
+    """`hfsampler report` on recordings of each length (``made``: those already synthesized, by
+    GPU-hours): this tree's, and the peer's."""
+    rows: list[dict[str, Any]] = []
+    for gh in gpu_hours:
+        path = made.get(gh) or tmp / f"report-{gh:g}.hfs"
+        if not path.exists():
+            synthesize(path, gpus, int(gh * 3600 / gpus), quantize=False)
+        size_mb = path.stat().st_size / 1e6
+        for impl, root in (("new", REPO), ("old", peer)):
+            if root is None or (impl == "old" and gh > peer_max):
+                continue
+            for fmt in ("json", "html"):
+                out = tmp / f"report-{gh:g}-{impl}.{fmt}"
+                m = measured(["report", str(path), "--format", fmt, "-o", str(out)], root, tmp)
+                rows.append({"gpu_hours": gh, "file_mb": size_mb, "impl": impl,
+                             "format": fmt, **m, "output_mb": out.stat().st_size / 1e6,
+                             "gpu_hours_per_cpu_minute": gh / (m["cpu_s"] / 60)})  # fmt: skip
+                out.unlink()
+        path.unlink()
+    return rows
+
+
+def print_scaling(rows: list[dict[str, Any]]) -> None:
+    old = {(r["gpu_hours"], r["format"]): r for r in rows if r["impl"] == "old"}
+    print(f"\n{'report':<14} {'GPU-h':>6} {'file MB':>8} {'wall s':>7} {'CPU s':>6} "
+          f"{'GPU-h/CPU-min':>13} {'peak RSS MB':>11} {'out MB':>7} {'old RSS MB':>10} "
+          f"{'RSS new/old':>11} {'CPU new/old':>11}")  # fmt: skip
+    for r in rows:
+        if r["impl"] != "new":
+            continue
+        peer = old.get((r["gpu_hours"], r["format"]))
+        ratio_rss = f"{r['peak_rss_mb'] / peer['peak_rss_mb']:.2f}" if peer else "-"
+        ratio_cpu = f"{r['cpu_s'] / peer['cpu_s']:.2f}" if peer else "-"
+        old_rss = f"{peer['peak_rss_mb']:.0f}" if peer else "-"
+        print(f"{r['format']:<14} {r['gpu_hours']:>6g} {r['file_mb']:>8.1f} {r['wall_s']:>7.1f} "
+              f"{r['cpu_s']:>6.1f} {r['gpu_hours_per_cpu_minute']:>13.1f} "
+              f"{r['peak_rss_mb']:>11.0f} {r['output_mb']:>7.1f} {old_rss:>10} "
+              f"{ratio_rss:>11} {ratio_cpu:>11}")  # fmt: skip
+    print("(a shared 2-core machine: CPU seconds are steadier than wall; compare the ratios)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--cpu-seconds", type=int, default=15)
+    ap.add_argument("--report-gpu-hours", default="0.5,2,8")
+    ap.add_argument("--peer-ref", default="22a9a79", help="the report before it streamed")
+    ap.add_argument("--peer-max-gpu-hours", type=float, default=2.0)
     ns = ap.parse_args()
     seconds = int(ns.hours * 3600)
     result: dict[str, object] = {"gpus": ns.gpus, "seconds": seconds}
@@ -111,12 +158,12 @@ def main() -> None:
         full = Path(tmp, "run.hfs")
         result["sim_full_precision"] = synthesize(full, ns.gpus, seconds, quantize=False)
         hf = [sys.executable, "-m", "hfsampler"]
-        for fmt, out in (("json", Path(tmp, "s.json")), ("html", Path(tmp, "r.html"))):
-            began = time.perf_counter()
-            subprocess.run([*hf, "report", str(full), "--format", fmt, "-o", str(out)], check=True,
-                           stderr=subprocess.DEVNULL)  # fmt: skip
-            result[f"report_{fmt}_s"] = time.perf_counter() - began
-            result[f"report_{fmt}_bytes"] = out.stat().st_size
+        peer = export_peer(ns.peer_ref, Path(tmp, "peer"))
+        result["report_peer"] = ns.peer_ref if peer else None
+        wanted = [float(x) for x in ns.report_gpu_hours.split(",") if x]
+        scaling = report_scaling(Path(tmp), ns.gpus, wanted, peer, ns.peer_max_gpu_hours,
+                                 {ns.gpus * seconds / 3600: full})  # fmt: skip
+        result["report"] = scaling
         gpus = ",".join(str(i) for i in range(ns.gpus))
         dur = f"{ns.cpu_seconds}s"
         base = cpu_of([*hf, "run", "--source", "sim", "--gpus", str(ns.gpus), "--listen", "",
@@ -139,10 +186,9 @@ def main() -> None:
         f"{'bytes per GPU-hour, NVML resolution (MB)':<48} {quant['bytes_per_gpu_hour'] / 1e6:.1f}"
     )
     print(f"{f'{ns.gpus} GPUs x {ns.hours:g} h file (MB)':<48} {full_r['bytes'] / 1e6:.1f}")
-    print(f"{'report html (s)':<48} {result['report_html_s']:.1f}")
-    print(f"{'report json (s)':<48} {result['report_json_s']:.1f}")
     print(f"{'CPU run / record over the same time (s)':<48} {base:.1f} / {rec:.1f}")
     print(f"{'recording overhead (% of one core)':<48} {result['record_overhead_cpu_percent']:.1f}")
+    print_scaling(scaling)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """`replay --raw` throughput into a real VictoriaMetrics: the array path against the snapshot path.
 
-Synthesizes a recording of ``--gpus`` sim GPUs for ``--seconds`` (``record.synthesize``, the
-recorder's own writer, at virtual time), starts VictoriaMetrics (the integration tests'
-harness), then replays every raw sample twice, each under its own ``bench`` label:
+Synthesizes a recording of ``--gpus`` sim GPUs for ``--seconds``
+(``tests/sim_recordings.synthesize``, the recorder's own writer, at virtual time), starts
+VictoriaMetrics (the integration tests' harness), then replays every raw sample twice, each
+under its own ``bench`` label:
 
 - ``arrays``: what ``hfsampler replay --raw`` does now (``RawBatches``: encoded straight from
   the raw chunk arrays, ``RemoteWriter.push_encoded``);
@@ -33,10 +34,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "tests"))
 
 import receivers as rx  # noqa: E402 (the integration tests' receiver harness)
-from record import synthesize  # noqa: E402
+from sim_recordings import synthesize  # noqa: E402  (the tests' offline sim recordings)
 
 from hfsampler.recording import Recording  # noqa: E402
 from hfsampler.remote_write import RemoteWriter, endpoint_from_url  # noqa: E402

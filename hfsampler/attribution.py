@@ -7,6 +7,11 @@ named by its index, listing the job ids running on it, written by the batch syst
 removed by its epilog) gives an ``hpc_job`` label. A labeller never raises: when its source fails
 it logs once and keeps the labels it last knew, because dropping attribution for a window would
 split every series in two.
+
+A MIG instance is attributed on its own row: the device plugin names a MIG slice by the MIG
+device's UUID (``MIG-...``, or ``MIG-GPU-<uuid>/<gi>/<ci>`` from older plugins), and a job file
+for one is named ``<gpu>.<GPU_I_ID>`` as dcgm-exporter's are. The service gives a labeller the
+rows' devices again when the MIG layout changes (``set_devices``).
 """
 
 from __future__ import annotations
@@ -38,16 +43,37 @@ class Labeller(Protocol):
 
     def labels(self) -> list[dict[str, str]]: ...
 
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        """The rows' devices now (a MIG slot holds another instance)."""
+        ...
+
     def close(self) -> None: ...
 
 
 def _device_keys(devices: Sequence[DeviceInfo]) -> dict[str, int]:
-    """What a device id may be (UUID or index, as the device plugin's strategy says) → position."""
+    """What a device id may be (UUID or index, as the device plugin's strategy says) → position.
+
+    A MIG instance's row answers to its MIG UUIDs only: the GPU's own ids stay the GPU's.
+    """
     keys: dict[str, int] = {}
     for pos, d in enumerate(devices):
-        keys[d.uuid] = pos
-        keys[str(d.index)] = pos
+        if d.is_gpu:
+            keys[d.uuid] = pos
+            keys[str(d.index)] = pos
+        elif d.mig is not None:
+            keys[d.mig.uuid] = pos
+            keys[f"MIG-{d.uuid}/{d.mig.gpu_instance_id}/{d.mig.compute_instance_id}"] = pos
     return keys
+
+
+def job_file_names(device: DeviceInfo) -> tuple[str, ...]:
+    """The job-mapping file names of a row, first match wins: ``0`` or the GPU's UUID; for a
+    MIG instance ``0.<GPU_I_ID>`` as dcgm-exporter names them, or its MIG UUID."""
+    if device.is_gpu:
+        return (str(device.index), device.uuid)
+    if device.mig is None:
+        return ()
+    return (f"{device.index}.{device.mig.gpu_instance_id}", device.mig.uuid)
 
 
 def pod_labels_from_response(response: Any, devices: Sequence[DeviceInfo]) -> list[dict[str, str]]:
@@ -121,6 +147,9 @@ class PodResourcesLabeller:
         self._last = pod_labels_from_response(response, self.devices)
         return self._last
 
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        self.devices = tuple(devices)
+
     def close(self) -> None:
         self._channel.close()
 
@@ -148,10 +177,12 @@ class JobMappingLabeller:
     def labels(self) -> list[dict[str, str]]:
         out: list[dict[str, str]] = []
         for d in self.devices:
+            job = None
             try:
-                job = read_job_file(self.directory / str(d.index))
-                if job is None:
-                    job = read_job_file(self.directory / d.uuid)
+                for name in job_file_names(d):
+                    job = read_job_file(self.directory / name)
+                    if job is not None:
+                        break
             except OSError as exc:
                 if not self._failing:
                     log.warning("job mapping %s: %s", self.directory, exc)
@@ -159,6 +190,9 @@ class JobMappingLabeller:
                 job = None
             out.append({HPC_JOB_LABEL: job} if job else {})
         return out
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        self.devices = tuple(devices)
 
     def close(self) -> None:
         pass
@@ -179,6 +213,10 @@ class CombinedLabeller:
             else:
                 merged = [{**a, **b} for a, b in zip(merged, got, strict=True)]
         return merged or []
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        for part in self.parts:
+            part.set_devices(devices)
 
     def close(self) -> None:
         for part in self.parts:

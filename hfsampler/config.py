@@ -38,6 +38,9 @@ LOG_FORMATS = ("text", "json")
 MIN_INTERVAL_S = 1e-4
 # Compared in whole nanoseconds, so that no spelling of 100us falls a float's hair short of it.
 _MIN_INTERVAL_NS = to_ns(MIN_INTERVAL_S)
+# The slow lane's groups sleep without spinning and share a thread: faster than this, they are
+# often late (measured: a 1 ms group there was late on half of its ticks)
+SLOW_LANE_MIN_INTERVAL_S = 0.01
 MIN_MAX_RING_BYTES = 1 << 20
 
 
@@ -98,6 +101,7 @@ class Config:
 
     source: str = "auto"
     sim_gpus: int = 2
+    sim_mig: tuple[str, ...] = ()  # `--sim-mig 3g,2g,1g,1g`: every sim GPU's MIG layout
     seed: int = 0
     devices: tuple[int, ...] | None = None
     intervals_s: Mapping[str, float] = field(
@@ -127,6 +131,8 @@ class Config:
     instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
     queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
     max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
+    # `mig.copy_device_fields`: GPU-level fields on every MIG instance too, as dcgm-exporter does
+    mig_copy_device_fields: bool = False
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -209,13 +215,32 @@ class Config:
 
     def warnings(self) -> list[str]:
         """What is accepted but will not do what it might seem to: said at check and at start."""
-        out = self.label_warnings()
+        out = self.label_warnings() + self.lane_warnings()
         default_max = QueueConfig().max_shards
         for i, ep in enumerate(self.remote_write):
             if ep.queue.max_shards != default_max:
                 out.append(
                     f"remote_write[{i}].queue_config.max_shards is not used: hfsampler runs "
                     f"min_shards ({ep.queue.min_shards}) shards and does not reshard"
+                )
+        return out
+
+    def lane_warnings(self) -> list[str]:
+        """Groups as fast as the real-time lane's but not on it (only the fastest group is)."""
+        used = {f.group for f in self.selected_fields()}
+        groups = [g for g in self.intervals_s if g in used]
+        if len(groups) < 2:
+            return []
+        lane = min(groups, key=self.intervals_s.__getitem__)  # as plan_groups picks it
+        out = []
+        for g in groups:
+            interval = self.intervals_s[g]
+            if g != lane and interval < SLOW_LANE_MIN_INTERVAL_S:
+                out.append(
+                    f"intervals.{g}: {interval * 1e3:g} ms runs on the sampler's second thread "
+                    f"(only the fastest group, {lane}, has the real-time lane) and will often "
+                    f"be late; give it {SLOW_LANE_MIN_INTERVAL_S * 1e3:g} ms or more, or move "
+                    "its fields into the fastest group with field_groups"
                 )
         return out
 
@@ -331,6 +356,7 @@ _FILE_KEYS = (
     "hostname",
     "host_label",
     "instance",
+    "mig",
 )
 
 
@@ -449,6 +475,14 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
         elif key == "instance":
             # `instance: ""` or `instance: false` leave the label off
             kw[key] = "" if value in ("", False) else _expect(value, str, key, "node17:9400")
+        elif key == "mig":
+            block = _expect(value, dict, key, "{copy_device_fields: true}")
+            for sub, subvalue in block.items():
+                if sub != "copy_device_fields":
+                    raise _unknown(str(sub), ["copy_device_fields"], "mig.")
+                kw["mig_copy_device_fields"] = _expect(
+                    subvalue, bool, "mig.copy_device_fields", "true"
+                )
         elif key == "hpc_job_mapping_dir":
             kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
     return replace(base or Config(), **kw)

@@ -13,7 +13,7 @@ the field that serves one.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hfsampler.errors import ConfigError
@@ -56,6 +56,8 @@ class Field:
     labels: tuple[tuple[str, str], ...] = ()  # an expanded field's own labels, e.g. (("rail", ..),)
     # not in the default selection nor in a group's: only by name or ``all`` (see ``select``)
     opt_in: bool = False
+    # the field's per-MIG-instance twin (expand_mig): read on MIG instance rows, not on GPUs
+    mig_instance: bool = False
 
     @property
     def prometheus_type(self) -> str:
@@ -142,6 +144,8 @@ CATALOGUE: tuple[Field, ...] = (
           nvml_call="fb_used", scale=_MIB, jetson="mem_used"),
     Field("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "MiB", Kind.GAUGE,
           FAST, nvml_call="fb_reserved", scale=_MIB),
+    Field("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", "MiB", Kind.GAUGE, SLOW,
+          nvml_call="fb_total", scale=_MIB),
     # NVLink
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
           "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
@@ -289,6 +293,39 @@ def expand_xid(fields: Sequence[Field]) -> tuple[Field, ...]:
         else:
             out.append(f)
     return tuple(out)
+
+
+# What NVML answers per MIG instance: its own framebuffer, and (Hopper and newer) GPM activity
+# through nvmlGpmMigSampleGet. Everything else (power, clocks, temperature, ECC, PCIe, NVLink,
+# energy) belongs to the physical GPU.
+MIG_INSTANCE_FIELDS: frozenset[str] = frozenset(
+    {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"}
+    | {"DCGM_FI_DEV_FB_RESERVED"}
+    | {f.name for f in CATALOGUE if f.gpm_metric}
+)
+
+
+def expand_mig(fields: Sequence[Field], intervals_s: Mapping[str, float]) -> tuple[Field, ...]:
+    """``fields`` and, after them, the per-MIG-instance twin of each that NVML has per instance.
+
+    The twins carry ``mig_instance`` and are read on MIG instance rows only (a source without
+    MIG finds them unsupported everywhere, and discovery drops them). A twin never samples in
+    the fastest group: a MIG read belongs to the slow lane, so a twin of a fastest-group field
+    goes to the next faster group there is (``slow`` by default); with one group only, there is
+    no slow lane and it stays.
+    """
+    fastest = min(intervals_s.values(), default=0.0)
+    # of equally fast groups, `slow` (GPM has its own refresh and may be moved alone)
+    slower = sorted((iv, name != SLOW, name) for name, iv in intervals_s.items() if iv > fastest)
+    twins = []
+    for f in fields:
+        if f.name not in MIG_INSTANCE_FIELDS or f.mig_instance:
+            continue
+        group = f.group
+        if intervals_s.get(group) == fastest and slower:
+            group = slower[0][2]
+        twins.append(replace(f, mig_instance=True, group=group))
+    return (*fields, *twins)
 
 
 _BY_LOWER: dict[str, str] = {name.lower(): name for name in BY_NAME}  # names are case-insensitive

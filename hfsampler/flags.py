@@ -24,6 +24,7 @@ from hfsampler.config import (
     with_remote_write_urls,
 )
 from hfsampler.durations import parse_duration
+from hfsampler.sources.sim_mig import parse_layout
 
 Convert = Callable[[str, str], Any]  # (the flag's value, its name) -> the Config's value
 
@@ -72,6 +73,13 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--gpus", "simulated GPUs (sim source)", metavar="N", type=int, key="sim_gpus"),
     Flag("--seed", "seed of the simulated GPUs", type=int, key="seed"),
+    Flag(
+        "--sim-mig",
+        "MIG layout of every simulated GPU, e.g. 3g,2g,1g,1g (H200 profiles)",
+        metavar="LAYOUT",
+        key="sim_mig",
+        convert=parse_layout,
+    ),
     Flag("--interval", "the fast group's interval, e.g. 1ms", metavar="DUR"),
     Flag(
         "--intervals",

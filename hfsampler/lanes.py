@@ -3,7 +3,9 @@
 A read that takes long (an ECC or retired-pages query, a GPM sample pair, an XID event wait) must
 never delay a millisecond tick, so the fastest group (normally ``fast``, 1 ms) has the process's
 main thread to itself: its deadline loop does one read, one ring row and a few counters per tick
-(repeats are marked by the rings' readers; GPUs up and the heartbeat every 16 ticks).
+(repeats are marked by the rings' readers; GPUs up and the heartbeat every 16 ticks). When
+the source's devices change (a MIG layout, found in a slow read), the lane that read them tells
+the parent at once, with the time of that read: rows from then on are the new instances'.
 Every other group runs on the slow lane, a second thread with its own deadlines, its own rings
 (one writer per ring, as before) and its own status slots. NVML's calls go through ctypes, which
 releases the GIL, so while the slow lane waits in a slow call the fast lane runs; the slow lane's
@@ -25,14 +27,17 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from hfsampler.ring import Ring
-from hfsampler.sources import Source
+from hfsampler.sources import DeviceInfo, Source
+
+# (wall-clock ns of the read that found them, the source's devices): to the parent
+Publish = Callable[[int, tuple[DeviceInfo, ...]], None]
 
 if TYPE_CHECKING:
     from hfsampler.sampler import GroupPlan, SamplerPlan
@@ -115,6 +120,9 @@ def ask_realtime(priority: int) -> int:
     """
     if priority <= 0 or not hasattr(os, "sched_setscheduler"):
         return 0
+    inherited = _inherited_realtime()
+    if inherited >= priority:
+        return inherited  # started under chrt with more than asked: keep it
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
     except (PermissionError, OSError) as exc:
@@ -128,6 +136,28 @@ def ask_realtime(priority: int) -> int:
     return priority
 
 
+def _inherited_realtime() -> int:
+    """The real-time priority this thread runs at already (0: the normal scheduler)."""
+    with contextlib.suppress(AttributeError, OSError):
+        if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
+            return int(os.sched_getparam(0).sched_priority)
+    return 0
+
+
+def _other_threads_to_normal() -> None:
+    """Every other thread of the process (numpy's BLAS threads, started at import, inherit a
+    chrt policy) back to the normal scheduler: none may outrank the fast lane."""
+    me = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            tid = int(task)
+            if tid == me:
+                continue
+            with contextlib.suppress(AttributeError, OSError):
+                if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
 def _normal_priority() -> None:
     """Leave a real-time policy this thread inherited (a sampler started under chrt)."""
     with contextlib.suppress(AttributeError, OSError):
@@ -136,18 +166,25 @@ def _normal_priority() -> None:
 
 
 def run_lanes(
-    plan: SamplerPlan, src: Source, rings: Sequence[Ring], s: Status, parent_pid: int
+    plan: SamplerPlan,
+    src: Source,
+    rings: Sequence[Ring],
+    s: Status,
+    parent_pid: int,
+    publish: Publish | None = None,
 ) -> None:
     """Sample until ``s[STOP]`` is set (or the parent is gone): the fast lane on this thread.
 
-    ``rings`` are in ``plan.groups``' order. Raises what either lane raised.
+    ``rings`` are in ``plan.groups``' order. ``publish`` is given the source's devices after
+    the first read and after every read that changed them, by the slow lane where there is one.
+    Raises what either lane raised.
     """
     groups = plan.groups
     fastest = min(range(len(groups)), key=lambda k: groups[k].interval_s)
     others = [k for k in range(len(groups)) if k != fastest]
     threshold_ns = int(plan.late_threshold_s * 1e9)
     interval_ns = int(groups[fastest].interval_s * 1e9)
-    slow = _SlowLane(plan, src, rings, s, others, threshold_ns) if others else None
+    slow = _SlowLane(plan, src, rings, s, others, threshold_ns, publish) if others else None
     old_switch = sys.getswitchinterval()
     try:
         if slow is not None:
@@ -155,6 +192,7 @@ def run_lanes(
             slow.thread.start()  # before asking for real-time: a new thread inherits the policy
         reduce_timer_slack()
         s[RT_PRIORITY] = ask_realtime(plan.realtime_priority)
+        _other_threads_to_normal()
         if plan.spin_s is not None:
             spin_ns = int(plan.spin_s * 1e9)
         else:
@@ -167,7 +205,10 @@ def run_lanes(
         s[STATE] = RUNNING
         if slow is not None:
             slow.go.set()
-        _fast_lane(plan, src, rings, s, parent_pid, fastest, spin_ns, threshold_ns, slow)
+        fast_publish = publish if slow is None else None
+        _fast_lane(
+            plan, src, rings, s, parent_pid, fastest, spin_ns, threshold_ns, slow, fast_publish
+        )
     finally:
         if slow is not None:
             slow.stop.set()
@@ -197,6 +238,7 @@ def _fast_lane(
     spin_ns: int,
     threshold_ns: int,
     slow: _SlowLane | None,
+    publish: Publish | None = None,
 ) -> None:
     """One group's deadline loop: sleep, read, publish the row, count."""
     group = plan.groups[index]
@@ -210,6 +252,7 @@ def _fast_lane(
     perf_ns, wall_ns, sleep = time.perf_counter_ns, time.time_ns, time.sleep
     now = perf_ns()
     deadline = now - now % interval + interval
+    published: tuple[DeviceInfo, ...] | None = None
     while not s[STOP]:
         remaining = deadline - perf_ns()
         if remaining > spin_ns:
@@ -228,6 +271,9 @@ def _fast_lane(
         read_at = wall_ns()
         src.read(fields, values, driver, read_at)
         ring.commit(read_at, lateness)  # repeats are the reader's to mark, once per window
+        if publish is not None and src.devices is not published:
+            published = src.devices
+            publish(read_at, published)
         ticks += 1
         s[base] = ticks
         if lateness > threshold_ns:
@@ -263,8 +309,10 @@ class _SlowLane:
         s: Status,
         indices: Sequence[int],
         threshold_ns: int,
+        publish: Publish | None = None,
     ) -> None:
         self._plan = plan
+        self._publish = publish
         self._src = src
         self._rings = rings
         self._s = s
@@ -306,6 +354,7 @@ class _SlowLane:
             for j, iv in enumerate(intervals)
         ]
         perf_ns, wall_ns, wait = time.perf_counter_ns, time.time_ns, self.stop.wait
+        publish, published = self._publish, None
         while not s[STOP]:
             j = min(range(n), key=deadlines.__getitem__)
             deadline = deadlines[j]
@@ -325,6 +374,9 @@ class _SlowLane:
             src.read(groups[j].fields, values, driver, read_at)
             self.reading = None
             ring.commit(read_at, lateness)
+            if publish is not None and src.devices is not published:
+                published = src.devices
+                publish(read_at, published)
             base = bases[j]
             s[base] += 1
             if lateness > self._threshold_ns:

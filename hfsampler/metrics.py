@@ -7,13 +7,20 @@ are siblings such as ``_max``), plus a field's own labels where it has several i
 states carry their last value into windows without a fresh sample; a gauge without samples for
 ``stale_after_windows`` windows, every series of a GPU that went down, and everything at shutdown
 gets Prometheus's stale marker once.
+
+A MIG instance's series are its slot row's (``DeviceInfo.mig``): dcgm-exporter's labels plus
+``GPU_I_ID``, ``GPU_I_PROFILE`` and ``MIG_UUID``, with the parent GPU's ``UUID``. A slot carries
+the per-instance fields (``Field.mig_instance``); GPU-level fields stay on the GPU's own row,
+once, unless ``copy_device_fields`` copies them onto every instance as dcgm-exporter does. When
+a slot's instance changes (``set_devices``), its old series end with stale markers and the new
+instance's begin, as when a pod's labels change.
 """
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -62,9 +69,13 @@ def host_labels(
 GPU_LABEL_NAMES = ("gpu", "UUID", "device", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")
 
 
+# The labels a MIG instance's series have besides its GPU's, as dcgm-exporter names them.
+MIG_LABEL_NAMES = ("GPU_I_ID", "GPU_I_PROFILE", "MIG_UUID")
+
+
 def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
-    """dcgm-exporter's per-GPU labels, with the host's (``host_labels``)."""
-    return {
+    """dcgm-exporter's per-GPU labels, with the host's (``host_labels``); a MIG instance's too."""
+    labels = {
         "gpu": str(device.index),
         "UUID": device.uuid,
         "device": device.device,
@@ -73,6 +84,10 @@ def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
         "pci_bus_id": device.pci_bus_id,
         "DCGM_FI_DRIVER_VERSION": device.driver_version,
     }
+    m = device.mig
+    if m is not None:
+        labels.update(GPU_I_ID=str(m.gpu_instance_id), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
+    return labels
 
 
 @dataclass(slots=True)
@@ -86,6 +101,7 @@ class _GroupSeries:
     empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
     seen: npt.NDArray[np.bool_]  # [gpu, field]: had a sample once (else nothing to mark stale)
     refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
+    copied: npt.NDArray[np.int64]  # columns copied from a GPU onto its MIG instances
 
 
 class MetricModel:
@@ -103,8 +119,17 @@ class MetricModel:
         host_label: str = "Hostname",
         instance: str | None = None,
         instance_port: int = DEFAULT_INSTANCE_PORT,
+        copy_device_fields: bool = False,
     ) -> None:
         self.devices = tuple(devices)
+        self.copy_device_fields = copy_device_fields
+        # per MIG slot row, the row of its GPU (whose fields a copy takes)
+        first_row = {d.index: r for r, d in reversed(list(enumerate(self.devices))) if d.is_gpu}
+        self._slots = np.array([r for r, d in enumerate(self.devices) if not d.is_gpu], np.int64)
+        self._parents = np.array([first_row[self.devices[r].index] for r in self._slots], np.int64)
+        twins = {f.name for fs in groups.values() for f in fs if f.mig_instance}
+        self._twinned = twins  # names a MIG instance has its own series of: never copied
+        self._extra: list[Mapping[str, str]] = [{} for _ in self.devices]
         self.host = host_labels(hostname, host_label, instance, instance_port)
         self.external = dict(external_labels or {})
         self.self_metrics = self_metrics
@@ -129,25 +154,51 @@ class MetricModel:
         the old ones drop out of the next snapshot and get stale markers like any ended series.
         """
         for i, labels in enumerate(extra):
-            base = gpu_labels(self.devices[i], self.host)
-            # external labels win, as with Prometheus's own external_labels
-            wanted = {**base, **labels, **self.external}
-            previous = self._base_labels[i]
-            if wanted == previous:
-                continue
-            self._base_labels[i] = wanted
-            for group in self._groups.values():
-                for arr in [a for _, a in group.by_stat] + [group.refresh]:
-                    for j in range(arr.shape[1]):
-                        old = arr[i, j]
-                        if old is not None:
-                            # keep a series' own labels (e.g. `field`), swap the GPU's
-                            own = {k: v for k, v in old.labels if k not in previous}
-                            arr[i, j] = self.registry.series(old.name, {**wanted, **own})
+            self._extra[i] = labels
+            self._relabel(i)
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        """The rows' devices now (the sampler's source found a new MIG layout).
+
+        A slot whose instance changed gets the new instance's series from here on; the old
+        ones drop out of the next snapshot and get stale markers.
+        """
+        for i, d in enumerate(devices):
+            if d != self.devices[i]:
+                self.devices = (*self.devices[:i], d, *self.devices[i + 1 :])
+                self._relabel(i)
+
+    def _relabel(self, i: int) -> None:
+        base = gpu_labels(self.devices[i], self.host)
+        # external labels win, as with Prometheus's own external_labels
+        wanted = {**base, **self._extra[i], **self.external}
+        previous = self._base_labels[i]
+        if wanted == previous:
+            return
+        self._base_labels[i] = wanted
+        for group in self._groups.values():
+            for arr in [a for _, a in group.by_stat] + [group.refresh]:
+                for j in range(arr.shape[1]):
+                    old = arr[i, j]
+                    if old is not None:
+                        # keep a series' own labels (e.g. `field`), swap the GPU's
+                        own = {k: v for k, v in old.labels if k not in previous}
+                        arr[i, j] = self.registry.series(old.name, {**wanted, **own})
+
+    def _has(self, row: int, f: Field) -> bool:
+        """Whether row ``row`` can have series of ``f``: a GPU its fields, a MIG slot its own
+        per-instance fields (and, copying, the GPU's fields an instance has no own series of)."""
+        if self.devices[row].is_gpu:
+            return not f.mig_instance
+        if f.mig_instance:
+            return True
+        return self.copy_device_fields and f.name not in self._twinned
 
     def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
         g = len(self.devices)
         own = [dict(f.labels) for f in fields]
+        has = np.array([[self._has(i, f) for f in fields] for i in range(g)], dtype=np.bool_)
+        has = has.reshape(g, len(fields))
         by_stat: list[tuple[Stat, ObjArray]] = []
         for stat in STATS:
             arr: ObjArray = np.empty((g, len(fields)), dtype=object)
@@ -157,14 +208,14 @@ class MetricModel:
                 name = f.name + stat.suffix
                 help_text = f"{f.help.rstrip('.')}; {stat.help[f.kind]}."
                 self.registry.family(name, help_text, f.prometheus_type, f.unit)
-                for i in range(g):
+                for i in np.flatnonzero(has[:, j]):
                     # a per-instance field (a rail, a zone) adds its own label to the GPU's
                     arr[i, j] = self.registry.series(name, {**self._base_labels[i], **own[j]})
             by_stat.append((stat, arr))
         refresh: ObjArray = np.empty((g, len(fields)), dtype=object)
         self.registry.family(REFRESH_METRIC, REFRESH_HELP, "gauge", "seconds")
         for j, f in enumerate(fields):
-            for i in range(g):
+            for i in np.flatnonzero(has[:, j]):
                 labels = {**self._base_labels[i], **own[j], "field": f.name}
                 refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
         carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
@@ -176,7 +227,28 @@ class MetricModel:
             np.zeros((g, len(fields)), dtype=np.int64),
             np.zeros((g, len(fields)), dtype=np.bool_),
             refresh,
+            np.array(
+                [j for j, f in enumerate(fields) if self.copy_device_fields and not f.mig_instance]
+                if self._slots.size
+                else [],
+                dtype=np.int64,
+            ),
         )
+
+    def _copy_to_instances(self, group: _GroupSeries, stats: WindowStats) -> WindowStats:
+        """``stats`` with each MIG slot's copied columns taken from its GPU's row."""
+        if not group.copied.size:
+            return stats
+        to = np.ix_(self._slots, group.copied)
+        at = np.ix_(self._parents, group.copied)
+        values = {}
+        for name, v in stats.values.items():
+            v = v.copy()
+            v[to] = v[at]
+            values[name] = v
+        count = stats.count.copy()
+        count[to] = count[at]
+        return replace(stats, values=values, count=count)
 
     def snapshot(
         self,
@@ -190,6 +262,7 @@ class MetricModel:
         alive: dict[int, Series] = {}
         for name, stats in windows.items():
             group = self._groups[name]
+            stats = self._copy_to_instances(group, stats)
             has = stats.count > 0
             group.empty_windows = np.where(has, 0, group.empty_windows + 1)
             group.seen |= has
@@ -213,7 +286,7 @@ class MetricModel:
                 values.extend(data[idx].tolist())
             # the series' real resolution: the window over its distinct samples, so a dashboard
             # can tell a 1 ms field from one the driver refreshes every 100 ms
-            idx = np.nonzero(has & gpu_up[:, None])
+            idx = np.nonzero(has & gpu_up[:, None] & (group.refresh != None))  # noqa: E711
             window_s = (stats.t1_ns - stats.t0_ns) / 1e9
             for s, n in zip(group.refresh[idx], stats.count[idx].tolist(), strict=True):
                 alive[s.id] = s

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler.config import Config, check_intervals
-from hfsampler.fields import Field, expand_xid
+from hfsampler.fields import Field, expand_mig, expand_xid
 from hfsampler.probe import apply_recommendation, probe
 from hfsampler.sampler import GroupPlan
 from hfsampler.sources import Inventory, SourceSpec, open_source
@@ -26,15 +26,21 @@ from hfsampler.sources.resolve import resolve_source
 log = logging.getLogger("hfsampler")
 
 
-def discover(spec: SourceSpec, wanted: Sequence[Field]) -> Inventory:
+def discover(
+    spec: SourceSpec, wanted: Sequence[Field], intervals_s: Mapping[str, float] | None = None
+) -> Inventory:
     """Open the source once here to learn the devices and fields, then release it.
 
     Fields that no GPU supports are left out (the source logs each once). The XID counter is one
-    field per code (``expand_xid``).
+    field per code (``expand_xid``). With the groups' ``intervals_s``, the fields NVML has per
+    MIG instance get their per-instance twins (``expand_mig``), kept where a GPU has MIG on.
     """
+    fields = expand_xid(wanted)
+    if intervals_s is not None:
+        fields = expand_mig(fields, intervals_s)
     source = open_source(spec)
     try:
-        inventory = source.open(expand_xid(wanted))
+        inventory = source.open(fields)
     finally:
         source.close()
     keep: npt.NDArray[np.bool_] = np.asarray(inventory.supported.any(axis=0))
@@ -75,7 +81,8 @@ class RunPlan:
         """The plan for the devices at ``positions`` (nvml: the source opens only those)."""
         if self.spec.kind != "nvml" or len(positions) == len(self.inventory.devices):
             return self
-        indices = tuple(self.inventory.devices[p].index for p in positions)
+        # a MIG instance's slot is its GPU's: that GPU opens with all its slots
+        indices = tuple(dict.fromkeys(self.inventory.devices[p].index for p in positions))
         return _planned(self.config, replace(self.spec, indices=indices))
 
 
@@ -94,6 +101,6 @@ def build_run(config: Config) -> RunPlan:
 
 
 def _planned(config: Config, spec: SourceSpec) -> RunPlan:
-    inventory = discover(spec, config.selected_fields())
+    inventory = discover(spec, config.selected_fields(), config.intervals_s)
     groups = plan_groups(inventory.fields, config.intervals_s)
     return RunPlan(config, spec, inventory, tuple(groups))

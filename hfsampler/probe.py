@@ -26,7 +26,7 @@ from hfsampler import fields as catalogue
 from hfsampler.config import MIN_INTERVAL_S, Config
 from hfsampler.fields import Field
 from hfsampler.flags import add_sampling_flags, config_from_args
-from hfsampler.sources import Source, SourceSpec, open_source
+from hfsampler.sources import Source, SourceSpec, open_source, physical
 from hfsampler.sources.resolve import resolve_source
 
 log = logging.getLogger(__name__)
@@ -240,6 +240,7 @@ def probe(
         source.close()
     batched = _batched_per_gpu(spec, wanted, gpus, clock_ns)
     by_field = dict(zip(live, refresh, strict=True))
+    gpu_rows = physical(inventory.devices)
     probes = []
     for f in inventory.fields:
         if f not in by_field:
@@ -247,6 +248,7 @@ def probe(
             continue
         per_gpu, method, seen = by_field[f]
         p50, p99 = latency[f]
+        per_gpu = [per_gpu[r] for r in gpu_rows]  # a MIG instance slot is no GPU to report
         probes.append(
             FieldProbe(f.name, f.group, True, p50, p99, tuple(per_gpu), method, seen, f.labels)
         )
@@ -254,7 +256,7 @@ def probe(
     intervals, groups = recommend(probes, tick_p50, window_s)
     return ProbeResult(
         source=spec.kind,
-        gpus=tuple(d.model_name for d in inventory.devices),
+        gpus=tuple(inventory.devices[r].model_name for r in gpu_rows),
         duration_s=duration_s,
         fields=tuple(probes),
         batched_read_us=batched,

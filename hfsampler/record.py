@@ -88,29 +88,44 @@ def visible_gpus(selection: str | None, env: Mapping[str, str]) -> list[str] | N
     if text is None:
         return None
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or items[0] == "-1" or any(t.startswith("MIG-") for t in items):
+    if not items or items[0] == "-1":
         if selection is not None:
             raise ConfigError("--gpus", f"{text!r} selects no GPU", "e.g. --gpus 0,2")
-        log.warning("CUDA_VISIBLE_DEVICES=%r names no whole GPU: recording all GPUs", text)
+        log.warning("CUDA_VISIBLE_DEVICES=%r names no GPU: recording all GPUs", text)
         return None
     return items
 
 
 def choose(devices: Sequence[DeviceInfo], wanted: Sequence[str] | None) -> list[int]:
-    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do)."""
+    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do).
+
+    A MIG UUID (``MIG-...``, as CUDA_VISIBLE_DEVICES names an instance) gives the instance's
+    slot and its GPU (whose power, clocks and temperature the instance shares); a whole GPU
+    gives its MIG slots too.
+    """
     if wanted is None:
         return list(range(len(devices)))
     out: list[int] = []
+    gpus = [p for p, d in enumerate(devices) if d.is_gpu]
     for item in wanted:
-        if item.isdigit():
-            hits = [p for p, d in enumerate(devices) if d.index == int(item)]
+        if item.startswith("MIG-"):
+            hits = [p for p, d in enumerate(devices) if d.mig and d.mig.uuid.startswith(item)]
+        elif item.isdigit():
+            hits = [p for p in gpus if devices[p].index == int(item)]
         else:
-            hits = [p for p, d in enumerate(devices) if d.uuid.startswith(item)]
+            hits = [p for p in gpus if devices[p].uuid.startswith(item)]
         if len(hits) != 1:
-            have = ", ".join(str(d.index) for d in devices)
+            have = ", ".join(str(devices[p].index) for p in gpus)
+            instances = [d.mig.uuid for d in devices if d.mig is not None]
+            if instances:
+                have += "; MIG instances " + ", ".join(instances)
             raise ConfigError("--gpus", f"no single GPU {item!r}", f"this node has GPUs {have}")
-        if hits[0] not in out:
-            out.append(hits[0])
+        d = devices[hits[0]]
+        if d.is_gpu:
+            hits += [p for p, s in enumerate(devices) if not s.is_gpu and s.index == d.index]
+        else:
+            hits = [p for p in gpus if devices[p].index == d.index] + hits
+        out.extend(p for p in hits if p not in out)
     return out
 
 
@@ -412,6 +427,7 @@ class Recorder:
         power = " ".join(
             f"gpu{self.inventory.devices[p].index} {_w(self.power_now[i])}/{_w(self.power_max[i])}W"
             for i, p in enumerate(self.keep)
+            if self.inventory.devices[p].is_gpu  # an instance's power is its GPU's
         )
         text = (
             f"record {(t_ns - start_ns) / 1e9:7.1f}s  {writer.samples_written:,} samples  "
@@ -453,11 +469,11 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("-o", "--output", default="run.hfs", metavar="FILE", help="default run.hfs")
     add_sampling_flags(p, ("--config", "--interval", "--window"), wording=wording)
     # Not the sampling --gpus (how many simulated GPUs): which of this node's GPUs to record.
-    gpus_help = "GPU indices or UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
+    gpus_help = "GPU indices, UUIDs or MIG UUIDs (default: CUDA_VISIBLE_DEVICES, else all)"
     p.add_argument("--gpus", dest="gpu_list", metavar="LIST", help=gpus_help)
     add_sampling_flags(
         p,
-        ("--label", "--duration", "--source", "--seed", "--fields"),
+        ("--label", "--duration", "--source", "--seed", "--sim-mig", "--fields"),
         wording=wording,
         sources=("auto", "nvml", "sim", "jetson"),
     )
@@ -494,12 +510,14 @@ def cmd_record(args: argparse.Namespace) -> int:
     if plan.spec.kind == "nvml" and len(keep) < len(plan.inventory.devices):
         # open only the job's GPUs: the others are not ours to read at 1 kHz
         plan = plan.only(keep)
-        keep = list(range(len(plan.inventory.devices)))
+        keep = choose(plan.inventory.devices, opts.gpus)
     if not keep or not plan.fields:
         log.error("nothing to record: no GPU or no supported field")
         return 1
     fast = [f for f in plan.fields if f.group == FAST and f.kind is Kind.GAUGE]
-    log.info("recording %d GPU(s), %d fields (%d fast) to %s", len(keep), len(plan.fields),
-             len(fast), opts.output)  # fmt: skip
+    gpus = sum(plan.inventory.devices[p].is_gpu for p in keep)
+    log.info("recording %d GPU(s)%s, %d fields (%d fast) to %s", gpus,
+             f" and {len(keep) - gpus} MIG instance slot(s)" if len(keep) > gpus else "",
+             len(plan.fields), len(fast), opts.output)  # fmt: skip
     out = sys.stderr if opts.status else None
     return Recorder(opts, plan, keep, out).run()

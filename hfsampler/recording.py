@@ -21,6 +21,7 @@ better ratio matters more than snappy's speed.
 
 from __future__ import annotations
 
+import array
 import os
 import struct
 import zlib
@@ -37,7 +38,7 @@ from hfsampler.errors import HfsamplerError
 from hfsampler.fields import BY_NAME, Field, Kind, Role, locate
 from hfsampler.ring import RingRows
 from hfsampler.sampler import GroupPlan
-from hfsampler.sources import DeviceInfo
+from hfsampler.sources import DeviceInfo, MigInstance
 from hfsampler.window import STATS, Stat, WindowStats
 
 MAGIC = b"HFSREC\x00\x01"
@@ -45,6 +46,8 @@ FORMAT_VERSION = 2  # 2: the header names the window statistics
 FORMAT_1_STATS = ("min", "max", "mean", "p99", "last")  # what format 1 stored, in this order
 _FRAME = struct.Struct("<4sII")
 HEAD, RAW, WIN, PROC, MARK, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"MARK", b"END_"
+_TAGS = (HEAD, RAW, WIN, PROC, MARK, END)  # a frame's tag is kept as its position here
+_TAG_CODES = {tag: code for code, tag in enumerate(_TAGS)}
 MARKER_KINDS = ("mark", "begin", "end", "step")  # an instant; a phase's edges; step n starts
 ZLIB_LEVEL = 6
 
@@ -72,7 +75,10 @@ def _shuffle(a: npt.NDArray[Any]) -> bytes:
 def _unshuffle(data: bytes, dtype: type[np.generic], n: int) -> npt.NDArray[Any]:
     size = np.dtype(dtype).itemsize
     planes = np.frombuffer(data, np.uint8, n * size).reshape(size, n)
-    return np.ascontiguousarray(planes.T).view(dtype).reshape(n)
+    out = np.empty((n, size), np.uint8)
+    for p in range(size):  # a plane at a time: about twice as fast as copying planes.T at once
+        out[:, p] = planes[p]
+    return out.view(dtype).reshape(n)
 
 
 def _xor_pack(values: npt.NDArray[Any], utype: type[np.generic]) -> bytes:
@@ -92,8 +98,8 @@ def _pack(meta: Mapping[str, Any], blobs: Sequence[bytes]) -> bytes:
     return zlib.compress(struct.pack("<I", len(head)) + head + b"".join(blobs), ZLIB_LEVEL)
 
 
-def _unpack(payload: bytes) -> tuple[dict[str, Any], list[bytes]]:
-    raw = zlib.decompress(payload)
+def _unpack(payload: bytes, bufsize: int = zlib.DEF_BUF_SIZE) -> tuple[dict[str, Any], list[bytes]]:
+    raw = zlib.decompress(payload, bufsize=bufsize)
     (n,) = struct.unpack_from("<I", raw)
     meta: dict[str, Any] = orjson.loads(raw[4 : 4 + n])
     blobs, off = [], 4 + n
@@ -142,6 +148,14 @@ class Windows:
         """Window ``i`` as the ``WindowStats`` the metric model takes."""
         values = {name: v[i] for name, v in self.values.items()}
         return WindowStats(int(self.t0_ns[i]), int(self.t1_ns[i]), fields, values, self.count[i])
+
+
+@dataclass(frozen=True, slots=True)
+class WindowChunk:
+    """One group's statistics over one window, as stored (``stats`` arrays are ``[gpu, field]``)."""
+
+    group: int
+    stats: WindowStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,13 +217,17 @@ class RecordingWriter:
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
                  "pci_bus_id": d.pci_bus_id, "driver_version": d.driver_version,
-                 "minor_number": d.minor_number}
+                 "minor_number": d.minor_number,
+                 # a MIG instance slot, and the instance it held when the recording began
+                 **({} if d.is_gpu else {"mig_slot": d.mig_slot, "mig": _mig_header(d)})}
                 for d in devices
             ],
             "groups": [
                 {"name": g.name, "interval_s": g.interval_s, "fields": [f.name for f in g.fields],
                  # a per-instance field's own labels (a Jetson's rail, zone): [] for the others
-                 "labels": [[list(kv) for kv in f.labels] for f in g.fields]}
+                 "labels": [[list(kv) for kv in f.labels] for f in g.fields],
+                 # which are a MIG instance's own (fields.expand_mig), read on its slot's row
+                 "mig_instance": [f.mig_instance for f in g.fields]}
                 for g in self.groups
             ],
         }  # fmt: skip
@@ -314,67 +332,125 @@ class Frame:
     length: int
 
 
+def _mig_header(device: DeviceInfo) -> dict[str, Any] | None:
+    m = device.mig
+    if m is None:
+        return None
+    return {"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+            "profile": m.profile, "uuid": m.uuid}  # fmt: skip
+
+
 def _devices(header: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-    return tuple(DeviceInfo(**d) for d in header["devices"])
+    out = []
+    for d in header["devices"]:
+        mig = d.get("mig")
+        d = {**d, "mig": MigInstance(**mig) if mig else None}
+        out.append(DeviceInfo(**d))
+    return tuple(out)
 
 
 def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
     out = []
     for g in header["groups"]:
         labels = g.get("labels") or [[] for _ in g["fields"]]  # recordings before labels: none
+        twins = g.get("mig_instance") or [False for _ in g["fields"]]  # before MIG: none
         fields = tuple(
-            replace(BY_NAME[n], labels=tuple((str(k), str(v)) for k, v in own))
-            for n, own in zip(g["fields"], labels, strict=True)
+            replace(
+                BY_NAME[n],
+                labels=tuple((str(k), str(v)) for k, v in own),
+                mig_instance=bool(twin),
+            )
+            for n, own, twin in zip(g["fields"], labels, twins, strict=True)
         )
         out.append(GroupPlan(g["name"], float(g["interval_s"]), fields))
     return tuple(out)
 
 
 class Recording:
-    """A recording opened for reading: the header at once, chunks on demand.
+    """A recording opened for reading: the header at once, chunks on demand, read frame by frame.
 
-    A frame that is cut short or fails its checksum ends the readable part (``torn`` is set); the
-    chunks before it are all read normally.
+    Opening reads the file once in bounded pieces to check every frame's checksum; what is kept is
+    three small arrays per frame (tag, offset, length), never the file, so memory does not grow
+    with the recording. A frame that is cut short or fails its checksum ends the readable part
+    (``torn`` is set); the chunks before it are all read normally.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._data = self.path.read_bytes()
-        if not self._data.startswith(MAGIC):
-            raise RecordingError(f"{self.path}: not an hfsampler recording (bad magic)")
-        self.frames: list[Frame] = []
+        # compact while scanning: a day of an 8-GPU recording is half a million frames
+        tags, offsets, lengths = bytearray(), array.array("q"), array.array("q")
         self.torn = False
-        off = len(MAGIC)
-        while off < len(self._data):
-            if off + _FRAME.size > len(self._data):
-                self.torn = True
-                break
-            tag, length, crc = _FRAME.unpack_from(self._data, off)
-            start = off + _FRAME.size
-            if (
-                start + length > len(self._data)
-                or zlib.crc32(self._data[start : start + length]) != crc
-            ):
-                self.torn = True
-                break
-            self.frames.append(Frame(tag, start, length))
-            off = start + length
-        if not self.frames or self.frames[0].tag != HEAD:
+        with open(self.path, "rb") as f:
+            if f.read(len(MAGIC)) != MAGIC:
+                raise RecordingError(f"{self.path}: not an hfsampler recording (bad magic)")
+            size = os.fstat(f.fileno()).st_size
+            off = len(MAGIC)
+            while off < size:
+                frame = f.read(_FRAME.size)
+                if len(frame) < _FRAME.size:
+                    self.torn = True
+                    break
+                tag, length, crc = _FRAME.unpack(frame)
+                start = off + _FRAME.size
+                if start + length > size or zlib.crc32(f.read(length)) != crc:
+                    self.torn = True
+                    break
+                tags.append(_TAG_CODES.get(tag, len(_TAGS)))
+                offsets.append(start)
+                lengths.append(length)
+                off = start + length
+        self._tags = np.frombuffer(bytes(tags), np.uint8)
+        self._offsets = np.frombuffer(offsets, np.int64)
+        self._lengths = np.frombuffer(lengths, np.int64)
+        if not len(self._tags) or self._tags[0] != _TAG_CODES[HEAD]:
             raise RecordingError(f"{self.path}: the header chunk is missing or damaged")
         self._windows: dict[int, Windows] = {}
-        self.header, _ = self._load(self.frames[0])
+        self.header, _ = self._load(0)
         self.devices = _devices(self.header)
         self.groups = _groups(self.header)
-        end = [f for f in self.frames if f.tag == END]
-        self.end: dict[str, Any] | None = self._load(end[-1])[0] if end else None
+        end = self._where(END)
+        self.end: dict[str, Any] | None = self._load(int(end[-1]))[0] if len(end) else None
+
+    @property
+    def frames(self) -> list[Frame]:
+        """Every readable frame, in file order."""
+        return [
+            Frame(_TAGS[t] if t < len(_TAGS) else b"????", int(o), int(n))
+            for t, o, n in zip(self._tags, self._offsets, self._lengths, strict=True)
+        ]
+
+    def _where(self, tag: bytes) -> IntArray:
+        return np.nonzero(self._tags == _TAG_CODES[tag])[0].astype(np.int64)
+
+    def _load(self, index: int) -> tuple[dict[str, Any], list[bytes]]:
+        with open(self.path, "rb") as f:
+            return _unpack(os.pread(f.fileno(), int(self._lengths[index]),
+                                    int(self._offsets[index])))  # fmt: skip
+
+    def _payloads(
+        self, tags: Sequence[bytes]
+    ) -> Iterator[tuple[bytes, dict[str, Any], list[bytes]]]:
+        """The frames with one of ``tags``, decoded one at a time, in file order."""
+        codes = np.array([_TAG_CODES[t] for t in tags], np.uint8)
+        # zlib's output buffer starts at 16 KiB and grows block by block; started near the size
+        # it will reach (the ratio of the last frame of that tag and size class), a raw chunk
+        # inflates about a third faster
+        ratios: dict[tuple[int, int], float] = {}
+        with open(self.path, "rb") as f:
+            fd = f.fileno()
+            for k in np.nonzero(np.isin(self._tags, codes))[0]:
+                length = int(self._lengths[k])
+                key = (int(self._tags[k]), length.bit_length())
+                guess = int(length * ratios.get(key, 1.0)) + 64
+                payload = os.pread(fd, length, int(self._offsets[k]))
+                meta, blobs = _unpack(payload, max(guess, zlib.DEF_BUF_SIZE))
+                ratios[key] = (sum(map(len, blobs)) + 64) / max(1, length)
+                yield _TAGS[self._tags[k]], meta, blobs
 
     @property
     def complete(self) -> bool:
         """True when the recorder closed the file (an end chunk and no torn tail)."""
         return self.end is not None and not self.torn
-
-    def _load(self, frame: Frame) -> tuple[dict[str, Any], list[bytes]]:
-        return _unpack(self._data[frame.offset : frame.offset + frame.length])
 
     def group_index(self, name: str) -> int:
         for i, g in enumerate(self.groups):
@@ -396,13 +472,19 @@ class Recording:
 
     def raw_chunks(self, group: int | None = None) -> Iterator[RawChunk]:
         """Every raw chunk (of one group, if given), in file (time) order."""
-        for frame in self.frames:
-            if frame.tag != RAW:
-                continue
-            meta, blobs = self._load(frame)
-            if group is not None and meta["group"] != group:
-                continue
-            yield self._raw(meta, blobs)
+        for _, meta, blobs in self._payloads((RAW,)):
+            if group is None or meta["group"] == group:
+                yield self._raw(meta, blobs)
+
+    def stream(self) -> Iterator[RawChunk | WindowChunk]:
+        """Raw chunks and windows of every group, one at a time in file (time) order: the one
+        pass a report makes, holding a single chunk at a time."""
+        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
+        for tag, meta, blobs in self._payloads((RAW, WIN)):
+            if tag == RAW:
+                yield self._raw(meta, blobs)
+            else:
+                yield self._window(meta, blobs, names)
 
     def _raw(self, meta: dict[str, Any], blobs: list[bytes]) -> RawChunk:
         g = int(meta["group"])
@@ -414,10 +496,13 @@ class Recording:
         v32 = _xor_unpack(blobs[4], np.uint32, np.float32, n32).astype(np.float64)
         v64 = _xor_unpack(blobs[5], np.uint64, np.float64, n - n32)
         wide = np.array([stored_as_float64(f) for f in self.groups[g].fields], dtype=np.bool_)
-        wide_sample = np.repeat(wide[fld], counts)
-        values = np.empty(n)
-        values[~wide_sample] = v32
-        values[wide_sample] = v64
+        if n32 == n or n32 == 0:  # one kind of field only (the fast group: all gauges)
+            values = v32 if n32 else v64
+        else:
+            wide_sample = np.repeat(wide[fld], counts)
+            values = np.empty(n)
+            values[~wide_sample] = v32
+            values[wide_sample] = v64
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         return RawChunk(g, gpu, fld, offsets, ts, values)
 
@@ -438,23 +523,35 @@ class Recording:
             cached = self._windows[group] = self._read_windows(group)
         return cached
 
+    def _window(self, meta: dict[str, Any], blobs: list[bytes], names: list[str]) -> WindowChunk:
+        group = int(meta["group"])
+        shape = (len(self.devices), len(self.groups[group].fields))
+        values = {name: np.frombuffer(blob, np.float64).reshape(shape)
+                  for name, blob in zip(names, blobs[: len(names)], strict=True)}  # fmt: skip
+        count = np.frombuffer(blobs[len(names)], np.int64).reshape(shape)
+        stats = WindowStats(int(meta["t0_ns"]), int(meta["t1_ns"]), self.groups[group].fields,
+                            values, count)  # fmt: skip
+        return WindowChunk(group, stats)
+
+    def window_chunks(self, group: int) -> Iterator[WindowChunk]:
+        """One group's windows, one at a time in time order."""
+        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
+        for _, meta, blobs in self._payloads((WIN,)):
+            if meta["group"] == group:
+                yield self._window(meta, blobs, names)
+
     def _read_windows(self, group: int) -> Windows:
-        gpus, fields = len(self.devices), len(self.groups[group].fields)
-        shape = (gpus, fields)
+        shape = (len(self.devices), len(self.groups[group].fields))
         names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
         t0, t1, counts = [], [], []
         stats: dict[str, list[FloatArray]] = {name: [] for name in names}
-        for frame in self.frames:
-            if frame.tag != WIN:
-                continue
-            meta, blobs = self._load(frame)
-            if meta["group"] != group:
-                continue
-            t0.append(int(meta["t0_ns"]))
-            t1.append(int(meta["t1_ns"]))
-            for name, blob in zip(names, blobs[: len(names)], strict=True):
-                stats[name].append(np.frombuffer(blob, np.float64).reshape(shape))
-            counts.append(np.frombuffer(blobs[len(names)], np.int64).reshape(shape))
+        for chunk in self.window_chunks(group):
+            w = chunk.stats
+            t0.append(w.t0_ns)
+            t1.append(w.t1_ns)
+            for name in names:
+                stats[name].append(w.values[name])
+            counts.append(w.count)
 
         def stack(items: list[Any], dtype: type[np.generic]) -> Any:
             return np.stack(items) if items else np.empty((0, *shape), dtype)
@@ -463,28 +560,30 @@ class Recording:
         return Windows(np.array(t0, np.int64), np.array(t1, np.int64), values,
                        stack(counts, np.int64))  # fmt: skip
 
+    def process_snapshots(self) -> Iterator[dict[str, Any]]:
+        """Each process snapshot in turn: ``{"t_ns": ..., "gpus": {gpu index: [process, ...]}}``."""
+        for _, meta, _ in self._payloads((PROC,)):
+            yield meta
+
     def processes(self) -> list[dict[str, Any]]:
-        """Every process snapshot: ``{"t_ns": ..., "gpus": {gpu index: [process, ...]}}``."""
-        return [self._load(f)[0] for f in self.frames if f.tag == PROC]
+        """Every process snapshot (see ``process_snapshots``)."""
+        return list(self.process_snapshots())
 
     def markers(self) -> list[Marker]:
         """Every stored marker, in time order."""
-        out = [
-            Marker.from_json(m)
-            for f in self.frames
-            if f.tag == MARK
-            for m in self._load(f)[0]["markers"]
-        ]
+        out = [Marker.from_json(m) for _, meta, _ in self._payloads((MARK,))
+               for m in meta["markers"]]  # fmt: skip
         return sorted(out, key=lambda m: m.t_ns)
 
     def time_range_ns(self) -> tuple[int, int]:
-        """Start from the header; end from the end chunk, else the last window or raw chunk."""
+        """Start from the header; end from the end chunk, else the last window or raw chunk
+        (chunks are appended in time order: the last few frames hold the latest end)."""
         start = int(self.header["start_ns"])
         if self.end is not None:
             return start, int(self.end["end_ns"])
         last = start
-        for frame in self.frames:
-            if frame.tag in (RAW, WIN):
-                meta, _ = self._load(frame)
-                last = max(last, int(meta.get("t1_ns", last)))
+        data = np.nonzero(np.isin(self._tags, [_TAG_CODES[RAW], _TAG_CODES[WIN]]))[0]
+        for k in data[-2 * max(1, len(self.groups)) :]:
+            meta, _ = self._load(int(k))
+            last = max(last, int(meta.get("t1_ns", last)))
         return start, last

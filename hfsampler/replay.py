@@ -113,7 +113,9 @@ def window_snapshots(rec: Recording, labels: dict[str, str]) -> list[Snapshot]:
         w = rec.windows(gi)
         for k in range(len(w.t1_ns)):
             by_end.setdefault(int(w.t1_ns[k]), {})[group.name] = w.stats(k, group.fields)
-    up = np.ones(len(rec.devices), dtype=np.bool_)
+    # a MIG slot empty when the recording began has no labels of its own: its rows stay out
+    # (the header keeps the layout at the start; an instance created later is not replayed)
+    up = np.array([d.is_gpu or d.mig is not None for d in rec.devices], dtype=np.bool_)
     return [model.snapshot(by_end[t1], up, t1) for t1 in sorted(by_end)]
 
 
@@ -125,6 +127,7 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
     registry = SeriesRegistry()
     host = host_labels(rec.header.get("host") or "localhost")
     base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
+    held = np.array([d.is_gpu or d.mig is not None for d in rec.devices], dtype=np.bool_)
     for chunk in rec.raw_chunks():
         fields = rec.groups[chunk.group].fields
         series = []
@@ -139,6 +142,8 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
         ms = chunk.ts_us // 1000
         order = np.lexsort((cell, ms))  # by ms, then cell; a cell's samples stay in time order
         ms, cell, values = ms[order], cell[order], chunk.values[order]
+        keep = held[chunk.gpu[cell]]  # an empty MIG slot's cells stay out, as in windows
+        ms, cell, values = ms[keep], cell[keep], values[keep]
         # two samples of one series in one millisecond: Remote-Write keeps one, keep the last
         last = np.ones(len(ms), dtype=np.bool_)
         last[:-1] = (ms[1:] != ms[:-1]) | (cell[1:] != cell[:-1])
@@ -185,6 +190,8 @@ class RawBatches:
         self.batch_samples = batch_samples
         host = host_labels(rec.header.get("host") or "localhost")
         self._base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
+        # a MIG slot empty at the start has no labels of its own: left out, as in windows
+        self._held = np.array([d.is_gpu or d.mig is not None for d in rec.devices], np.bool_)
         self._sid: dict[tuple[int, int, int], int] = {}
         self._series: list[_RawSeries] = []
         empty = np.empty(0, np.int64)
@@ -211,11 +218,13 @@ class RawBatches:
         parts: list[tuple[Any, Any, Any]] = []
         pending = 0
         for chunk in self.rec.raw_chunks():
-            cells = [self._series_id(chunk.group, int(g), int(f))
-                     for g, f in zip(chunk.gpu, chunk.field, strict=True)]  # fmt: skip
+            held = self._held[chunk.gpu]
+            cells = [self._series_id(chunk.group, int(g), int(f)) if ok else -1
+                     for g, f, ok in zip(chunk.gpu, chunk.field, held, strict=True)]  # fmt: skip
             sid = np.repeat(np.array(cells, np.int64), np.diff(chunk.offsets))
-            parts.append((sid, chunk.ts_us // 1000, chunk.values))
-            pending += len(sid)
+            keep = sid >= 0
+            parts.append((sid[keep], chunk.ts_us[keep] // 1000, chunk.values[keep]))
+            pending += int(keep.sum())
             if pending >= self.batch_samples:
                 batch = self._batch(parts, final=False)
                 parts, pending = [], 0

@@ -1,11 +1,15 @@
 """`hfsampler report`: a recording as one self-contained HTML page of plots, or its summary as JSON.
 
-The page embeds plotly.js once (no network needed to view it) and draws, per GPU: power (the raw
-samples as a min/max envelope per time bucket, the window min-max band and the window mean),
-utilization, memory used, temperature, SM clock, and throttle reasons as a timeline; then what a
-15 s scrape of the 1 s-averaged power would have shown beside the truth; last, each field's
-observed refresh period. Plots use SVG traces, not WebGL, so the page renders anywhere, headless
-browsers included; the envelope keeps every peak while bounding the points per trace.
+The page embeds plotly.js once (no network needed to view it): the context and summary, the
+job's phases and steps (from its markers), then per GPU: power (the raw samples as a min/max
+envelope per plot bucket, the window min-max band and the window mean), utilization, memory used,
+temperature, SM clock, and throttle reasons as a timeline, every phase shaded across them; then
+what a 15 s scrape of the 1 s-averaged power would have shown beside the truth; last, a table per
+phase and each field's observed refresh period. Every series is reduced to a fixed number of plot
+buckets while the file streams (``hfsampler.summary``), so the page's size does not grow with the
+recording. Plots use SVG traces, not WebGL, so the page renders anywhere, headless browsers
+included. Two recordings make a comparison page instead (``hfsampler.compare``). A missing file,
+one that is not a recording, or more than two: one line naming it, exit 2.
 """
 
 from __future__ import annotations
@@ -20,21 +24,14 @@ from typing import Any
 import numpy as np
 
 from hfsampler.errors import HfsamplerError
-from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, SM_CLOCK
-from hfsampler.recording import Recording
+from hfsampler.fields import POWER
+from hfsampler.recording import Recording, RecordingError
 from hfsampler.report_processes import processes_html, processes_json
-from hfsampler.summary import REASONS, Summary, summarize
+from hfsampler.summary import PANELS, REASONS, Summary, summarize
 from hfsampler.window import MAX, MEAN, MIN
 
-PANELS = (
-    (GPU_UTIL, MEAN, "Utilization (%)"),
-    (FB_USED, MAX, "Memory used (MiB)"),
-    (GPU_TEMP, MEAN, "Temperature (C)"),
-    (SM_CLOCK, MIN, "SM clock (MHz)"),
-)
 
-
-def _plotly() -> Any:
+def plotly_modules() -> Any:
     try:
         import plotly.graph_objects as go  # type: ignore[import-untyped]
         from plotly.subplots import make_subplots  # type: ignore[import-untyped]
@@ -43,58 +40,94 @@ def _plotly() -> Any:
     return go, make_subplots
 
 
-def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
-    """One GPU's figure: power, the other panels, and the throttle timeline, sharing the x axis."""
-    go, make_subplots = _plotly()
+PHASE_COLOURS = (
+    "rgba(44,160,44,0.13)",
+    "rgba(255,127,14,0.13)",
+    "rgba(148,103,189,0.13)",
+    "rgba(140,86,75,0.13)",
+    "rgba(23,190,207,0.13)",
+    "rgba(188,189,34,0.13)",
+)
+STEP_COLOUR = "rgba(127,127,127,0.10)"
+MAX_SHADED_STEPS = 200  # more steps than this are tabled, not shaded: the bands would be hairs
+
+
+def phase_shapes(summary: Summary) -> list[dict[str, Any]]:
+    """Every phase as a band over the figure's whole height, labelled at the top; steps as
+    alternating grey bands (a few hundred at most); instant marks as dotted lines."""
+    start, tl = summary.start_ns, summary.timeline
+    shapes: list[dict[str, Any]] = []
+    for k, p in enumerate(tl.phases):
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
+                       "x0": (p.start_ns - start) / 1e9, "x1": (p.end_ns - start) / 1e9,
+                       "fillcolor": PHASE_COLOURS[k % len(PHASE_COLOURS)], "line": {"width": 0},
+                       "layer": "below", "name": f"phase {p.label}",
+                       "label": {"text": p.label, "textposition": "top left",
+                                 "font": {"size": 11}}})  # fmt: skip
+    for series in tl.steps:
+        if len(series.numbers) > MAX_SHADED_STEPS:
+            continue
+        for k in range(0, len(series.numbers), 2):
+            shapes.append({"type": "rect", "xref": "x", "yref": "paper", "y0": 0, "y1": 1,
+                           "x0": (int(series.start_ns[k]) - start) / 1e9,
+                           "x1": (int(series.end_ns[k]) - start) / 1e9, "fillcolor": STEP_COLOUR,
+                           "line": {"width": 0}, "layer": "below",
+                           "name": f"{series.name} {series.numbers[k]}"})  # fmt: skip
+    for m in tl.marks:
+        x = (m.t_ns - start) / 1e9
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "y0": 0, "y1": 1, "x0": x,
+                       "x1": x, "line": {"width": 1, "dash": "dot", "color": "#555"},
+                       "name": f"mark {m.name}",
+                       "label": {"text": m.name, "textposition": "end"}})  # fmt: skip
+    return shapes
+
+
+def gpu_figure(summary: Summary, i: int) -> Any:
+    """One GPU's figure: power, the other panels, and the throttle timeline, sharing the x axis,
+    every phase shaded across all of them."""
+    go, make_subplots = plotly_modules()
     g = summary.gpus[i]
     titles = ["Power (W)", *(p[2] for p in PANELS), "Throttle reasons"]
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, vertical_spacing=0.03,
                         subplot_titles=titles, row_heights=[3, 1, 1, 1, 1, 1])  # fmt: skip
-    start = summary.start_ns
-    # the power role's first field with windows for this GPU (not only the first recorded)
-    for name in POWER.names:
-        where = rec.locate(name)
-        if where is None:
-            continue
-        w = rec.windows(where[0])
-        if not len(w.t1_ns) or not np.isfinite(w[MAX][:, i, where[1]]).any():
-            continue
-        t = (w.t0_ns - start) / 1e9  # a window's value holds over [t0, t1)
-        lo, hi, mean = (w[s][:, i, where[1]] for s in (MIN, MAX, MEAN))
-        fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0}, showlegend=False,
+    fig.update_layout(shapes=phase_shapes(summary))  # first: add_hline appends to them
+    band = [summary.window_series(POWER, s) for s in (MIN, MAX, MEAN)]
+    if all(b is not None for b in band):
+        (_, lo), (_, hi), (_, mean) = band  # type: ignore[misc]
+        t, y_hi = hi.series(i, "max")
+        _, y_lo = lo.series(i, "min")
+        tm, y_mean = mean.series(i, "mean")
+        fig.add_trace(go.Scatter(x=t, y=y_hi, mode="lines", line={"width": 0}, showlegend=False,
                                  hoverinfo="skip", line_shape="hv"), row=1, col=1)  # fmt: skip
-        fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0}, fill="tonexty",
+        fig.add_trace(go.Scatter(x=t, y=y_lo, mode="lines", line={"width": 0}, fill="tonexty",
                                  fillcolor="rgba(99,110,250,0.25)", line_shape="hv",
                                  name="window min-max"), row=1, col=1)  # fmt: skip
-        fig.add_trace(go.Scatter(x=t, y=mean, mode="lines", line_shape="hv",
+        fig.add_trace(go.Scatter(x=tm, y=y_mean, mode="lines", line_shape="hv",
                                  line={"color": "rgb(99,110,250)"}, name="window mean"),
                       row=1, col=1)  # fmt: skip
-        break
-    if g.envelope is not None:
-        tx, ty = g.envelope.points()
+    tx, ty = g.envelope.points()
+    if len(tx):
         fig.add_trace(go.Scatter(x=tx, y=ty, mode="lines", line={"width": 1, "color": "#d62728"},
                                  name=f"raw samples ({g.power_field})"), row=1, col=1)  # fmt: skip
     if np.isfinite(g.power_limit_w):
         fig.add_hline(y=g.power_limit_w, line_dash="dash", line_color="black", row=1, col=1,
                       annotation_text="power limit")  # fmt: skip
     for row, (role, stat, label) in enumerate(PANELS, start=2):
-        where = rec.locate_role(role)
-        if where is None:
+        found = summary.window_series(role, stat)
+        if found is None:
             continue
-        w = rec.windows(where[0])
-        y = w[stat][:, i, where[1]]
-        fig.add_trace(go.Scatter(x=(w.t0_ns - start) / 1e9, y=y, mode="lines", line_shape="hv",
+        t, y = found[1].series(i, stat.name)
+        fig.add_trace(go.Scatter(x=t, y=y, mode="lines", line_shape="hv",
                                  name=f"{label.split(' (')[0]} (window {stat.name})"),
                       row=row, col=1)  # fmt: skip
     names = sorted(g.throttle_spans)
-    for k, reason in enumerate(names):
+    for reason in names:
         xs: list[float | None] = []
         for s, e in g.throttle_spans[reason]:
             xs += [s, e, None]
         fig.add_trace(go.Scatter(x=xs, y=[reason if x is not None else None for x in xs],
                                  mode="lines", line={"width": 10}, name=reason,
                                  connectgaps=False), row=len(titles), col=1)  # fmt: skip
-        del k
     if not names:
         fig.add_annotation(text="no throttling recorded", showarrow=False, row=len(titles), col=1,
                            x=summary.duration_s / 2, y=0)  # fmt: skip
@@ -105,15 +138,15 @@ def gpu_figure(rec: Recording, summary: Summary, i: int) -> Any:
     return fig
 
 
-def scrape_figure(rec: Recording, summary: Summary) -> Any:
+def scrape_figure(summary: Summary) -> Any:
     """What a 15 s scrape of the 1 s-averaged power reported, beside the millisecond truth."""
-    go, make_subplots = _plotly()
+    go, make_subplots = plotly_modules()
     n = len(summary.gpus)
     fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[f"GPU {g.index}" for g in summary.gpus])  # fmt: skip
     for row, g in enumerate(summary.gpus, start=1):
-        if g.envelope is not None:
-            tx, ty = g.envelope.points()
+        tx, ty = g.envelope.points()
+        if len(tx):
             fig.add_trace(go.Scatter(x=tx, y=ty, mode="lines",
                                      line={"width": 1, "color": "#d62728"},
                                      name="truth: raw samples", showlegend=row == 1),
@@ -123,13 +156,13 @@ def scrape_figure(rec: Recording, summary: Summary) -> Any:
                                  name="15 s scrape of the 1 s average", showlegend=row == 1),
                       row=row, col=1)  # fmt: skip
     fig.update_xaxes(title_text="seconds since start", row=n, col=1)
-    fig.update_layout(height=260 * n + 120, template="plotly_white",
+    fig.update_layout(height=260 * n + 120, template="plotly_white", shapes=phase_shapes(summary),
                       title="What a 15 s scrape of dcgm-exporter's power "
                             "would have shown")  # fmt: skip
     return fig
 
 
-def _table(rows: list[tuple[str, list[str]]], head: list[str]) -> str:
+def html_table(rows: list[tuple[str, list[str]]], head: list[str]) -> str:
     out = ["<table><tr>", *(f"<th>{html.escape(h)}</th>" for h in head), "</tr>"]
     for name, cells in rows:
         out.append(f"<tr><th>{html.escape(name)}</th>")
@@ -139,33 +172,33 @@ def _table(rows: list[tuple[str, list[str]]], head: list[str]) -> str:
     return "".join(out)
 
 
-def _f(value: Any, unit: str = "", digits: int = 1) -> str:
+def fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}{unit}"
 
 
-def summary_html(summary: Summary) -> str:
-    d = summary.as_dict()
+def summary_html(d: dict[str, Any]) -> str:
+    """The context and the per-GPU summary table, from ``Summary.as_dict``."""
     gpus = d["gpus"]
     reasons = sorted({r for g in gpus for r in g["throttled_s"]}, key=list(REASONS.values()).index)
     rows: list[tuple[str, list[str]]] = [
         ("used by the job", ["-" if g["used_by_job"] is None else str(g["used_by_job"])
                              for g in gpus]),
-        ("energy", [f"{_f(g['energy_j'], ' J', 0)} ({_f(g['energy_wh'], ' Wh', 3)})"
+        ("energy", [f"{fmt(g['energy_j'], ' J', 0)} ({fmt(g['energy_wh'], ' Wh', 3)})"
                     for g in gpus]),
-        ("energy, integrated", [_f(g["energy_integrated_j"], " J", 0) for g in gpus]),
-        ("mean power", [_f(g["mean_power_w"], " W") for g in gpus]),
-        ("peak power", [f"{_f(g['peak_power_w'], ' W')} at {_f(g['peak_power_at_s'], ' s', 3)}"
+        ("energy, integrated", [fmt(g["energy_integrated_j"], " J", 0) for g in gpus]),
+        ("mean power", [fmt(g["mean_power_w"], " W") for g in gpus]),
+        ("peak power", [f"{fmt(g['peak_power_w'], ' W')} at {fmt(g['peak_power_at_s'], ' s', 3)}"
                         for g in gpus]),
-        ("p99 power", [_f(g["p99_power_w"], " W") for g in gpus]),
-        ("time above power limit", [f"{_f(g['time_above_power_limit_s'], ' s', 3)} "
-                                    f"(limit {_f(g['power_limit_w'], ' W', 0)})" for g in gpus]),
-        ("memory high-water mark", [_f(g["memory_high_water_mib"], " MiB", 0) for g in gpus]),
-        *((f"throttled: {r}", [_f(g["throttled_s"].get(r, 0.0), " s", 3) for g in gpus])
+        ("p99 power", [fmt(g["p99_power_w"], " W") for g in gpus]),
+        ("time above power limit", [f"{fmt(g['time_above_power_limit_s'], ' s', 3)} "
+                                    f"(limit {fmt(g['power_limit_w'], ' W', 0)})" for g in gpus]),
+        ("memory high-water mark", [fmt(g["memory_high_water_mib"], " MiB", 0) for g in gpus]),
+        *((f"throttled: {r}", [fmt(g["throttled_s"].get(r, 0.0), " s", 3) for g in gpus])
           for r in reasons),
-        ("15 s scrape: peak", [_f(g["scrape_15s"]["peak_w"], " W") for g in gpus]),
-        ("15 s scrape: energy", [_f(g["scrape_15s"]["energy_j"], " J", 0) for g in gpus]),
+        ("15 s scrape: peak", [fmt(g["scrape_15s"]["peak_w"], " W") for g in gpus]),
+        ("15 s scrape: energy", [fmt(g["scrape_15s"]["energy_j"], " J", 0) for g in gpus]),
     ]  # fmt: skip
-    table = _table(rows, ["", *(f"GPU {g['gpu']}" for g in gpus)])
+    table = html_table(rows, ["", *(f"GPU {g['gpu']}" for g in gpus)])
     job = {**d["labels"], **d["job"]}
     facts = [
         ("command", d["command"] or "(none: --duration)"),
@@ -181,10 +214,84 @@ def summary_html(summary: Summary) -> str:
     return f"<table>{ctx}</table><h2>Summary</h2>{table}"
 
 
-def fields_html(summary: Summary) -> str:
+def phase_rows(phase: dict[str, Any]) -> list[tuple[str, list[str]]]:
+    """One phase's table: a row per measure, a column per GPU."""
+    gpus = phase["gpus"]
+    reasons = sorted({r for g in gpus for r in g["throttled_s"]}, key=list(REASONS.values()).index)
+    return [
+        ("energy", [f"{fmt(g['energy_j'], ' J', 1)} ({fmt(g['energy_wh'], ' Wh', 4)})"
+                    for g in gpus]),
+        ("mean power", [fmt(g["mean_power_w"], " W") for g in gpus]),
+        ("p99 power", [fmt(g["p99_power_w"], " W") for g in gpus]),
+        ("peak power", [fmt(g["peak_power_w"], " W") for g in gpus]),
+        ("time above power limit", [fmt(g["time_above_power_limit_s"], " s", 3) for g in gpus]),
+        *((f"throttled: {r}", [fmt(g["throttled_s"].get(r, 0.0), " s", 3) for g in gpus])
+          for r in reasons),
+        ("mean SM activity", [fmt(_pct(g["mean_sm_active"]), " %") for g in gpus]),
+        ("mean tensor activity", [fmt(_pct(g["mean_tensor_active"]), " %") for g in gpus]),
+        ("memory high-water mark", [fmt(g["memory_high_water_mib"], " MiB", 0) for g in gpus]),
+    ]  # fmt: skip
+
+
+def _pct(ratio: float | None) -> float | None:
+    return None if ratio is None else ratio * 100
+
+
+def phases_html(d: dict[str, Any]) -> str:
+    """An overview of the phases, the step series, and what the markers got wrong."""
+    phases, steps = d["phases"], d["steps"]
+    if not phases and not steps and not d["marks"]:
+        return "<h2>Phases</h2><p>no markers recorded (see hfsampler.markers)</p>"
+    out = ["<h2>Phases</h2>"]
+    overview = [(("  " * p["depth"]) + p["label"],
+                 [fmt(p["start_s"], " s", 3), fmt(p["duration_s"], " s", 3),
+                  f"{fmt(p['energy_j'], ' J', 1)} ({fmt(p['energy_wh'], ' Wh', 4)})",
+                  "yes" if p["ended"] else "NO: runs to the end of the recording"])
+                for p in phases]  # fmt: skip
+    if phases:
+        head = ["phase", "start", "duration", "energy, all GPUs", "ended"]
+        out.append(html_table(overview, head))
+    if d["phases_not_tabled"]:
+        out.append(f"<p>{d['phases_not_tabled']} more phases were recorded but not tabled</p>")
+    if steps:
+        rows = []
+        for s in steps:
+            e, t = s["energy_per_step_j"], s["duration_s"]
+            rows.append((s["name"], [
+                str(s["steps"]), f"{s['first_step']} to {s['last_step']}",
+                f"{fmt(t['mean'], ' s', 4)} ± {fmt(t['std'], ' s', 4)}",
+                f"{fmt(e['mean'], ' J', 2)} ± {fmt(e['std'], ' J', 2)}",
+                " / ".join(fmt(e[k], "", 2) for k in ("min", "median", "max")) + " J",
+                fmt(_pct(e["cv"]), " %", 2),
+                ", ".join(fmt(x, " J", 2) for x in s["energy_per_step_j_by_gpu"]),
+            ]))  # fmt: skip
+        out.append("<h3>Steps</h3>")
+        out.append(html_table(rows, ["steps", "count", "numbers", "duration", "energy per step "
+                                 "(all GPUs)", "min / median / max", "spread (CV)",
+                                 "per GPU (mean)"]))  # fmt: skip
+        if d["steps_not_tabled"]:
+            out.append(f"<p>{d['steps_not_tabled']} more steps were recorded but not tabled</p>")
+    if d["marker_problems"]:
+        items = "".join(f"<li>{html.escape(m)}</li>" for m in d["marker_problems"])
+        out.append(f"<p>Markers:</p><ul>{items}</ul>")
+    return "".join(out)
+
+
+def phase_details_html(d: dict[str, Any]) -> str:
+    """A table per phase, GPU by GPU (after the plots: there may be a hundred)."""
+    heads = ["", *(f"GPU {g['gpu']}" for g in d["gpus"])]
+    out = ["<h2>Phases, GPU by GPU</h2>"] if d["phases"] else []
+    for p in d["phases"]:
+        span = f"{p['start_s']:.3f} s to {p['end_s']:.3f} s ({p['duration_s']:.3f} s)"
+        out.append(f"<h3 class='phase'>{html.escape(p['label'])}: {span}</h3>")
+        out.append(html_table(phase_rows(p), heads))
+    return "".join(out)
+
+
+def fields_html(d: dict[str, Any]) -> str:
     """Every recorded field's observed refresh period: a reference, one row a field."""
-    rows = [(k, [f"{v * 1e3:g} ms"]) for k, v in summary.as_dict()["field_refresh_s"].items()]
-    return "<h2>Fields</h2>" + _table(rows, ["field", "observed refresh period"])
+    rows = [(k, [f"{v * 1e3:g} ms"]) for k, v in d["field_refresh_s"].items()]
+    return "<h2>Fields</h2>" + html_table(rows, ["field", "observed refresh period"])
 
 
 STYLE = """body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;
@@ -192,49 +299,88 @@ margin:8px 0 16px}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}t
 background:#f5f5f5}"""
 
 
-def render_html(rec: Recording, summary: Summary) -> str:
-    """The whole page: context, summary table, one figure per GPU, the scrape comparison, then
-    the fields' refresh periods (after the plots: some 40 rows, the activity fields among them,
-    would push the first figure off the first screen)."""
-    figures = [gpu_figure(rec, summary, i) for i in range(len(summary.gpus))]
-    figures.append(scrape_figure(rec, summary))
-    parts = [
-        fig.to_html(full_html=False, include_plotlyjs=(k == 0), config={"responsive": True})
-        for k, fig in enumerate(figures)
-    ]
-    title = html.escape(f"hfsampler report: {rec.path.name}")
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
-        f"<style>{STYLE}</style></head><body><h1>{title}</h1>{summary_html(summary)}"
-        + "".join(parts)
-        + processes_html(rec)
-        + fields_html(summary)
-        + "</body></html>"
-    )
+def figure_html(figures: list[Any]) -> list[str]:
+    """Figures as page fragments, plotly.js embedded once, with the first."""
+    return [fig.to_html(full_html=False, include_plotlyjs=(k == 0), config={"responsive": True})
+            for k, fig in enumerate(figures)]  # fmt: skip
+
+
+def page(title: str, body: str) -> str:
+    title = html.escape(title)
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{title}</h1>{body}</body></html>")  # fmt: skip
+
+
+def render_html(summary: Summary) -> str:
+    """The whole page: context, summary table, phases, one figure per GPU, the scrape
+    comparison, then the fields' refresh periods (after the plots: some 40 rows, the activity
+    fields among them, would push the first figure off the first screen)."""
+    d = summary.as_dict()
+    figures = [gpu_figure(summary, i) for i in range(len(summary.gpus))]
+    figures.append(scrape_figure(summary))
+    body = (summary_html(d) + phases_html(d) + "".join(figure_html(figures))
+            + phase_details_html(d) + processes_html(summary.recording)
+            + fields_html(d))  # fmt: skip
+    return page(f"hfsampler report: {summary.recording.path.name}", body)
+
+
+class ReportInputError(HfsamplerError, ValueError):
+    """A report's input is missing, not a recording, or there are too many (exit 2)."""
+
+
+def open_recording(path: str) -> Recording:
+    """A recording to report on, or a ``ReportInputError`` that says what is wrong with it."""
+    if not Path(path).is_file():
+        raise ReportInputError(f"{path}: no such recording (give the .hfs file that "
+                               "`hfsampler record -o` wrote)")  # fmt: skip
+    try:
+        return Recording(path)
+    except RecordingError as exc:
+        raise ReportInputError(f"{exc} (give a .hfs file that `hfsampler record` wrote)") from None
 
 
 def register(sub: Any) -> dict[str, Any]:
-    p = sub.add_parser("report", help="turn a recording into an HTML page or a JSON summary")
-    p.add_argument("recording", metavar="RUN.hfs")
+    p = sub.add_parser("report", help="turn a recording into an HTML page or a JSON summary; "
+                       "two recordings: compare them")  # fmt: skip
+    p.add_argument("recordings", nargs="+", metavar="RUN.hfs",
+                   help="one recording, or two to compare (BASE.hfs NEW.hfs)")  # fmt: skip
     p.add_argument("-o", "--output", metavar="FILE", help="default: RUN.html (json: stdout)")
     p.add_argument("--format", choices=("html", "json"), default="html")
     return {"report": cmd_report}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    rec = Recording(args.recording)
-    summary = summarize(rec)
+    paths: list[str] = args.recordings
+    try:
+        if len(paths) > 2:
+            raise ReportInputError(f"report takes one recording, or two to compare (BASE.hfs "
+                                   f"NEW.hfs); got {len(paths)}")  # fmt: skip
+        recs = [open_recording(p) for p in paths]
+    except ReportInputError as exc:
+        print(f"hfsampler: error: {exc}", file=sys.stderr)
+        return 2
+    summaries = [summarize(rec) for rec in recs]
+    if len(summaries) == 2:
+        from hfsampler.compare import compare_dict, compare_html
+
+        data: dict[str, Any] = compare_dict(*summaries)
+        default = Path(paths[1]).with_name(f"{Path(paths[0]).stem}-vs-{Path(paths[1]).stem}.html")
+    else:
+        data, default = summaries[0].as_dict(), Path(paths[0]).with_suffix(".html")
+        data["processes"] = processes_json(recs[0])
     if args.format == "json":
-        text = json.dumps({**summary.as_dict(), "processes": processes_json(rec)}, indent=2)
+        text = json.dumps(data, indent=2)
         if args.output:
             Path(args.output).write_text(text + "\n")
         else:
             print(text)
         return 0
-    out = Path(args.output) if args.output else Path(args.recording).with_suffix(".html")
-    out.write_text(render_html(rec, summary), encoding="utf-8")
-    if rec.torn or not rec.complete:
-        print(f"hfsampler: note: {args.recording} is incomplete (the recorder did not finish); "
-              "the report covers what was written", file=sys.stderr)  # fmt: skip
+    out = Path(args.output) if args.output else default
+    text = compare_html(*summaries) if len(summaries) == 2 else render_html(summaries[0])
+    out.write_text(text, encoding="utf-8")
+    for rec in recs:
+        if rec.torn or not rec.complete:
+            print(f"hfsampler: note: {rec.path} is incomplete (the recorder did not finish); "
+                  "the report covers what was written", file=sys.stderr)  # fmt: skip
     print(f"wrote {out}", file=sys.stderr)
     return 0

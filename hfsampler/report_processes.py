@@ -12,12 +12,11 @@ process (the highest value of each), so the state is fixed per process whatever 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from hfsampler.recording import PROC, Recording
+from hfsampler.recording import Recording
 
 MAX_POINTS = 2000  # time buckets per process: the points a trace can have
 MIB = float(1 << 20)
@@ -102,14 +101,6 @@ def _number(value: Any) -> float:
     return float("nan") if value is None else float(value)
 
 
-def snapshots(rec: Recording) -> Iterator[dict[str, Any]]:
-    """The process snapshots one at a time, in file order (``Recording.processes`` builds the
-    whole list at once)."""
-    for frame in rec.frames:
-        if frame.tag == PROC:
-            yield rec._load(frame)[0]  # one chunk decoded at a time
-
-
 def tracks(rec: Recording) -> dict[int, list[ProcessTrack]]:
     """Per recorded GPU index, its processes in pid order (none for a GPU without any)."""
     start, end = rec.time_range_ns()
@@ -117,7 +108,7 @@ def tracks(rec: Recording) -> dict[int, list[ProcessTrack]]:
     by_gpu: dict[int, dict[int, ProcessTrack]] = {d.index: {} for d in rec.devices}
     held: list[tuple[ProcessTrack, float]] = []  # the last snapshot's SM values, until the next
     last_t = 0.0
-    for snap in snapshots(rec):
+    for snap in rec.process_snapshots():  # one chunk decoded at a time
         t_ns = int(snap["t_ns"])
         t = (t_ns - start) / 1e9
         for track, sm in held:

@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler import logs
 from hfsampler.errors import ConfigError, SourceError
 from hfsampler.fields import Field
 from hfsampler.lanes import (
@@ -64,7 +65,8 @@ from hfsampler.ring import (
     shm_dir,
     sweep_orphans,
 )
-from hfsampler.sources import Inventory, SourceSpec, open_source
+from hfsampler.sources import BoolArray as BoolMask
+from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, open_source
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ class SamplerPlan:
     late_threshold_s: float
     spin_s: float | None  # None: calibrate at start
     realtime_priority: int  # SCHED_FIFO priority to ask for; 0 keeps the normal scheduler
+    log_level: int = logging.INFO  # the parent's, so that the process logs as the service does
+    log_json: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,36 @@ _SIGNAL_HINTS: dict[int, str] = {
 }
 
 
+class LayoutTimeline:
+    """The rows' devices over time, as the sampler process reports them (a MIG layout).
+
+    Each entry holds from the time of the read that found it; a window asks for the devices
+    that held in it and the rows that changed inside it. Entries no window can need again (all
+    but the last before the window asked for) are dropped: windows only move forward.
+    """
+
+    def __init__(self, devices: Sequence[DeviceInfo]) -> None:
+        self._entries: list[tuple[int, tuple[DeviceInfo, ...]]] = [(0, tuple(devices))]
+
+    def add(self, since_ns: int, devices: Sequence[DeviceInfo]) -> None:
+        if len(devices) != len(self._entries[0][1]):
+            raise ValueError("a layout never changes the number of rows")
+        self._entries.append((since_ns, tuple(devices)))
+
+    def window(self, t0_ns: int, t1_ns: int) -> tuple[tuple[DeviceInfo, ...], BoolMask]:
+        """The devices of ``[t0_ns, t1_ns)`` (the last that held in it) and per row whether
+        it changed inside it."""
+        entries = self._entries
+        start = max(k for k, (since, _) in enumerate(entries) if since <= t0_ns or k == 0)
+        del entries[:start]
+        inside = [d for since, d in entries if since < t1_ns] or [entries[0][1]]
+        first, last = inside[0], inside[-1]
+        mixed = np.array(
+            [any(d[r] != first[r] for d in inside) for r in range(len(first))], dtype=np.bool_
+        )
+        return last, mixed
+
+
 class Sampler:
     """Owns the rings, the status block and the sampler process (the parent's side)."""
 
@@ -171,6 +205,8 @@ class Sampler:
         self.status: SharedInts | None = None
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None  # the child's last word, if it had one
+        self._layout: Connection | None = None  # the source's devices, when they change
+        self._layouts = LayoutTimeline(inventory.devices)
         self._exit_reason: str | None = None
         fastest = min(g.interval_s for g in self.groups)
         threshold = late_threshold_s if late_threshold_s is not None else min(2e-4, fastest / 5)
@@ -203,6 +239,8 @@ class Sampler:
             threshold,
             spin_s,
             realtime_priority,
+            logging.getLogger().getEffectiveLevel(),
+            any(isinstance(h.formatter, logs.JsonFormatter) for h in logging.getLogger().handlers),
         )
 
     @property
@@ -213,16 +251,21 @@ class Sampler:
         """Start the process and wait until it ticks (or fails)."""
         ctx = multiprocessing.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
+        layout_reader, layout_writer = ctx.Pipe(duplex=False)
         self._conn = reader
+        self._layout = layout_reader
         self._exit_reason = None
         process = ctx.Process(
-            target=_child_main, args=(self.plan, os.getpid(), writer), name="hfsampler-sampler"
+            target=_child_main,
+            args=(self.plan, os.getpid(), writer, layout_writer),
+            name="hfsampler-sampler",
         )
         process.daemon = True
         try:
             process.start()
         finally:
             writer.close()  # the child holds its own copy: EOF here once it is gone
+            layout_writer.close()
         self._process = process  # only a started one: stop() joins it
         deadline = time.monotonic() + timeout_s
         status = self._array()
@@ -274,6 +317,21 @@ class Sampler:
         base = GLOBAL_SLOTS + PER_GROUP * group_index
         return GroupCounters(int(s[base]), int(s[base + 1]), int(s[base + 2]))
 
+    def layout(self, t0_ns: int, t1_ns: int) -> tuple[tuple[DeviceInfo, ...], BoolMask]:
+        """The rows' devices for the window ``[t0_ns, t1_ns)`` and the rows whose device
+        changed inside it (a MIG slot that held one instance and then another, or none).
+
+        A changed row's window mixes two instances' samples: the caller leaves it out rather
+        than label one's samples with the other's labels. Never blocks.
+        """
+        conn = self._layout
+        if conn is not None:
+            with contextlib.suppress(EOFError, OSError):
+                while conn.poll():
+                    since_ns, devices = conn.recv()
+                    self._layouts.add(int(since_ns), devices)
+        return self._layouts.window(t0_ns, t1_ns)
+
     def gpu_up(self) -> npt.NDArray[np.bool_]:
         s = self._array()
         start = GLOBAL_SLOTS + PER_GROUP * len(self.groups)
@@ -313,6 +371,9 @@ class Sampler:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._layout is not None:
+            self._layout.close()
+            self._layout = None
 
     def close(self) -> None:
         """Stop the process and free every shared-memory block; safe to call twice."""
@@ -340,7 +401,9 @@ class Sampler:
 # -- the child process ---------------------------------------------------------------------------
 
 
-def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
+def _child_main(
+    plan: SamplerPlan, parent_pid: int, conn: Connection, layout: Connection | None = None
+) -> None:
     # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
     # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
     # systemd's control-group kill) must not end sampling before the parent has finished.
@@ -351,23 +414,27 @@ def _child_main(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s sampler: %(message)s")
+    logs.setup(logging.getLevelName(plan.log_level), "json" if plan.log_json else "text")
     try:
-        _run_child(plan, parent_pid, conn)
+        _run_child(plan, parent_pid, conn, layout)
     except BaseException as exc:
         # Whatever ends us early, the parent says why in its own log.
         _tell(conn, f"{type(exc).__name__}: {exc}")
         raise
     finally:
         conn.close()
+        if layout is not None:
+            layout.close()
 
 
-def _tell(conn: Connection, reason: str) -> None:
+def _tell(conn: Connection, reason: object) -> None:
     with contextlib.suppress(OSError):
         conn.send(reason)
 
 
-def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
+def _run_child(
+    plan: SamplerPlan, parent_pid: int, conn: Connection, layout: Connection | None = None
+) -> None:
     status = SharedInts.attach(plan.status_name)
     try:
         rings = [Ring.attach(name) for name in plan.ring_names]
@@ -386,7 +453,8 @@ def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         _detach(rings, status)
         return
     try:
-        run_lanes(plan, source, rings, s, parent_pid)
+        publish = None if layout is None else (lambda t, d: _tell(layout, (t, d)))
+        run_lanes(plan, source, rings, s, parent_pid, publish)
         s[STATE] = STOPPED
     except StuckRead as exc:
         # The read still writes into a ring and holds the driver: closing either under it would
@@ -396,7 +464,7 @@ def _run_child(plan: SamplerPlan, parent_pid: int, conn: Connection) -> None:
         s[STATE] = FAILED
         os._exit(EXIT_STUCK_READ)
     except Exception as exc:
-        log.exception("the sampler loop failed")
+        log.debug("the sampler loop failed", exc_info=True)  # the parent says why, in one line
         _tell(conn, f"the sampler loop failed: {type(exc).__name__}: {exc}")
         s[ERROR] = 1
         s[STATE] = FAILED

@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -37,7 +37,7 @@ from hfsampler.remote_write.sender import orphan_spools
 from hfsampler.sampler import GroupPlan, Sampler
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
-from hfsampler.sources import Inventory, SourceSpec
+from hfsampler.sources import DeviceInfo, Inventory, SourceSpec, physical
 from hfsampler.window import MAX, MEAN, TickStats, WindowClock, WindowReader, WindowStats, reduce
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class _Group:
     plan: GroupPlan
     index: int
     reader: WindowReader
+    rows: list[int]  # the GPU rows with a field of the group (not a MIG slot's, mostly)
     ticks: int = 0
     late: int = 0
     missed: int = 0
@@ -121,6 +122,7 @@ class Service:
         self._held: dict[str, list[Snapshot]] = {}
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
         self._sampler: Sampler | None = None
+        self._mixed = np.zeros(len(inventory.devices), dtype=np.bool_)  # see _apply_layout
         self._groups: list[_Group] = []
         self._labeller: Labeller | None = build_labeller(
             inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
@@ -140,6 +142,7 @@ class Service:
             host_label=config.host_label,
             instance=config.instance,
             instance_port=config.instance_port,
+            copy_device_fields=config.mig_copy_device_fields,
         )
 
     def _warn_orphan_spools(self) -> None:
@@ -274,11 +277,13 @@ class Service:
         try:
             await loop.run_in_executor(None, sampler.start)
             self._groups = [
-                _Group(p, i, WindowReader(sampler.rings[p.name])) for i, p in enumerate(self.plans)
+                _Group(p, i, WindowReader(sampler.rings[p.name]), self._rows_of(p))
+                for i, p in enumerate(self.plans)
             ]
             log.info(
-                "sampling %d GPU(s) from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
-                len(self.inventory.devices),
+                "sampling %d GPU(s)%s from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
+                len(physical(self.inventory.devices)),
+                _mig_text(self.inventory.devices),
                 self.spec.kind,
                 ", ".join(f"{p.name} {len(p.fields)} fields every {p.interval_s * 1e3:g} ms"
                           for p in self.plans),
@@ -316,6 +321,7 @@ class Service:
                 log.error("the sampler process died (%s); stopping", sampler.exit_reason())
                 return 1
             stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            self._apply_layout(sampler, t0, t1)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
@@ -324,6 +330,20 @@ class Service:
             skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
             if skipped:
                 log.warning("window loop fell %d window(s) behind; catching up", skipped)
+
+    def _rows_of(self, plan: GroupPlan) -> list[int]:
+        inv, wanted = self.inventory, set(plan.fields)
+        cols = [k for k, f in enumerate(inv.fields) if f in wanted]
+        return [int(r) for r in np.flatnonzero(inv.supported[:, cols].any(axis=1))]
+
+    def _apply_layout(self, sampler: Sampler, t0: int, t1: int) -> None:
+        """The window's devices (a MIG slot's instance may have changed) to the model and the
+        labeller, before the window's labels are asked for."""
+        devices, self._mixed = sampler.layout(t0, t1)
+        if devices != self.model.devices:
+            self.model.set_devices(devices)
+            if self._labeller is not None:
+                self._labeller.set_devices(devices)
 
     async def _sleep_until(self, t_ns: int) -> bool:
         """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""
@@ -337,13 +357,14 @@ class Service:
         stats, ticks = {}, {}
         for g in self._groups:
             rows = g.reader.take(t1)
-            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1)
+            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1, only=g.rows)
             ticks[g.plan.name] = TickStats.of(rows)
         return stats, ticks
 
     def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
         assert self._sampler is not None
-        gpu_up = self._sampler.gpu_up()
+        # a MIG slot whose instance changed in the window: its samples are two instances'
+        gpu_up = self._sampler.gpu_up() & ~self._mixed
         self._update_self_metrics(stats, ticks, gpu_up)
         snapshot = self.model.snapshot(stats, gpu_up, t1)
         self.latest = snapshot
@@ -378,6 +399,8 @@ class Service:
             m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
             g.reader.lost_rows = 0
         for d, up in zip(self.inventory.devices, gpu_up, strict=True):
+            if not d.is_gpu:
+                continue  # a MIG slot is down while empty: that is no lost GPU
             m.set(sm.GPU_UP, 1.0 if up else 0.0, {"gpu": str(d.index), "UUID": d.uuid})
         m.inc(sm.WINDOWS)
 
@@ -427,6 +450,14 @@ class Service:
             await runner.cleanup()
 
 
+def _mig_text(devices: Sequence[DeviceInfo]) -> str:
+    slots = [d for d in devices if not d.is_gpu]
+    if not slots:
+        return ""
+    held = sum(d.mig is not None for d in slots)
+    return f" and {held} MIG instance(s) in {len(slots)} slot(s)"
+
+
 def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int) -> str:
     """One compact terminal line per window: per GPU power mean/max, util, memory, temperature."""
     windows = list(stats.values())
@@ -442,6 +473,8 @@ def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int)
     stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
     parts = [stamp]
     for i, d in enumerate(inventory.devices):
+        if not d.is_gpu:
+            continue  # one line per GPU; its instances are in the series
         text = [f"gpu{d.index}"]
         if power is not None:
             text.append(f"P {_fmt(power[0][i])}/{_fmt(power[1][i])}W")

@@ -140,8 +140,36 @@ class WindowStats:
         return self.values[stat.name]
 
 
-def reduce(rows: RingRows, fields: Sequence[Field], t0_ns: int, t1_ns: int) -> WindowStats:
-    """Reduce ``rows`` (already limited to the window) to every statistic in ``STATS``."""
+def reduce(
+    rows: RingRows,
+    fields: Sequence[Field],
+    t0_ns: int,
+    t1_ns: int,
+    *,
+    only: Sequence[int] | None = None,
+) -> WindowStats:
+    """Reduce ``rows`` (already limited to the window) to every statistic in ``STATS``.
+
+    ``only``: the GPU rows that can have samples (a MIG GPU's instance slots have none in most
+    groups); the others are not looked at and get NaN and a count of 0.
+    """
+    gpus = rows.values.shape[1]
+    if only is not None and len(only) < gpus:
+        at = np.asarray(only, dtype=np.intp)
+        part = reduce(
+            RingRows(rows.time_ns, rows.lateness_ns, rows.values[:, at], rows.driver_ts_us[:, at]),
+            fields,
+            t0_ns,
+            t1_ns,
+        )
+        full = {}
+        for name, v in part.values.items():
+            out = np.full((gpus, v.shape[1]), np.nan)
+            out[at] = v
+            full[name] = out
+        count = np.zeros((gpus, part.count.shape[1]), dtype=np.int64)
+        count[at] = part.count
+        return WindowStats(t0_ns, t1_ns, part.fields, full, count)
     values = rows.values
     valid = ~np.isnan(values)
     count = valid.sum(axis=0).astype(np.int64)

@@ -41,6 +41,9 @@ Value = float | Callable[[int], float]  # a constant, or a function of the drive
 Cost = float | Callable[[int], float]  # seconds per call, or a function of the call's number (1..)
 
 _HANDLE_BASE = 0x10000  # fake device handles are pointers to these addresses, one per GPU
+_MIG_BASE = 0x40000  # MIG device handles: _MIG_BASE + gpu * _MIG_STRIDE + GPU instance id
+_MIG_STRIDE = 64
+_MIG_GPM_KEY = 1000  # a GPM sample of a MIG instance is keyed _MIG_GPM_KEY + its handle offset
 _EVENT_SET = 0xE0000
 
 
@@ -167,6 +170,87 @@ class FakeGpu:
     processes: list[FakeProcess] = field(default_factory=list)
     process_util_period_us: int = 100_000  # the driver's per-process samples come this often
     links: list[FakeLink] = field(default_factory=list)  # NVLink links (none: no NVLink)
+    # MIG (A100, H100, H200): a capable GPU answers the MIG calls; with mig_mode on, its
+    # instances are MIG devices (in this order for nvmlDeviceGetMigDeviceHandleByIndex). A test
+    # changes the list at any time, as `nvidia-smi mig -cgi/-dgi` would.
+    mig_capable: bool = False
+    mig_mode: int = pynvml.NVML_DEVICE_MIG_DISABLE
+    max_mig_devices: int = 7
+    mig: list[FakeMig] = field(default_factory=list)
+
+
+@dataclass
+class FakeMig:
+    """One MIG device (a GPU instance with one compute instance) of a fake GPU."""
+
+    gpu_instance_id: int
+    profile: str  # as NVML names it, e.g. "3g.40gb"
+    uuid: str
+    name: str  # the MIG device's name: "<parent's name> MIG <profile>"
+    compute_instance_id: int = 0
+    readings: dict[str, FakeReading] = field(default_factory=dict)  # fb_* only, as on real MIG
+    gpm: dict[int, FakeReading] = field(default_factory=dict)  # empty: no GPM on this instance
+    errors: dict[str, int] = field(default_factory=dict)
+    # what a MIG handle lacks, so the device helpers treat it as a device without them
+    fields: dict[int, FakeReading] = field(default_factory=dict)
+    field_cost_s: dict[int, float] = field(default_factory=dict)
+    lost: bool = False
+
+
+def mig_instance(
+    gpu: FakeGpu,
+    gpu_index: int,
+    gpu_instance_id: int,
+    profile: str,
+    *,
+    gpm: bool = True,
+    used_gib: float | None = None,
+) -> FakeMig:
+    """An instance of ``profile`` (``<n>g.<memory>gb``) whose memory follows its profile.
+
+    Used memory (a fifth of the instance and more, by GPU instance id) changes every millisecond,
+    as the standard GPU's does, unless ``used_gib`` fixes it; GPM metrics are the standard GPU's
+    scaled by the instance's share of the 7 slices.
+    """
+    gib = float(1 << 30)
+    total = gib * float(profile.split(".")[1].removesuffix("gb"))
+    reserved = 0.25 * gib
+    base = gib * used_gib if used_gib is not None else total * (0.2 + 0.05 * (gpu_instance_id % 4))
+
+    def used(ts: int) -> float:
+        return base if used_gib is not None else base + 0.01 * total * ((ts // 1000) % 3)
+
+    slices = int(profile.split("g.")[0])
+    readings = {
+        "fb_total": FakeReading(total, 1_000_000),
+        "fb_reserved": FakeReading(reserved, 1_000_000),
+        "fb_used": FakeReading(used, 1000),
+        "fb_free": FakeReading(lambda ts: total - reserved - used(ts), 1000),
+    }
+    metrics: dict[int, FakeReading] = {}
+    if gpm:
+        for name in GPM_BASE:
+            value = functools.partial(_mig_gpm_value, name, gpu_index, slices / 7)
+            metrics[getattr(pynvml, name)] = FakeReading(value, gpu.gpm_period_us)
+    return FakeMig(
+        gpu_instance_id=gpu_instance_id,
+        profile=profile,
+        uuid=f"MIG-{gpu_index:08x}-{gpu_instance_id:04x}-4444-5555-666677778888",
+        name=f"{gpu.name} MIG {profile}",
+        readings=readings,
+        gpm=metrics,
+    )
+
+
+def _mig_gpm_value(name: str, gpu: int, share: float, ts_us: int) -> float:
+    return gpm_value(name, gpu, ts_us) * share
+
+
+def enable_mig(gpu: FakeGpu, gpu_index: int, layout: list[tuple[int, str]], **kw: Any) -> None:
+    """MIG mode on, with one instance per ``(GPU instance id, profile)``."""
+    gpu.mig_capable = True
+    gpu.mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+    gpu.mig = [mig_instance(gpu, gpu_index, gi, profile, **kw) for gi, profile in layout]
 
 
 def _power(base_mw: int, step_mw: int, period_us: int) -> Callable[[int], float]:
@@ -300,6 +384,20 @@ class FakeNvml:
             raise LookupError(f"not a fake device handle: {addr:#x}")
         return i, self.gpus[i]
 
+    def mig_of(self, handle: Any) -> tuple[int, FakeGpu, FakeMig | None] | None:
+        """(parent index, parent, instance) for a MIG handle (instance None: destroyed since);
+        None for a handle that is not a MIG one."""
+        addr = ctypes.cast(handle, ctypes.c_void_p).value or 0
+        offset = addr - _MIG_BASE
+        i, gi = divmod(offset, _MIG_STRIDE)
+        if offset < 0 or not 0 <= i < len(self.gpus):
+            return None
+        gpu = self.gpus[i]
+        found = next((m for m in gpu.mig if m.gpu_instance_id == gi), None)
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            found = None
+        return i, gpu, found
+
 
 class _CFunction:
     """A fake C entry point: pynvml sets ``restype``/``argtypes`` on some, so they must stick."""
@@ -363,12 +461,26 @@ class FakeLib:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _device(self, fn: str, handle: Any) -> tuple[int, FakeGpu | None]:
-        """(return code, gpu): the code a device call fails with before touching outputs."""
-        try:
-            _, gpu = self._fake.gpu_of(handle)
-        except LookupError:
-            return pynvml.NVML_ERROR_INVALID_ARGUMENT, None
+    def _device(self, fn: str, handle: Any) -> tuple[int, Any]:
+        """(return code, gpu): the code a device call fails with before touching outputs.
+
+        For a MIG handle the "gpu" is its ``FakeMig``, which has readings for memory only; a
+        handle of an instance destroyed since is NVML_ERROR_INVALID_ARGUMENT.
+        """
+        gpu: Any
+        mig = self._fake.mig_of(handle)
+        if mig is not None:
+            _, parent, instance = mig
+            if instance is None:
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT, None
+            if parent.lost:
+                return pynvml.NVML_ERROR_GPU_IS_LOST, None
+            gpu = instance
+        else:
+            try:
+                _, gpu = self._fake.gpu_of(handle)
+            except LookupError:
+                return pynvml.NVML_ERROR_INVALID_ARGUMENT, None
         if self._fake.initialised <= 0:
             return pynvml.NVML_ERROR_UNINITIALIZED, None
         if gpu.lost:
@@ -578,6 +690,98 @@ class FakeLib:
     def _c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetPerformanceState", handle, "pstate", out)
 
+    # -- MIG -------------------------------------------------------------------------------
+
+    def _parent(self, fn: str, handle: Any) -> tuple[int, FakeGpu | None]:
+        """A MIG call on a physical GPU: NOT_SUPPORTED where the GPU has no MIG."""
+        code, gpu = self._device(fn, handle)
+        if gpu is None:
+            return code, None
+        if not isinstance(gpu, FakeGpu):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, None  # a MIG handle has no instances
+        if not gpu.mig_capable:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED, None
+        return pynvml.NVML_SUCCESS, gpu
+
+    def _c_nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        code, gpu = self._parent("nvmlDeviceGetMigMode", handle)
+        if gpu is not None:
+            _obj(current).value = gpu.mig_mode
+            _obj(pending).value = gpu.mig_mode
+        return code
+
+    def _c_nvmlDeviceGetMaxMigDeviceCount(self, handle: Any, count: Any) -> int:
+        code, gpu = self._parent("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if gpu is not None:
+            _obj(count).value = gpu.max_mig_devices
+        return code
+
+    def _c_nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: Any, out: Any) -> int:
+        code, gpu = self._parent("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if gpu is None:
+            return code
+        i, _ = self._fake.gpu_of(handle)
+        k = _int(index)
+        if gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if k >= gpu.max_mig_devices:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        if k >= len(gpu.mig):
+            return pynvml.NVML_ERROR_NOT_FOUND  # no MIG device at that index (yet)
+        addr = _MIG_BASE + i * _MIG_STRIDE + gpu.mig[k].gpu_instance_id
+        ctypes.c_void_p.from_buffer(_obj(out)).value = addr
+        return pynvml.NVML_SUCCESS
+
+    def _instance(self, fn: str, handle: Any) -> tuple[int, FakeMig | None]:
+        code, obj = self._device(fn, handle)
+        if obj is None:
+            return code, None
+        if not isinstance(obj, FakeMig):
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT, None  # not a MIG device handle
+        return pynvml.NVML_SUCCESS, obj
+
+    def _c_nvmlDeviceIsMigDeviceHandle(self, handle: Any, out: Any) -> int:
+        _obj(out).value = 1 if self._fake.mig_of(handle) is not None else 0
+        return pynvml.NVML_SUCCESS
+
+    def _c_nvmlDeviceGetGpuInstanceId(self, handle: Any, out: Any) -> int:
+        code, mig = self._instance("nvmlDeviceGetGpuInstanceId", handle)
+        if mig is not None:
+            _obj(out).value = mig.gpu_instance_id
+        return code
+
+    def _c_nvmlDeviceGetComputeInstanceId(self, handle: Any, out: Any) -> int:
+        code, mig = self._instance("nvmlDeviceGetComputeInstanceId", handle)
+        if mig is not None:
+            _obj(out).value = mig.compute_instance_id
+        return code
+
+    def _c_nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: Any, out: Any) -> int:
+        code, mig = self._instance("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", handle)
+        found = self._fake.mig_of(handle)
+        if mig is not None and found is not None:
+            ctypes.c_void_p.from_buffer(_obj(out)).value = _HANDLE_BASE + found[0]
+        return code
+
+    def _c_nvmlGpmMigSampleGet(self, handle: Any, gpu_instance_id: Any, sample: Any) -> int:
+        code, gpu = self._parent("nvmlGpmMigSampleGet", handle)
+        if gpu is None:
+            return code
+        addr = ctypes.cast(sample, ctypes.c_void_p).value or 0
+        if addr not in self._fake.gpm_samples:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT
+        gi = _int(gpu_instance_id)
+        mig = next((m for m in gpu.mig if m.gpu_instance_id == gi), None)
+        if mig is None or gpu.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if not gpu.gpm_supported or not mig.gpm:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        i, _ = self._fake.gpu_of(handle)
+        now = self._fake.clock_us()
+        key = _MIG_GPM_KEY + i * _MIG_STRIDE + gi
+        self._fake.gpm_samples[addr] = (key, now - now % gpu.gpm_period_us)
+        return pynvml.NVML_SUCCESS
+
     # -- events ----------------------------------------------------------------------------
 
     def _c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any,
@@ -699,10 +903,12 @@ class FakeLib:
         # divide by, so the call fails as a whole.
         if s2[1] <= s1[1]:
             return pynvml.NVML_ERROR_INVALID_ARGUMENT
-        gpu = self._fake.gpus[s1[0]]
+        metrics = self._gpm_metrics(s1[0])
+        if metrics is None:
+            return pynvml.NVML_ERROR_INVALID_ARGUMENT  # the instance was destroyed since
         for k in range(int(mg.numMetrics)):
             m = mg.metrics[k]
-            r = gpu.gpm.get(int(m.metricId))
+            r = metrics.get(int(m.metricId))
             if r is None:
                 m.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 m.value = 0.0
@@ -710,6 +916,13 @@ class FakeLib:
             m.value = r.value(s2[1]) if callable(r.value) else r.value
             m.nvmlReturn = r.ret
         return pynvml.NVML_SUCCESS
+
+    def _gpm_metrics(self, key: int) -> dict[int, FakeReading] | None:
+        if key < _MIG_GPM_KEY:
+            return self._fake.gpus[key].gpm
+        i, gi = divmod(key - _MIG_GPM_KEY, _MIG_STRIDE)
+        mig = next((m for m in self._fake.gpus[i].mig if m.gpu_instance_id == gi), None)
+        return None if mig is None else mig.gpm
 
 
 def install(monkeypatch: pytest.MonkeyPatch, fake: FakeNvml) -> FakeNvml:

@@ -353,3 +353,18 @@ def test_a_per_link_nvlink_field_is_refused_on_the_fastest_group(
     path.write_text(f"intervals: {{fast: 1ms, mid: 10ms, slow: 100ms, gpm: 100ms}}\n"
                     f"fields: [all]\nfield_groups: {{{name}: mid}}\n")  # fmt: skip
     assert next(f for f in load_file(path).selected_fields() if f.name == name).group == "mid"
+
+
+def test_a_group_as_fast_as_the_lane_but_not_on_it_is_warned_about(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the fastest group has the real-time lane: a 1 ms slow group is said at check."""
+    path = tmp_path / "c.yml"
+    path.write_text("intervals: {fast: 1ms, slow: 1ms, gpm: 100ms}\n")
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "warning:" in x]
+    assert "intervals.slow: 1 ms runs on the sampler's second thread" in line
+    assert "fastest group, fast" in line
+    assert from_mapping({"intervals": {"fast": "1ms", "slow": "10ms"}}).lane_warnings() == []
+    assert from_mapping({"intervals": {"fast": "100ms", "slow": "100ms"}}).lane_warnings() == []

@@ -292,3 +292,30 @@ def test_a_read_stuck_at_shutdown_is_said_and_the_process_leaves_without_crashin
     assert reason is not None
     assert "still in a read of group slow" in reason, reason
     assert took < 10.0  # it left by itself: not killed at the end of the wait
+
+
+def test_under_chrt_the_fast_lane_keeps_the_higher_priority_and_no_thread_outranks_it() -> None:
+    """Started under ``chrt -f 10`` (the process inherits FIFO 10): the fast lane keeps 10 rather
+    than dropping to the configured 1, and every other thread (the slow lane, numpy's BLAS
+    threads) runs at the normal scheduler."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except (PermissionError, OSError):
+        pytest.skip("SCHED_FIFO refused here (no CAP_SYS_NICE)")
+    try:
+        spec = SourceSpec("sim", gpus=1, seed=1)
+        inventory = discover(spec, F.CATALOGUE)
+        groups = plan_groups(inventory.fields, {"fast": 0.001, "slow": 0.1, "gpm": 0.1})
+        with Sampler(spec, inventory, groups, window_s=1.0, spin_s=0.0, realtime_priority=1) as s:
+            s.start()
+            _wait(lambda: s.counters(1).ticks >= 2)
+            pid = s.pid
+            assert pid is not None
+            assert s.realtime_priority == 10
+            tasks = {int(p.name): _policy(p) for p in Path(f"/proc/{pid}/task").iterdir()}
+            assert os.sched_getparam(pid).sched_priority == 10
+    finally:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    assert tasks.pop(pid) == os.SCHED_FIFO
+    assert len(tasks) >= 1
+    assert set(tasks.values()) == {os.SCHED_OTHER}, tasks

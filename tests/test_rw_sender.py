@@ -374,6 +374,26 @@ async def test_metadata_and_stale_markers() -> None:
     assert is_stale(first.timeseries[1].samples[0].value)
 
 
+async def test_metadata_of_a_family_first_seen_later_goes_out_then() -> None:
+    """A replay meets its families batch by batch: each family's metadata goes out once, with
+    the first push that has it, not only with the very first push."""
+    power = Family("DCGM_FI_DEV_POWER_USAGE", "Power (W).", "gauge")
+    temp = Family("DCGM_FI_DEV_GPU_TEMP", "Temperature (C).", "gauge")
+    async with Receiver() as rx:
+        cfg = EndpointConfig(rx.url, queue=FAST)
+        writer, _ = await running(cfg)
+        series = make_series(1)
+        writer.push(Snapshot(1000, series, [1.0], {power.name: power}))
+        await eventually(lambda: len(rx.accepted()) == 1)
+        writer.push(Snapshot(2000, series, [2.0], {power.name: power, temp.name: temp}))
+        await eventually(lambda: len(rx.accepted()) == 2)
+        writer.push(Snapshot(3000, series, [3.0], {power.name: power, temp.name: temp}))
+        await eventually(lambda: len(rx.accepted()) == 3)
+        await writer.close(5)
+    sent = [[md.metric_family_name for md in r.request.metadata] for r in rx.received]
+    assert sent == [[power.name], [temp.name], []]
+
+
 async def test_large_batches_encode_in_executor() -> None:
     async with Receiver() as rx:
         cfg = EndpointConfig(rx.url, queue=replace(FAST, max_samples_per_send=500))

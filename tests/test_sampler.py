@@ -228,3 +228,22 @@ def test_an_exception_in_the_sampler_reaches_the_parent(shm_dir: Path) -> None:
     assert text.startswith("the sampler process did not start: FileNotFoundError: ")
     assert "No such file or directory" in text
     assert "\n" not in text
+
+
+def test_the_sampler_process_logs_as_the_service_does() -> None:
+    """The process's level and format (text or JSON lines) are the parent's at construction."""
+    import logging
+
+    from hfsampler import logs
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        logs.setup("debug", "json")
+        with _sampler() as s:
+            assert (s.plan.log_level, s.plan.log_json) == (logging.DEBUG, True)
+        logs.setup("warning", "text")
+        with _sampler() as s:
+            assert (s.plan.log_level, s.plan.log_json) == (logging.WARNING, False)
+    finally:
+        root.handlers[:], root.level = saved

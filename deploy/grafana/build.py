@@ -1,8 +1,9 @@
 """hfsampler's Grafana dashboards as code, with Grafana's typed builder (grafana-foundation-sdk).
 
-Four dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
+Five dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
 window siblings) and the recording rules in deploy/rules/: real-time status, history with the
-min-max band, firing alerts, fleet distribution. ``python deploy/grafana/build.py`` writes them to
+min-max band, firing alerts, fleet distribution, and MIG instances (memory and activity per
+``GPU_I_ID`` / ``GPU_I_PROFILE``). ``python deploy/grafana/build.py`` writes them to
 deploy/grafana/dashboards/*.json; tests/test_deploy_grafana.py fails when the committed JSON and
 this file disagree, and tests/integration/test_dashboards.py runs every panel's query against a real
 Prometheus fed by hfsampler.
@@ -393,11 +394,93 @@ def fleet() -> db.Dashboard:
     return d
 
 
+# -- 5. MIG instances ---------------------------------------------------------------------------
+
+MIG_SEL = GPU_SEL + ', GPU_I_ID!="", GPU_I_PROFILE=~"$GPU_I_PROFILE"'
+MIG_LEGEND = "{{Hostname}} gpu {{gpu}} / {{GPU_I_ID}} ({{GPU_I_PROFILE}})"
+
+
+def instance_panel(title: str, expr: str, unit: str, desc: str) -> timeseries.Panel:
+    return (
+        timeseries.Panel()
+        .title(title)
+        .description(desc)
+        .datasource(DS)
+        .with_target(query(expr, MIG_LEGEND))
+        .unit(unit)
+        .line_width(1)
+        .height(8)
+        .span(12)
+    )
+
+
+def mig() -> db.Dashboard:
+    s = MIG_SEL
+    d = base(
+        "hfsampler-mig",
+        "MIG instances (hfsampler)",
+        "Per MIG GPU instance (GPU_I_ID, GPU_I_PROFILE, as dcgm-exporter labels them): its own "
+        "framebuffer and, on Hopper and newer, its activity from GPM. Power, clocks and "
+        "temperature are the GPU's: see the real-time dashboard.",
+        "now-1h",
+        "10s",
+    )
+    d = variables(d)
+    d = d.with_variable(
+        db.QueryVariable("GPU_I_PROFILE")
+        .label("profile")
+        .datasource(DS)
+        .query(
+            {
+                "query": 'label_values(DCGM_FI_DEV_FB_TOTAL{cluster=~"$cluster", '
+                'Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID!=""}, GPU_I_PROFILE)',
+                "refId": "GPU_I_PROFILE",
+            }
+        )
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+    d = d.with_panel(
+        table.Panel()
+        .title("Instances now")
+        .description("Each GPU's MIG instances with their total framebuffer (MiB).")
+        .datasource(DS)
+        .with_target(
+            query(f"DCGM_FI_DEV_FB_TOTAL{{{s}}}", MIG_LEGEND, instant=True).format(
+                pm.PromQueryFormat.TABLE
+            )
+        )
+        .height(8)
+        .span(24)
+    )
+    panels = [
+        ("Memory used", f"DCGM_FI_DEV_FB_USED{{{s}}}", "decmbytes",
+         "The window mean of the instance's framebuffer in use."),
+        ("Memory used, window peak", f"DCGM_FI_DEV_FB_USED_max{{{s}}}", "decmbytes",
+         "The highest millisecond sample of each window: what an OOM is judged by."),
+        ("Memory used / instance total",
+         f"DCGM_FI_DEV_FB_USED_max{{{s}}} / DCGM_FI_DEV_FB_TOTAL{{{s}}}", "percentunit",
+         "The window peak over the instance's own framebuffer."),
+        ("SM active", f"DCGM_FI_PROF_SM_ACTIVE{{{s}}}", "percentunit",
+         "GPM per instance (nvmlGpmMigSampleGet), Hopper and newer."),
+        ("Tensor pipe active", f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{s}}}", "percentunit",
+         "GPM per instance, Hopper and newer."),
+        ("DRAM active", f"DCGM_FI_PROF_DRAM_ACTIVE{{{s}}}", "percentunit",
+         "GPM per instance, Hopper and newer."),
+    ]  # fmt: skip
+    for title, expr, unit, desc in panels:
+        d = d.with_panel(instance_panel(title, expr, unit, desc))
+    return d
+
+
 DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
     "hfsampler-realtime": realtime,
     "hfsampler-history": history,
     "hfsampler-alerts": alerts,
     "hfsampler-fleet": fleet,
+    "hfsampler-mig": mig,
 }
 
 

@@ -258,7 +258,9 @@ class RemoteWriter:
             else None
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._metadata_done = not config.send_metadata
+        # the families whose 1.0 metadata went out: each once, in the first push that has it
+        # (a replay meets its families batch by batch)
+        self._metadata_sent: set[str] | None = set() if config.send_metadata else None
         self._started = False
         self._closed = False
 
@@ -293,10 +295,8 @@ class RemoteWriter:
         metadata: Callable[[], bytes] | None = None
         if self._v2 is not None and len(snapshot.families) != len(self._families):
             self._families.update(snapshot.families)
-        if not self._metadata_done and snapshot.families:
-            families = list(snapshot.families.values())
-            metadata = partial(encode_metadata, families)
-            self._metadata_done = True
+        if fresh := self._new_families(snapshot.families):
+            metadata = partial(encode_metadata, fresh)
         ts = snapshot.timestamp_ms
         n = self._n_shards
         buckets: list[list[QueuedSample]] = [[] for _ in range(n)]
@@ -322,6 +322,15 @@ class RemoteWriter:
             self._drop(dropped, "queue_full")
         self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
 
+    def _new_families(self, families: Mapping[str, Family]) -> list[Family]:
+        """The families whose metadata has not gone out yet (none when metadata is off)."""
+        sent = self._metadata_sent
+        if sent is None or families.keys() <= sent:
+            return []
+        fresh = [f for name, f in families.items() if name not in sent]
+        sent.update(f.name for f in fresh)
+        return fresh
+
     def _learn_rename(self, old: str, new: str) -> None:
         """A relabelled name's 2.0 metadata: the original family's, under the new name (a name
         several families are renamed to takes the first one's)."""
@@ -343,9 +352,8 @@ class RemoteWriter:
             return
         if self._v2 is not None and len(families) != len(self._families):
             self._families.update(families)
-        if not self._metadata_done and families:
-            data = encode_metadata(families.values()) + data
-            self._metadata_done = True
+        if fresh := self._new_families(families):
+            data = encode_metadata(fresh) + data
         dropped = self._queues[shard].put(Block.ready(data, samples))
         if dropped:
             self._drop(dropped, "queue_full")

@@ -22,8 +22,24 @@ BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One MIG GPU instance as NVML names it: what its series carry beside the parent's labels."""
+
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # as NVML names it: "3g.71gb"
+    uuid: str  # the MIG device's own UUID, "MIG-..."
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """What labels a GPU's series: dcgm-exporter's ``gpu``, ``UUID``, ``device``, ``modelName``."""
+    """What labels a GPU's series: dcgm-exporter's ``gpu``, ``UUID``, ``device``, ``modelName``.
+
+    A MIG-enabled GPU has, besides its own row, one row per MIG device it can hold (``mig_slot``
+    0..max-1), made at open and kept: the instance in a slot (``mig``) is what is there now, None
+    while the slot is empty, so instances created or destroyed at run time change the slot's
+    labels, never the number of rows. A slot row has the parent's index, UUID and names.
+    """
 
     index: int
     uuid: str
@@ -31,10 +47,22 @@ class DeviceInfo:
     pci_bus_id: str
     driver_version: str
     minor_number: int
+    mig_slot: int | None = None  # a MIG instance slot of GPU ``index``; None: the GPU itself
+    mig: MigInstance | None = None  # the instance in the slot now; None: the slot is empty
 
     @property
     def device(self) -> str:
         return f"nvidia{self.minor_number}"
+
+    @property
+    def is_gpu(self) -> bool:
+        """A physical GPU's row, not a MIG instance slot."""
+        return self.mig_slot is None
+
+
+def physical(devices: Sequence[DeviceInfo]) -> list[int]:
+    """The rows of physical GPUs among ``devices`` (MIG instance slots left out)."""
+    return [r for r, d in enumerate(devices) if d.is_gpu]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +92,7 @@ class SourceSpec:
     # sim: (field name, seconds) a read that includes the field takes, asleep with the GIL
     # released as in a slow NVML query; for tests and benchmarks of slow reads
     sim_read_cost_s: tuple[tuple[str, float], ...] = ()
+    sim_mig: tuple[str, ...] = ()  # sim: every GPU's MIG layout (``3g,2g,1g,1g``), () for none
 
 
 class Source(Protocol):
@@ -93,7 +122,12 @@ class Source(Protocol):
 
     @property
     def gpu_up(self) -> BoolArray:
-        """Per GPU: still answering."""
+        """Per GPU: still answering (a MIG slot: holding an instance that answers)."""
+        ...
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """The rows as they are now: a new tuple whenever a MIG slot's instance changed."""
         ...
 
     def close(self) -> None: ...
@@ -137,7 +171,9 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "sim":
         from hfsampler.sources.sim import SimSource
 
-        return SimSource(gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s))
+        return SimSource(
+            gpus=spec.gpus, seed=spec.seed, read_cost_s=dict(spec.sim_read_cost_s), mig=spec.sim_mig
+        )
     if spec.kind == "nvml":
         from hfsampler.sources.nvml import NvmlSource
 

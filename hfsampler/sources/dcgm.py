@@ -66,6 +66,7 @@ class DcgmSource:
         self._col: dict[Field, int] = {}
         self._queues: list[list[collections.deque[tuple[int, float]]]] = []
         self._up = np.zeros(0, dtype=np.bool_)
+        self._devices: tuple[DeviceInfo, ...] = ()
         self.dropped = 0  # values that fell off a full queue
 
     def open(self, fields: Sequence[Field]) -> Inventory:
@@ -101,12 +102,16 @@ class DcgmSource:
         self._queues = [
             [collections.deque(maxlen=QUEUE_LIMIT) for _ in self._fields] for _ in range(gpus)
         ]
-        supported = np.array([[f.dcgm_field is not None for f in self._fields]] * gpus)
+        # DCGM would give MIG instances as entities of their own; this source reads GPUs only
+        supported = np.array(
+            [[f.dcgm_field is not None and not f.mig_instance for f in self._fields]] * gpus
+        )
         missing = [f.name for f in self._fields if f.dcgm_field is None]
         if missing:
             log.warning(
                 "%d field(s) have no DCGM field id: skipped (%s, ...)", len(missing), missing[0]
             )
+        self._devices = tuple(devices)
         return Inventory(devices, self._fields, supported.reshape(gpus, len(self._fields)))
 
     @staticmethod
@@ -168,6 +173,10 @@ class DcgmSource:
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
 
     def close(self) -> None:
         for step in ("unwatch", "field_group", "group", "handle"):

@@ -106,6 +106,7 @@ class JetsonSource:
         self._rail_read_by_fields = False  # a selected field reads the GPU rail (the power)
         self._lock = threading.Lock()
         self._up = np.ones(1, dtype=np.bool_)
+        self._devices: tuple[DeviceInfo, ...] = ()
         self._plans: dict[int, tuple[Sequence[Field], _Plan]] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
@@ -119,7 +120,8 @@ class JetsonSource:
             if not costs or costs & keys:
                 self._say_open("jetson: %s", note)
         wanted = self._expand(tuple(fields), lay)
-        supported = [self._recipe(f, lay) is not None for f in wanted]
+        # a MIG instance twin (fields.expand_mig) is NVML's: a Jetson has no MIG
+        supported = [self._recipe(f, lay) is not None and not f.mig_instance for f in wanted]
         rail = {id(part) for part in self._energy.files} if self._energy is not None else set()
         self._rail_read_by_fields = any(
             rail & {id(part) for part in recipe.files}
@@ -135,6 +137,7 @@ class JetsonSource:
             driver_version=lay.l4t,
             minor_number=0,
         )
+        self._devices = (info,)
         return Inventory((info,), wanted, np.array([supported], dtype=np.bool_))
 
     def read(
@@ -181,6 +184,10 @@ class JetsonSource:
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
 
     def close(self) -> None:
         if self._energy is not None:

@@ -6,6 +6,11 @@ call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDe
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
 per-device calls. A lost GPU is marked down and skipped; the others keep sampling. Per-link NVLink
 fields are entries of the same batch, one per link up at open (``nvml_nvlink`` says which).
+A MIG-enabled GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins
+of the fields (``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own
+MIG device handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads
+(never the fastest group's, which has no twins) and after a slot's call failed, and ``devices``
+changes.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
 NVML's handles are thread-safe, each field set has its own plan and buffers, and what the sets
@@ -19,7 +24,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +34,7 @@ from hfsampler.fields import Field
 from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 from hfsampler.sources import nvml_calls as calls
 from hfsampler.sources import nvml_gpm as gpm
+from hfsampler.sources import nvml_mig as mig
 from hfsampler.sources import nvml_nvlink as nvlink
 from hfsampler.sources import nvml_xid as xid
 
@@ -112,6 +118,7 @@ class _Plan:
     has_xid: bool
     gpm: gpm.GpmPlan | None = None  # the cells read from GPM sample pairs
     xid_counts: xid.XidCells | None = None  # the per-code XID counts, from the XID watcher
+    mig: bool = False  # reads MIG instance cells: the read that looks at the layout again
 
 
 class NvmlSource:
@@ -139,6 +146,11 @@ class NvmlSource:
         self._gpm: gpm.GpmReader | None = None
         self._links: nvlink.LinkWatcher | None = None
         self._open = False
+        self._physical = 0  # rows 0..n-1 are GPUs; MIG instance slots follow
+        self._mig: list[mig.MigGpu] = []
+        self._mig_gpm: dict[int, tuple[Any, int]] = {}  # slot row -> (parent handle, GPU_I_ID)
+        self._mig_next_ns = 0  # when the MIG layout is looked at next
+        self._mig_lock = threading.Lock()  # one rescan at a time; never waited for
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -170,6 +182,10 @@ class NvmlSource:
             self._devices = tuple(
                 self._device_info(i, h, driver) for i, h in zip(indices, self._handles, strict=True)
             )
+            self._physical = len(self._handles)
+            self._mig, slots = mig.slot_rows(self._devices, self._handles)
+            self._handles.extend([None] * len(slots))
+            self._devices = (*self._devices, *slots)
         except calls.NvmlError as e:
             raise calls.translate(e, "NVML device discovery") from e
         fields = self._expand_links(fields, indices)
@@ -177,6 +193,7 @@ class NvmlSource:
         self._fields = fields
         self._col = {f: c for c, f in enumerate(fields)}
         self._up = np.ones(gpus, dtype=np.bool_)
+        self._up[self._physical :] = False  # until an instance is found in the slot
         self._unknown = [0] * gpus
         self._errors = np.zeros(gpus, dtype=np.int64)
         try:
@@ -192,6 +209,8 @@ class NvmlSource:
                 calls.error_text(int(e.value)),
             )
             self._fn = calls.field_values_into
+        if self._mig:
+            self._rescan_mig(0)
         self._probe(fields)
         return Inventory(self._devices, fields, self._mode != _NONE)
 
@@ -199,7 +218,9 @@ class NvmlSource:
         """Per-link NVLink fields: one per link up at open (``nvml_nvlink``), states watched."""
         if not any(f.per == nvlink.LINK for f in fields):
             return fields
-        states = nvlink.probe_links(self._handles)
+        # a MIG instance slot has no links of its own: its GPU's are the GPU's row's
+        slots = len(self._handles) - self._physical
+        states = nvlink.probe_links(self._handles[: self._physical]) + [[] for _ in range(slots)]
         fields = nvlink.expand(fields, states)
         self._links = nvlink.LinkWatcher(self._handles, states, fields, indices)
         return fields
@@ -239,6 +260,10 @@ class NvmlSource:
             log.debug("nvmlShutdown: %s", e)
 
     @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
+
+    @property
     def gpu_up(self) -> BoolArray:
         view = self._up.view()
         view.flags.writeable = False
@@ -269,11 +294,14 @@ class NvmlSource:
             link_down = ~self._links.cells(nvlink.links(fields))
         link_down[:, [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]] = True
         if any(f.nvml_call in ("xid", "xid_count") for f in fields):
-            self._xid = xid.XidWatcher(self._handles)
-        for g, handle in enumerate(self._handles):
+            self._xid = xid.XidWatcher(self._handles[: self._physical] + [None] * len(self._slots))
+        twins = [c for c, f in enumerate(fields) if f.mig_instance]
+        for g, handle in enumerate(self._handles[: self._physical]):
             if not self._up[g]:
                 continue
-            present = {c: (i, entries[c][1]) for c, i in ids.items() if i is not None}
+            present = {
+                c: (i, entries[c][1]) for c, i in ids.items() if i is not None and c not in twins
+            }
             id_cols = [c for c in present if not link_down[g, c]]
             entry_codes = self._probe_ids(g, handle, id_cols, [present[c] for c in id_cols])
             for c, code in zip(id_cols, entry_codes, strict=True):
@@ -282,7 +310,7 @@ class NvmlSource:
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
             for c, f in enumerate(fields):
-                if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g]:
+                if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g] or c in twins:
                     continue
                 code = self._probe_call(g, handle, f.nvml_call)
                 if code == _SUCCESS:
@@ -291,17 +319,22 @@ class NvmlSource:
                         fallback.setdefault(c, []).append(g)
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+        self._probe_mig(fields, twins)
         self._probe_gpm(fields)
         told: set[str] = set()  # the XID counter is one field per code: tell once for them all
         for c, f in enumerate(fields):
-            if f.gpm_metric or not f.nvml_readable or f.name in told:
+            if f.gpm_metric or not f.nvml_readable or f.name in told or f.mig_instance:
                 continue  # GPM: _probe_gpm logged it in one line; not NVML's (a Jetson's rails)
             if c in fallback:
                 log.info(
                     "%s: field id %s unsupported on GPU %s; read with call %s",
                     f.name, f.nvml_field, self._gpus(fallback[c]), f.nvml_call,
                 )  # fmt: skip
-            missing = [g for g in range(gpus) if self._mode[g, c] == _NONE and not link_down[g, c]]
+            missing = [
+                g
+                for g in range(self._physical)
+                if self._mode[g, c] == _NONE and not link_down[g, c]
+            ]
             if missing:
                 reasons = "; ".join(f"{r}" for r in why.get(c, {}) or ("no way to read it",))
                 log.warning(
@@ -309,15 +342,96 @@ class NvmlSource:
                 )
                 told.add(f.name)
 
+    def _probe_mig(self, fields: tuple[Field, ...], twins: list[int]) -> None:
+        """The per-instance fields read by call on every slot, with the reader its GPU answers."""
+        for m in self._mig:
+            if not self._up[m.row]:
+                continue
+            # the reader (memory v2 or v1) is picked on an instance there is, else on the GPU,
+            # and kept for every slot: an instance made later is read the same way
+            held = [self._handles[slot] for slot in m.slots if self._handles[slot] is not None]
+            handle = held[0] if held else m.handle
+            for c in twins:
+                key = fields[c].nvml_call
+                if not key or fields[c].gpm_metric:
+                    continue
+                for slot in m.slots:
+                    if self._probe_call(slot, handle, key) == _SUCCESS:
+                        self._mode[slot, c] = _CALL
+
     def _probe_gpm(self, fields: tuple[Field, ...]) -> None:
-        cols = [c for c, f in enumerate(fields) if f.gpm_metric]
-        if cols:
+        cols = [c for c, f in enumerate(fields) if f.gpm_metric and not f.mig_instance]
+        twins = [c for c, f in enumerate(fields) if f.gpm_metric and f.mig_instance]
+        if cols or twins:
             self._gpm, gpus = gpm.probe(
-                fields, cols, self._handles, self._up, self._gpus, self._gpm_error
+                fields,
+                cols + twins,
+                self._handles,
+                self._up,
+                self._gpus,
+                self._gpm_error,
+                rows=range(self._physical),
+                mig=self._mig_gpm,
             )
-            for c in cols:
-                if calls.gpm_metric_id(fields[c].gpm_metric or "") is not None:
+            known = [c for c in cols + twins if calls.gpm_metric_id(fields[c].gpm_metric or "")]
+            for c in known:
+                if c in cols:
                     self._mode[gpus, c] = _GPM
+            if self._gpm is not None and self._gpm.mig_sampling:
+                slots = [s for m in self._mig if m.row in gpus for s in m.slots]
+                for c in known:
+                    if c in twins:
+                        self._mode[slots, c] = _GPM
+
+    @property
+    def _slots(self) -> list[int]:
+        return list(range(self._physical, len(self._handles)))
+
+    # -- MIG layout ------------------------------------------------------------------------
+
+    def _rescan_mig(self, now_ns: int) -> None:
+        """Look at every MIG GPU's instances again; a slot whose instance changed is relabelled.
+
+        An instance that went leaves its slot down (its series end); a new one brings the slot
+        up with its own labels. ``devices`` is a new tuple when anything changed.
+        """
+        if not self._mig_lock.acquire(blocking=False):
+            return  # another lane is at it
+        try:
+            self._mig_next_ns = now_ns + int(mig.RESCAN_S * 1e9)
+            devices = list(self._devices)
+            for m in self._mig:
+                if not self._up[m.row]:
+                    continue
+                try:
+                    found = mig.instances(m.handle, len(m.slots))
+                except calls.NvmlError as e:
+                    if self._failed(m.row, int(e.value)):
+                        continue
+                    log.debug("MIG layout of GPU row %d: %s", m.row, calls.error_text(int(e.value)))
+                    continue
+                placed = mig.place([devices[s].mig for s in m.slots], found)
+                for slot, item in zip(m.slots, placed, strict=True):
+                    handle, instance = item if item is not None else (None, None)
+                    self._handles[slot] = handle
+                    if instance is not None:
+                        self._mig_gpm[slot] = (m.handle, instance.gpu_instance_id)
+                    else:
+                        self._mig_gpm.pop(slot, None)
+                    if devices[slot].mig == instance:
+                        continue
+                    devices[slot] = replace(devices[slot], mig=instance)
+                    if self._gpm is not None:
+                        self._gpm.forget(slot)  # a sample of another instance is no pair
+                    with self._book:
+                        self._up[slot] = instance is not None
+                        self._unknown[slot] = 0
+                    if now_ns:
+                        log.info("MIG layout changed: %s", mig.describe(devices[slot]))
+            if tuple(devices) != self._devices:
+                self._devices = tuple(devices)
+        finally:
+            self._mig_lock.release()
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         return self._failed(g, code, cells)
@@ -378,7 +492,7 @@ class NvmlSource:
         if isinstance(fields, tuple) and len(self._plan_by_id) < _MAX_PLANS:
             # Keyed by identity so the hot path skips hashing the fields; plan.fields keeps the
             # tuple alive, so the id cannot be reused while the entry exists.
-            plan = _Plan(fields, plan.batch, plan.calls, plan.has_xid, plan.gpm, plan.xid_counts)
+            plan = replace(plan, fields=fields)
             self._plan_by_id[id(fields)] = plan
         return plan
 
@@ -405,7 +519,8 @@ class NvmlSource:
         gpm_plan = None
         if gpm_cols and self._gpm is not None:
             gpm_plan = self._gpm.plan(fields, gpm_cols, mode[:, gpm_cols] == _GPM)
-        return _Plan(fields, batch, per_gpu, has_xid, gpm_plan, xid_counts)
+        has_mig = any(f.mig_instance for f in fields) and bool(self._mig)
+        return _Plan(fields, batch, per_gpu, has_xid, gpm_plan, xid_counts, has_mig)
 
     def _build_batch(
         self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any
@@ -453,6 +568,8 @@ class NvmlSource:
         now_ns: int,
     ) -> None:
         plan = self._plan(fields)
+        if plan.mig and now_ns >= self._mig_next_ns:
+            self._rescan_mig(now_ns)
         values.fill(np.nan)
         driver_ts_us.fill(0)
         if plan.batch is not None:
@@ -604,6 +721,8 @@ class NvmlSource:
 
         True when it takes the GPU down.
         """
+        if g >= self._physical and code not in calls.LOST_CODES:
+            self._mig_next_ns = 0  # most likely the instance went: look at the layout now
         with self._book:
             self._errors[g] += cells
             if code in calls.LOST_CODES:
@@ -625,6 +744,9 @@ class NvmlSource:
             if not self._up[g]:
                 return
             self._up[g] = False
+            for m in self._mig:
+                if m.row == g:
+                    self._up[list(m.slots)] = False  # its instances go with it
         info = self._devices[g] if g < len(self._devices) else None
         log.error(
             "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",

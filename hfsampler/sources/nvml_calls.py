@@ -58,6 +58,7 @@ FUNCTION_NOT_FOUND: int = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
 LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
+NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
 
 # What every call below raises (pynvml's own class; ``int(e.value)`` is the return code). Where a
 # failure leaves the nvml source, ``translate`` turns it into one of hfsampler's exceptions.
@@ -190,6 +191,50 @@ def field_values_into(handle: Any, count: int, entries: Any) -> int:
     return SUCCESS
 
 
+# -- MIG (A100, H100, H200) -----------------------------------------------------------------------
+
+
+def mig_enabled(handle: Any) -> bool:
+    """Whether MIG mode is on now (raises ``NvmlError``, NOT_SUPPORTED, on a GPU without MIG)."""
+    current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def max_mig_devices(handle: Any) -> int:
+    """How many MIG devices the GPU can hold at most (7 on A100/H100/H200)."""
+    return int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+
+
+def mig_device_handle(handle: Any, index: int) -> Any:
+    """The MIG device at ``index`` (raises ``NvmlError``, NOT_FOUND, where there is none)."""
+    return pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+
+
+def gpu_instance_id(mig_handle: Any) -> int:
+    return int(pynvml.nvmlDeviceGetGpuInstanceId(mig_handle))
+
+
+def compute_instance_id(mig_handle: Any) -> int:
+    return int(pynvml.nvmlDeviceGetComputeInstanceId(mig_handle))
+
+
+def mig_profile(mig_handle: Any) -> str:
+    """The instance's profile as NVML names it (``3g.71gb``), from the MIG device's name.
+
+    NVML names a MIG device ``<GPU name> MIG <profile>`` (``NVIDIA H200 MIG 3g.71gb``), the
+    name nvidia-smi and dcgm-exporter's ``GPU_I_PROFILE`` show; a name without that part is
+    given whole rather than guessed at.
+    """
+    name = text(pynvml.nvmlDeviceGetName(mig_handle))
+    _, sep, profile = name.rpartition(" MIG ")
+    return profile.strip() if sep and profile.strip() else name
+
+
+def gpm_mig_sample_function() -> Any:
+    """``nvmlGpmMigSampleGet``'s C entry point: (parent handle, GPU instance id, sample)."""
+    return c_function("nvmlGpmMigSampleGet")
+
+
 # -- NVLink ----------------------------------------------------------------------------------------
 
 # Links NVML may number on a device; the probe stops at the first link the driver does not know.
@@ -305,6 +350,7 @@ CALL_FIELDS: dict[str, CallField] = {
     "util_dec": CallField("decoder", _first),
     "xid": CallField("xid", _value),  # the reader is the source's event-set poll
     "xid_count": CallField("xid", _value),  # per code: read from the watcher, not extracted
+    "fb_total": CallField("memory", _attr("total")),
     "fb_free": CallField("memory", _attr("free")),
     "fb_used": CallField("memory", _attr("used")),
     "fb_reserved": CallField("memory", _attr("reserved")),  # v1 struct has none: unsupported

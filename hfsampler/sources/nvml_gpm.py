@@ -7,7 +7,9 @@ log line for those that do not) and, per field tuple, keeps two sample buffers p
 ``c_nvmlGpmMetricsGet_t`` whose metric ids are set once; each ``read`` takes a new sample and
 computes the metrics between it and the previous one. The driver refreshes the counters every
 ~100 ms (NVML's documentation asks for samples at least that far apart), so a pair inside one
-refresh fails or repeats: that tick has no value and the older sample is kept.
+refresh fails or repeats: that tick has no value and the older sample is kept. A MIG instance's
+row is sampled with ``nvmlGpmMigSampleGet`` on its GPU and its GPU instance id (the source keeps
+that map current as the layout changes); an instance without GPM is skipped, not an error.
 
 Its NVML calls, constants and structs come from ``nvml_calls``, the only module that imports
 ``pynvml``.
@@ -30,6 +32,9 @@ from hfsampler.sources import nvml_calls as calls
 
 log = logging.getLogger("hfsampler.sources.nvml")
 
+# what nvmlGpmMigSampleGet answers for an instance that has no GPM or is gone: skipped quietly
+_NO_INSTANCE_GPM = frozenset({*calls.UNSUPPORTED_CODES, calls.NOT_FOUND})
+
 # (gpu row, NVML return code, cells affected) -> True when the GPU is now taken as lost
 OnError = Callable[[int, int, int], bool]
 
@@ -41,7 +46,7 @@ def device_support(
     ok: list[bool] = []
     why: dict[str, list[int]] = {}
     for g, handle in enumerate(handles):
-        if not up[g]:
+        if not up[g] or handle is None:
             ok.append(False)
             continue
         try:
@@ -63,29 +68,40 @@ def probe(
     up: BoolArray,
     gpus_text: Callable[[Sequence[int]], str],
     on_error: OnError | None = None,
+    *,
+    rows: Sequence[int] | None = None,
+    mig: dict[int, tuple[Any, int]] | None = None,
 ) -> tuple[GpmReader | None, list[int]]:
-    """A reader and the GPU rows that support GPM; one log line for the rows that do not."""
+    """A reader and the GPU rows that support GPM; one log line for the rows that do not.
+
+    ``rows``: the GPUs' rows to probe (None: all); ``mig``: the source's live map of MIG slot
+    rows to (GPU handle, GPU instance id), which the reader samples those rows by.
+    """
     names = f"GPM activity metrics ({len(cols)} DCGM_FI_PROF_* fields)"
-    ok, why = device_support(handles, up)
-    missing = [g for g in range(len(handles)) if not ok[g]]
+    probed = list(range(len(handles)) if rows is None else rows)
+    found, why = device_support([handles[g] for g in probed], up[probed])
+    ok = [False] * len(handles)
+    for g, yes in zip(probed, found, strict=True):
+        ok[g] = yes
+    missing = [g for g in probed if not ok[g]]
     if missing:
         reasons = "; ".join(why) or "GPU down"
         log.warning("%s not supported on GPU %s (%s): skipped", names, gpus_text(missing), reasons)
-    rows = [g for g in range(len(handles)) if ok[g]]
-    if not rows:
+    supported = [g for g in probed if ok[g]]
+    if not supported:
         return None, []
     lacking = [
         fields[c].name for c in cols if calls.gpm_metric_id(fields[c].gpm_metric or "") is None
     ]
     if lacking:
         log.warning("this pynvml lacks the GPM metric of %s: skipped", ", ".join(lacking))
-    reader = GpmReader(handles, on_error or (lambda g, code, cells: False))
+    reader = GpmReader(handles, on_error or (lambda g, code, cells: False), mig)
     try:
         reader.open()
     except calls.NvmlError as e:
         log.warning("%s: %s; skipped", names, calls.error_text(int(e.value)))
         return None, []
-    return reader, rows
+    return reader, supported
 
 
 @dataclass(slots=True)
@@ -106,17 +122,39 @@ class GpmPlan:
 class GpmReader:
     """GPM for the nvml source's devices; the source owns handles, up flags and error counting."""
 
-    def __init__(self, handles: Sequence[Any], on_error: OnError) -> None:
+    def __init__(
+        self,
+        handles: Sequence[Any],
+        on_error: OnError,
+        mig: dict[int, tuple[Any, int]] | None = None,
+    ) -> None:
         self.on_error = on_error
-        self._handles = list(handles)
+        self._handles = handles  # the source's own list: MIG slots' handles change in it
+        self._mig = mig if mig is not None else {}
         self._plans: list[GpmPlan] = []
         self._sample: Any = None
+        self._mig_sample: Any = None
         self._metrics: Any = None
 
     def open(self) -> None:
         # The C entry points, as the field-value batch does: pynvml's wrappers allocate per call.
         self._sample = calls.c_function("nvmlGpmSampleGet")
         self._metrics = calls.c_function("nvmlGpmMetricsGet")
+        try:
+            self._mig_sample = calls.gpm_mig_sample_function()
+        except calls.NvmlError as e:
+            reason = calls.error_text(int(e.value))
+            log.info("nvmlGpmMigSampleGet: %s; no GPM per MIG instance", reason)
+
+    @property
+    def mig_sampling(self) -> bool:
+        """Whether MIG instances can be sampled (this driver has ``nvmlGpmMigSampleGet``)."""
+        return self._mig_sample is not None
+
+    def forget(self, row: int) -> None:
+        """Drop ``row``'s older sample: the next is the first of a new pair (a new instance)."""
+        for p in self._plans:
+            p.have_prev[row] = False
 
     def plan(self, fields: Sequence[Field], cols: list[int], mask: BoolArray) -> GpmPlan:
         """Buffers for reading ``fields[k] for k in cols`` where ``mask[gpu, i]``."""
@@ -155,11 +193,27 @@ class GpmReader:
         """Sample every GPU of the plan and fill its cells from the pair (new, previous)."""
         request = p.request
         by_ref = ctypes.byref(request)
+        mig = self._mig
         for g in p.rows:
             if not up[g]:
                 continue
-            ret = self._sample(self._handles[g], p.cur[g])
+            at = mig.get(g)
+            if at is None:
+                ret = self._sample(self._handles[g], p.cur[g])
+            else:
+                ret = self._mig_sample(at[0], at[1], p.cur[g])
+                if ret and int(ret) in _NO_INSTANCE_GPM:
+                    continue  # an instance without GPM, or one destroyed since the last scan
             if ret:
+                if at is None and int(ret) in calls.UNSUPPORTED_CODES:
+                    # e.g. a GPU in MIG mode, whose counters are its instances' to sample
+                    p.mask[g] = False
+                    p.rows = [r for r in p.rows if r != g]  # this loop goes on over the old list
+                    log.warning(
+                        "GPM samples of GPU row %d: %s; its GPM fields skipped",
+                        g, calls.error_text(int(ret)),
+                    )  # fmt: skip
+                    continue
                 self.on_error(g, int(ret), int(p.mask[g].sum()))
                 continue
             if not p.have_prev[g]:

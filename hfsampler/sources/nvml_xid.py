@@ -51,6 +51,8 @@ class XidWatcher:
             self._failure = int(e.value)
             return
         for g, handle in enumerate(handles):
+            if handle is None:
+                continue  # a MIG instance slot: its events are its GPU's
             try:
                 calls.register_events(handle, calls.XID_CRITICAL, self._events)
             except calls.NvmlError as e:

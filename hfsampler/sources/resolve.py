@@ -48,6 +48,7 @@ def resolve_source(config: Config) -> SourceSpec:
         kind=kind,
         gpus=config.sim_gpus,
         seed=config.seed,
+        sim_mig=config.sim_mig,
         indices=config.devices,
         dcgm_path=config.dcgm_path,
         dcgm_host=config.dcgm_host,

@@ -41,7 +41,15 @@ from hfsampler.fields import (
     Field,
     Kind,
 )
-from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, GpuProcess, IntArray, Inventory
+from hfsampler.sources import (
+    BoolArray,
+    DeviceInfo,
+    FloatArray,
+    GpuProcess,
+    IntArray,
+    Inventory,
+    sim_mig,
+)
 
 U64 = npt.NDArray[np.uint64]
 
@@ -89,6 +97,7 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_DEV_FB_RESERVED": Profile(FB_RESERVED_MIB, 0.0, 1_000_000),
     "DCGM_FI_DEV_FB_USED": Profile(FB_USED_MIB, 0.0, 1_000_000),
     "DCGM_FI_DEV_FB_FREE": Profile(0.0, 0.0, 1_000_000),
+    "DCGM_FI_DEV_FB_TOTAL": Profile(FB_TOTAL_MIB, 0.0, 1_000_000_000),
     "DCGM_FI_DEV_FAN_SPEED": Profile(0.0, 0.0, 100_000_000),
     "DCGM_FI_DEV_PSTATE": Profile(0.0, 0.0, 100_000_000),
     # Activity as GPM or DCGM report it for a busy training job: ratios in [0, 1], bytes/s;
@@ -231,7 +240,11 @@ class SimSource:
     """N synthetic GPUs whose every reading, and every spike, is known in advance."""
 
     def __init__(
-        self, gpus: int = 2, seed: int = 0, read_cost_s: Mapping[str, float] | None = None
+        self,
+        gpus: int = 2,
+        seed: int = 0,
+        read_cost_s: Mapping[str, float] | None = None,
+        mig: Sequence[str] = (),
     ) -> None:
         if gpus < 1:
             raise ValueError("the sim source needs at least one GPU")
@@ -244,6 +257,9 @@ class SimSource:
         self._readers_by_id: dict[int, _Reader] = {}  # the sampler's tuples, by identity
         self._readers: dict[tuple[str, ...], _Reader] = {}  # any other sequence, by names
         self._events: dict[tuple[str, int, int], _EventTable] = {}
+        self._devices: tuple[DeviceInfo, ...] = ()
+        self._mig = tuple(mig)  # every GPU's MIG layout (sim_mig), () for none
+        self._spreads: dict[int, tuple[Sequence[Field], sim_mig.Spread]] = {}
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -265,8 +281,13 @@ class SimSource:
             for out in ([f.instance(str(k)) for k in range(NVLINKS)]
                         if f.per == "link" and not f.labels else [f])
         )  # fmt: skip
-        readable = np.array([[f.nvml_readable for f in fields]] * self.gpus, dtype=np.bool_)
-        return Inventory(devices, fields, readable & ~self._link_down(fields))
+        if self._mig:
+            devices = (*devices, *sim_mig.slot_rows(devices, self._mig, self.seed))
+            self._up = np.array([d.is_gpu or d.mig is not None for d in devices], np.bool_)
+        self._devices = devices
+        supported = sim_mig.supported(fields, devices)
+        supported[: self.gpus] &= ~self._link_down(fields)
+        return Inventory(devices, fields, supported)
 
     def read(
         self,
@@ -290,23 +311,40 @@ class SimSource:
             block = reader.block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
         block.last_ms = ms
         row = ms - block.start_ms
-        values[:] = block.values[row]
-        driver_ts_us[:] = block.driver_ts_us[row]
+        g = self.gpus
+        values[:g] = block.values[row]
+        driver_ts_us[:g] = block.driver_ts_us[row]
         if plan.counters:
             counters = self._advance_counters(reader, now_ns)
             for j, name in plan.counters:
-                values[:, j] = counters[name]
-        if plan.absent is not None:
-            values[plan.absent] = np.nan
-            driver_ts_us[plan.absent] = 0
+                values[:g, j] = counters[name]
+        if plan.absent is not None:  # [gpu, field]: the GPUs' rows
+            values[:g][plan.absent] = np.nan
+            driver_ts_us[:g][plan.absent] = 0
+        if self._mig:
+            values[g:] = np.nan
+            driver_ts_us[g:] = 0
+            sim_mig.spread(self._spread(fields), g, values, driver_ts_us)
 
     @property
     def gpu_up(self) -> BoolArray:
         return self._up
 
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return self._devices
+
     def close(self) -> None:
         self._readers_by_id.clear()  # counters start over on the next read
         self._readers.clear()
+
+    def _spread(self, fields: Sequence[Field]) -> sim_mig.Spread:
+        found = self._spreads.get(id(fields))
+        if found is None or found[0] is not fields:
+            found = (fields, sim_mig.plan(fields, self._devices))
+            if len(self._spreads) < _MAX_READERS:
+                self._spreads[id(fields)] = found
+        return found[1]
 
     # -- ground truth ----------------------------------------------------------------------------
 

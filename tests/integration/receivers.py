@@ -603,7 +603,21 @@ def hfsampler_env() -> dict[str, str]:
     return env
 
 
-def run_cli(args: Sequence[str], timeout_s: float = 60.0) -> CliRun:
+FAKE_NVML_SITE = Path(__file__).resolve().parent / "fake_nvml_site"
+
+
+def fake_nvml_env(scenario: Mapping[str, object]) -> dict[str, str]:
+    """``hfsampler_env`` with the fake libnvidia-ml under pynvml in every process of the run
+    (``fake_nvml_site/sitecustomize.py``), scripted by ``scenario``."""
+    env = hfsampler_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_NVML_SITE), env["PYTHONPATH"]])
+    env["HFSAMPLER_FAKE_NVML"] = json.dumps(dict(scenario))
+    return env
+
+
+def run_cli(
+    args: Sequence[str], timeout_s: float = 60.0, env: Mapping[str, str] | None = None
+) -> CliRun:
     """Run ``python -m hfsampler ARGS`` to completion, capturing stdout and stderr.
 
     The CLI runs in its own process group; on timeout the whole group (the sampler process
@@ -615,7 +629,7 @@ def run_cli(args: Sequence[str], timeout_s: float = 60.0) -> CliRun:
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=hfsampler_env(),
+        env=dict(env) if env is not None else hfsampler_env(),
         cwd=REPO_ROOT,
         start_new_session=True,
     ) as proc:
@@ -640,7 +654,9 @@ def run_cli(args: Sequence[str], timeout_s: float = 60.0) -> CliRun:
     )
 
 
-def spawn_cli(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+def spawn_cli(
+    args: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start ``python -m hfsampler ARGS`` in its own process group, output to ``log_path``.
 
     Stop it with ``stop_cli``, which signals the whole group (the sampler process included).
@@ -651,7 +667,7 @@ def spawn_cli(args: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=hfsampler_env(),
+            env=dict(env) if env is not None else hfsampler_env(),
             cwd=REPO_ROOT,
             start_new_session=True,
         )

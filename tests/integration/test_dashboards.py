@@ -79,7 +79,11 @@ def fed_prometheus(
     try:
         # a site's coordinates as external labels place it on the fleet dashboard's map
         site = {"cluster": "ci", "datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
-        args = rx.sim_run_args([prom.write_url], gpus=3, duration="8s", labels=site)
+        # MIG instances on every sim GPU feed the instance view (and must not disturb the rest)
+        args = rx.sim_run_args(
+            [prom.write_url], listen="", gpus=3, duration="8s", labels=site,
+            extra=["--sim-mig", "3g,2g,1g,1g"],
+        )  # fmt: skip
         run = rx.run_cli(args, timeout_s=60).check()
         prom.live_until_s = run.ended_ns / 1e9 - 3
         # the recording rules and the always-firing Watchdog need an evaluation after the data
@@ -151,6 +155,24 @@ def test_every_panel_query_returns_data(fed_prometheus: RulesPrometheus, path: P
                 problems.append(f"{panel['title']!r}: {expr}: empty result")
     assert checked, f"{path.name} has no queries"
     assert not problems, "\n".join(problems)
+
+
+def test_instance_view_shows_each_instance(fed_prometheus: RulesPrometheus) -> None:
+    """The MIG dashboard's memory panel has one series per instance, by GPU_I_ID and profile."""
+    dash = json.loads((DASHBOARDS / "hfsampler-mig.json").read_text())
+    values = _variable_values(fed_prometheus, dash)
+    values.update(gpu=".*", GPU_I_PROFILE=".*", Hostname=".*", cluster=".*")
+    (panel,) = [p for p in _panels(dash) if p["title"] == "Memory used"]
+    expr = _fill(panel["targets"][0]["expr"], values)
+    rows = fed_prometheus.query(expr, time_s=fed_prometheus.live_until_s)
+    got = sorted((r["metric"]["gpu"], r["metric"]["GPU_I_ID"], r["metric"]["GPU_I_PROFILE"])
+                 for r in rows)  # fmt: skip
+    layout = [("1", "3g.71gb"), ("3", "2g.35gb"), ("7", "1g.18gb"), ("8", "1g.18gb")]
+    assert got == sorted((g, gi, p) for g in ("0", "1", "2") for gi, p in layout)
+    gpu_level = fed_prometheus.query(
+        'DCGM_FI_DEV_POWER_USAGE{GPU_I_ID!=""}', time_s=fed_prometheus.live_until_s
+    )
+    assert gpu_level == []  # power stays the GPU's (mig.copy_device_fields is off)
 
 
 def test_fleet_map_places_each_site(fed_prometheus: RulesPrometheus) -> None:

@@ -3,11 +3,12 @@
 ``MarkerSocket`` is a Unix datagram socket in a private directory (mode 0700) that ``record``
 names to its child in ``HFSAMPLER_MARKER_SOCKET``. A thread of its own reads it as datagrams
 arrive (Linux queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default, so a reader that
-looked between ticks would lose bursts) and checks each against the wire format
-(``hfsampler.markers``): anything else is counted, logged once (escaped) and dropped. ``drain``
-hands over what was read, never waiting. ``OutputTap`` copies the child's stdout and
-stderr to ours unchanged, chunk by chunk as they arrive, and turns lines matched by a
-``--mark-pattern`` into markers (``pattern_marker`` says which kind).
+looked between ticks would lose bursts) and checks each against the wire format, version 1 (an
+event) or 2 (a batch; see ``hfsampler.markers``): anything else is counted, logged once
+(escaped) and dropped. ``drain`` hands over what was read, never waiting. ``OutputTap`` copies
+the child's stdout and stderr to ours unchanged, chunk by chunk as they arrive, and turns lines
+matched by a ``--mark-pattern`` into markers (``pattern_marker`` says which kind), named by the
+rule the API's names follow (``markers.clean_name``).
 """
 
 from __future__ import annotations
@@ -308,6 +309,8 @@ class OutputTap:
     A thread per stream reads what the child wrote as soon as it is there, writes the same bytes
     to our stream, then splits lines (``\\n`` or ``\\r``) for the patterns; so a chatty child
     never fills a pipe and waits on us, and its output keeps its bytes, decoded only to match.
+    When what reads our stream has gone (a closed pipe), the thread closes the child's pipe too,
+    so the child learns it as it would unpiped (EPIPE, SIGPIPE).
     """
 
     def __init__(self, patterns: Sequence[re.Pattern[str]], pid: int | None) -> None:

@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
+PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
 END_GRACE_S = 0.02
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
@@ -195,7 +196,9 @@ class Recorder:
         self.inbox: MarkerSocket | None = None
         self.tap: OutputTap | None = None
         self._markers: list[Marker] = []
-        self._processes_seen = False
+        self.markers_not_stored = 0
+        self._last_processes: dict[int, list[dict[str, Any]]] = {}  # as last written
+        self._processes_written_ns = 0
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -242,6 +245,8 @@ class Recorder:
             if self.inbox is not None:
                 end["markers_dropped_by_job"] = self.inbox.dropped_by_job
                 end["marker_datagrams_rejected"] = self.inbox.rejected
+            if self.markers_not_stored:
+                end["markers_not_stored"] = self.markers_not_stored
             writer.close(end)
             self._status(writer, start_ns, end_ns, final=True)
             return code
@@ -283,15 +288,34 @@ class Recorder:
             self._markers += self.tap.drain()
 
     def _store_markers(self, writer: RecordingWriter) -> None:
-        if self._markers:
-            writer.add_markers(sorted(self._markers, key=lambda m: m.t_ns))
-            self._markers = []
+        """Store the markers found since the last window. A marker the file cannot take (a value
+        the encoder refuses) is dropped, counted and said once: markers never end the job."""
+        if not self._markers:
+            return
+        found, self._markers = sorted(self._markers, key=lambda m: m.t_ns), []
+        try:
+            writer.add_markers(found)
+            return
+        except Exception:  # whatever it is, the recording goes on
+            pass
+        for marker in found:  # one by one, so one bad marker costs only itself
+            try:
+                writer.add_markers([marker])
+            except Exception as exc:
+                self.markers_not_stored += 1
+                if self.markers_not_stored == 1:
+                    log.warning("could not store a marker (%s): %r; later ones are counted only",
+                                exc, marker)  # fmt: skip
 
     def _finish_markers(self, writer: RecordingWriter, end_ns: int) -> None:
         """The last markers: what waits in the socket, the output's last lines, an open phase."""
         if self.tap is not None:
             self._markers += self.tap.finish(end_ns)
+        if self.inbox is not None:
+            self.inbox.close()  # takes what is still queued: the job's last count of drops
         self._collect_markers()
+        # lines read (or datagrams sent) after the child's exit belong to the recording's end
+        self._markers = [m if m.t_ns <= end_ns else replace(m, t_ns=end_ns) for m in self._markers]
         self._store_markers(writer)
         if self.inbox is not None and self.inbox.dropped_by_job:
             log.warning("the job could not send %d markers (the socket's queue was full)",
@@ -330,7 +354,7 @@ class Recorder:
                 clock.advance()
             if side is not None and time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + PROCESS_POLL_S
-                self._processes(writer, side)
+                self._processes(writer, side, time.time_ns())
             self._collect_markers()
             time.sleep(0.005)
 
@@ -353,11 +377,10 @@ class Recorder:
             log.warning("cannot list GPU processes: %s", exc)
             return None
 
-    def _processes(self, writer: RecordingWriter, reader: ProcessReader) -> None:
-        """One snapshot of the recorded GPUs' processes; the job's own (the child's
+    def _processes(self, writer: RecordingWriter, reader: ProcessReader, now: int) -> None:
+        """One look at the recorded GPUs' processes at ``now``; the job's own (the child's
         descendants) are marked ``in_job``."""
         job = descendants(self.child.pid) if self.child is not None else set()
-        now = time.time_ns()
         try:
             found = reader.read_processes(job, now)
         except Exception as exc:
@@ -370,9 +393,15 @@ class Recorder:
             for gpu, procs in found.items() if gpu in kept
         }  # fmt: skip
         seen = any(snapshot.values())
-        if seen or self._processes_seen:  # the first empty one says that they have gone
+        # a snapshot goes to the file when it says something new (the first empty one says
+        # that they have gone), and every PROCESS_KEEP_S while there are processes, so a long
+        # steady job does not grow the file and the report by a chunk a second
+        changed = snapshot != self._last_processes
+        due = seen and now - self._processes_written_ns >= PROCESS_KEEP_S * 1e9
+        if (seen or self._last_processes) and (changed or due):
             writer.add_processes(now, snapshot)
-        self._processes_seen = seen
+            self._processes_written_ns = now
+        self._last_processes = snapshot if seen else {}
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:
@@ -460,6 +489,9 @@ def options(args: argparse.Namespace) -> RecordOptions:
     config = config_from_args(args, Config(listen=None))  # `run`'s groups, gpm too
     if not command and config.duration_s is None:
         raise ConfigError("record", "nothing to record", "give -- CMD ARGS or --duration 10s")
+    if args.mark_pattern and not command:
+        raise ConfigError("--mark-pattern", "matches a command's output, and there is none",
+                          "give -- CMD ARGS, or leave --mark-pattern out")  # fmt: skip
     wanted = visible_gpus(args.gpu_list, os.environ)
     if wanted and config.source == "sim" and all(t.isdigit() for t in wanted):
         config = replace(config, sim_gpus=max(int(t) for t in wanted) + 1)

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import random
 import socket
 import stat
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from hfsampler import markers
 from hfsampler.errors import ConfigError
-from hfsampler.job_markers import MarkerSocket, compile_patterns, pattern_marker
+from hfsampler.job_markers import (
+    MAX_LINE_BYTES,
+    LineSplitter,
+    MarkerSocket,
+    compile_patterns,
+    pattern_marker,
+)
 from hfsampler.recording import Marker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,12 +97,117 @@ def test_events_arrive_as_markers_in_order(inbox: MarkerSocket) -> None:
     assert inbox.rejected == 0
 
 
-def test_phase_ends_on_an_exception_and_step_wants_an_integer(inbox: MarkerSocket) -> None:
+def test_phase_ends_on_an_exception(inbox: MarkerSocket) -> None:
     with pytest.raises(KeyError), markers.phase("load"):
         raise KeyError("boom")
-    with pytest.raises(TypeError):
-        markers.step(1.5)  # type: ignore[arg-type]
     assert [(m.kind, m.name) for m in _arrived(inbox, 2)] == [("begin", "load"), ("end", "load")]
+
+
+class _BadStr:
+    def __str__(self) -> str:
+        raise RuntimeError("boom")
+
+
+def test_invalid_calls_never_raise_they_are_dropped_and_counted(inbox: MarkerSocket) -> None:
+    """What the recorder would refuse is dropped in the client, counted, and said with the next
+    event; the README promises the calls never raise."""
+    dropped0 = markers.dropped()
+    invalid = [
+        lambda: markers.step(-1), lambda: markers.step(2**63), lambda: markers.step(2**70),
+        lambda: markers.step("x"), lambda: markers.step(1.0), lambda: markers.step(True),  # type: ignore[arg-type]
+        lambda: markers.mark(_BadStr()),  # type: ignore[arg-type]
+    ]  # fmt: skip
+    assert [call() for call in invalid] == [False] * len(invalid)
+    with markers.phase(_BadStr()):  # type: ignore[arg-type]
+        pass  # its begin and end: two more
+    assert markers.dropped() - dropped0 == len(invalid) + 2
+    assert markers.step(2**63 - 1)
+    (got,) = _arrived(inbox, 1)
+    assert got.step == 2**63 - 1
+    assert inbox.rejected == 0
+    assert inbox.job_dropped[os.getpid()] == markers.dropped()
+
+
+def test_one_cleaning_rule_for_names() -> None:
+    clean = markers.clean_name
+    assert clean("\x1b[32mEpoch 1\x1b[0m\x07") == "Epoch 1"  # colours gone, BEL a space
+    assert clean("\x1b]0;title\x07saving") == "saving"  # a terminal title
+    assert clean("a\x9bb\u202ec\u2028d\x00e") == "a b c d e"  # C1, bidi, separator, NUL
+    assert clean("   \t ") == ""
+    assert clean("x" * 300 + "y") == "x" * markers.MAX_NAME_CHARS
+    assert clean("x" * 255 + " y") == "x" * 255  # cut, then no trailing space
+    assert clean("a\udcff") == "a"
+    for text in ("\x1b[1;31mé\x1b", "a\u202e" * 200, " b " * 100):
+        assert clean(clean(text)) == clean(text)  # the recorder checks names with it
+
+
+def test_a_signal_handler_that_marks_while_a_call_sends_does_not_deadlock(
+    inbox: MarkerSocket,
+) -> None:
+    """The handler runs inside the main thread's send (forced there); it hands its event over
+    and returns, and the interrupted call sends it."""
+    code = """
+import os, signal
+from hfsampler import markers
+signal.signal(signal.SIGUSR1, lambda *_: print("handler", markers.mark("preempted")))
+send = markers._sender._send
+def send_interrupted(*args):
+    if not getattr(send_interrupted, "done", False):
+        send_interrupted.done = True
+        signal.raise_signal(signal.SIGUSR1)  # the handler runs here, the lock held
+    return send(*args)
+markers._sender._send = send_interrupted
+print("main", markers.step(7))
+print(markers.sent(), markers.dropped(), markers.waiting())
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["handler True", "main True", "2 0 0"]
+    assert sorted((m.kind, m.name) for m in _arrived(inbox, 2)) == [
+        ("mark", "preempted"), ("step", "step")
+    ]  # fmt: skip
+
+
+def test_phase_decorates_coroutines_and_refuses_generators(inbox: MarkerSocket) -> None:
+    @markers.phase("evaluate")
+    async def evaluate() -> int:
+        await asyncio.sleep(0.2)
+        return 3
+
+    assert asyncio.run(evaluate()) == 3
+    begin, end = _arrived(inbox, 2)
+    assert (begin.kind, end.kind) == ("begin", "end")
+    assert end.t_ns - begin.t_ns >= 0.2e9  # the phase lasts as long as the coroutine
+    with pytest.raises(TypeError, match="generator"):
+
+        @markers.phase("batches")
+        def batches() -> Iterator[int]:
+            yield 1
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @markers.phase("stream")
+        async def stream() -> AsyncIterator[int]:
+            yield 1
+
+
+def test_drops_not_yet_told_are_sent_at_exit(inbox: MarkerSocket) -> None:
+    code = """
+from hfsampler import markers
+assert markers.mark("first")
+for n in (-1, -2, -3):
+    markers.step(n)  # dropped, counted; no later event would carry the count
+"""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert [m.name for m in _arrived(inbox, 1)] == ["first"]
+    inbox.close()  # reads what is still queued
+    assert inbox.dropped_by_job == 3
+    assert inbox.rejected == 0
 
 
 def test_socket_is_private_and_removed_on_close() -> None:
@@ -118,22 +232,41 @@ def test_threads_lose_nothing_unaccounted(inbox: MarkerSocket) -> None:
         t.start()
     for t in senders:
         t.join()
+    assert markers.flush(wait_s=10) == 0
     sent, dropped = markers.sent() - sent0, markers.dropped() - dropped0
     assert sent + dropped == 1800
     received = [m.step for m in _arrived(inbox, sent)]
     assert len(received) == sent
     assert len(set(received)) == sent
     assert inbox.rejected == 0
-    assert inbox.dropped_by_job <= dropped  # what the job said it dropped, as of its last send
+    assert inbox.dropped_by_job == markers.dropped()
 
 
 def test_a_full_queue_or_a_gone_recorder_drops_never_blocks(inbox: MarkerSocket) -> None:
-    dropped0 = markers.dropped()
+    sent0, dropped0 = markers.sent(), markers.dropped()
     results = [markers.mark("flood") for _ in range(50_000)]  # faster than any reader
+    assert markers.waiting() <= markers.BACKLOG_EVENTS  # what waits is bounded
     assert markers.dropped() - dropped0 == results.count(False)
-    assert len(_arrived(inbox, results.count(True))) == results.count(True)
+    markers.flush(wait_s=10)
+    sent = markers.sent() - sent0
+    assert sent + markers.dropped() - dropped0 == 50_000
+    assert len(_arrived(inbox, sent)) == sent
     inbox.close()  # the recorder is gone
     assert markers.mark("late") is False
+
+
+def test_a_batch_with_bad_events_keeps_the_good_ones(inbox: MarkerSocket) -> None:
+    now = time.time_ns()
+    good = {"t_ns": now, "kind": "mark", "name": "ok", "step": None}
+    batch = {"v": 2, "pid": 9, "dropped": 4,
+             "events": [good, {**good, "kind": "boom"}, {**good, "name": "\x1b[2J"}, 7,
+                        {**good, "kind": "step", "name": "step", "step": 5}]}  # fmt: skip
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(json.dumps(batch).encode(), str(inbox.path))
+    got = _arrived(inbox, 5)
+    assert [(m.kind, m.step, m.pid) for m in got] == [("mark", None, 9), ("step", 5, 9)]
+    assert inbox.rejected == 3
+    assert inbox.job_dropped == {9: 4}
 
 
 def test_a_forked_child_sends_with_its_own_pid(inbox: MarkerSocket) -> None:
@@ -163,12 +296,13 @@ HOSTILE = [
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"","step":null,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":true,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":-4,"pid":1,"dropped":0}',
+    b'{"v":1,"t_ns":NOW,"kind":"step","name":"step","step":9223372036854775808,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":3,"pid":1,"dropped":0}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":"me"}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0,"extra":1}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":-1}',
     b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1}',  # no "dropped"
-    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0}' + b" " * 5000,
+    b'{"v":1,"t_ns":NOW,"kind":"mark","name":"a","step":null,"pid":1,"dropped":0}' + b" " * 40_000,
 ]
 
 
@@ -204,6 +338,9 @@ def test_pattern_kinds() -> None:
 
     assert kinds(step, "step 42 loss 1.0") == [("step", "step")]
     assert pattern_marker(step.search("step 42"), 1, 7, None)[0].step == 42  # type: ignore[arg-type]
+    assert kinds(step, f"step {2**63 - 1}") == [("step", "step")]
+    assert kinds(step, f"step {2**63}") == []  # more than the recording stores
+    assert kinds(step, "step " + "9" * 5000) == []  # more digits than int() takes
     assert kinds(phase, "Epoch 2 of 9") == [("begin", "Epoch 2")]
     assert kinds(phase, "Epoch 3", "Epoch 2") == [("end", "Epoch 2"), ("begin", "Epoch 3")]
     assert kinds(phase, "Epoch 3: 45%|####", "Epoch 3") == []  # a progress bar redrawn
@@ -213,3 +350,30 @@ def test_pattern_kinds() -> None:
     assert kinds(edge, "eval done") == [("end", "eval")]
     with pytest.raises(ConfigError, match="--mark-pattern"):
         compile_patterns(["(unclosed"])
+
+
+def test_output_names_take_the_api_rule() -> None:
+    colour, empty = compile_patterns([r"(?P<phase>\x1b\[32mEpoch \d+\S*)", ""])
+    line = "\x1b[32mEpoch 1\x1b[0m\x07 of 3"
+    (began,) = pattern_marker(colour.search(line), 1, 7, None)  # type: ignore[arg-type]
+    assert began.name == "Epoch 1"
+    (mark,) = pattern_marker(empty.search("anything"), 1, 7, None)  # type: ignore[arg-type]
+    assert mark.name == "mark"  # an empty match, an empty pattern: still a name
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lines_split_as_a_whole_stream_would_whatever_the_chunks(seed: int) -> None:
+    rng = random.Random(seed)
+    long_line = b"z" * (MAX_LINE_BYTES * 2 + 5)
+    stream = b"".join(
+        rng.choice([b"step %d\n" % i, b"bar %d\r" % i, b"\r\n", long_line + b"\n", b"x"])
+        for i in range(3000)
+    )
+    expected = [line[:MAX_LINE_BYTES] for line in stream.replace(b"\r", b"\n").split(b"\n") if line]
+    splitter, got, at = LineSplitter(), [], 0
+    while at < len(stream):
+        size = rng.choice([1, 7, 4096, 65536, 300_000])
+        got += splitter.feed(stream[at : at + size])
+        at += size
+    got += splitter.end()
+    assert got == expected

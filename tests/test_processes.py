@@ -1,15 +1,20 @@
-"""Per-process GPU use: NVML's process list and utilisation (fake driver), and the sim's model."""
+"""Per-process GPU use: NVML's process list and utilisation (fake driver), the sim's model, and
+what record stores of processes and markers."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pynvml
 import pytest
 from fake_nvml import FakeNvml, FakeProcess, install, make_fake
 
-from hfsampler.sources import GpuProcess, SourceSpec, open_processes
+from hfsampler.record import Recorder
+from hfsampler.recording import Marker, Recording, RecordingWriter
+from hfsampler.sources import DeviceInfo, GpuProcess, SourceSpec, open_processes
 from hfsampler.sources.sim import SimSource
 
 GIB = 1 << 30
@@ -81,3 +86,65 @@ def test_sim_processes_share_the_gpu_as_its_own_values_say() -> None:
     assert got == SimSource(gpus=2, seed=3).read_processes([100, 200, 300], t)  # deterministic
     assert sim.read_processes(set(), t) == {}
     assert np.isfinite(util).all()
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.snapshots: list[tuple[int, dict[int, list[dict[str, object]]]]] = []
+
+    def add_processes(self, t_ns: int, processes: dict[int, list[dict[str, object]]]) -> None:
+        self.snapshots.append((t_ns, processes))
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.found: dict[int, list[GpuProcess]] = {0: [GpuProcess(5, GIB, 50.0)], 1: []}
+
+    def read_processes(self, job: object, t_ns: int) -> dict[int, list[GpuProcess]]:
+        return self.found
+
+    def close(self) -> None:
+        pass
+
+
+def test_record_writes_a_snapshot_when_something_changes_or_every_10_s() -> None:
+    """A steady job: one PROC chunk per 10 s instead of one a second; a change at once."""
+    recorder = object.__new__(Recorder)  # only the process bookkeeping, no sampler or child
+    recorder.child = None
+    recorder.inventory = SimpleNamespace(  # type: ignore[assignment]
+        devices=[DeviceInfo(i, f"GPU-{i}", "test", f"0:{i}", "1.0", i) for i in range(2)]
+    )
+    recorder.keep = [0, 1]
+    recorder._last_processes = {}
+    recorder._processes_written_ns = 0
+    writer, reader = _Writer(), _Reader()
+    second = 10**9
+    for t in range(60):
+        if t == 33:
+            reader.found = {0: [GpuProcess(5, 2 * GIB, 50.0)], 1: []}  # its memory grew
+        if t == 45:
+            reader.found = {}  # gone
+        recorder._processes(writer, reader, (1000 + t) * second)  # type: ignore[arg-type]
+    times = [t_ns // second - 1000 for t_ns, _ in writer.snapshots]
+    assert times == [0, 10, 20, 30, 33, 43, 45]
+    assert writer.snapshots[4][1][0][0]["used_memory_bytes"] == 2 * GIB
+    assert writer.snapshots[-1][1] == {}  # the first empty one says that they have gone
+
+
+def test_a_marker_the_file_refuses_is_counted_and_the_others_stored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One marker orjson cannot write (a step past 64 bits) must not end the recording."""
+    recorder = object.__new__(Recorder)
+    recorder.markers_not_stored = 0
+    writer = RecordingWriter(tmp_path / "m.hfs", {"start_ns": 0}, [], [])
+    recorder._markers = [Marker(2, "mark", "after"), Marker(1, "step", "step", 2**64),
+                         Marker(0, "mark", "before")]  # fmt: skip
+    with caplog.at_level(logging.WARNING, "hfsampler.record"):
+        recorder._store_markers(writer)
+        recorder._markers = [Marker(3, "step", "step", 2**70)]
+        recorder._store_markers(writer)
+    writer.close({"end_ns": 4})
+    assert [m.name for m in Recording(tmp_path / "m.hfs").markers()] == ["before", "after"]
+    assert recorder.markers_not_stored == 2
+    assert len([r for r in caplog.records if "could not store a marker" in r.getMessage()]) == 1

@@ -36,6 +36,7 @@ for epoch in range(2):
         work(0.25)
     markers.mark("eval")
     print(f"checkpoint saved: ckpt-{epoch}", file=sys.stderr, flush=True)
+    work(0.2)  # stderr and stdout are two pipes read by two threads: no order between them
 pid = os.fork()
 if pid == 0:
     markers.mark("from the fork")
@@ -148,6 +149,115 @@ def test_a_chatty_binary_child_passes_through_whole(tmp_path: Path) -> None:
     assert proc.stderr.count(chunk[::-1] + b"\r") == 64
     steps = [m.step for m in Recording(out).markers()]
     assert steps == list(range(64))
+
+
+def test_a_step_number_beyond_64_bits_makes_no_marker_and_the_job_runs_on(tmp_path: Path) -> None:
+    """A sample counter matched as a step used to make the store fail and end the job."""
+    job = """
+    import time
+    print("step 1", flush=True)
+    print("step 184467440737095516160 (global sample counter)", flush=True)
+    print("step 9223372036854775808", flush=True)
+    time.sleep(1.5)  # a window's store in between
+    print("step 2", flush=True)
+    """
+    proc, out = _record(tmp_path, "--mark-pattern", r"step (?P<step>\d+)", job=job)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().splitlines()[-1] == "step 2"
+    rec = Recording(out)
+    assert rec.complete
+    assert [m.step for m in rec.markers()] == [1, 2]
+
+
+BURST = """
+import threading, time
+from hfsampler import markers
+
+def steps(base):
+    for i in range(300):
+        markers.step(base + i)
+
+threads = [threading.Thread(target=steps, args=(k * 1000,)) for k in range(8)]
+for t in threads:
+    t.start()
+for burst in range(20):  # bursts of 16 marks, faster than the socket's queue of 10 datagrams
+    for j in range(16):
+        markers.mark(f"b{burst}.{j}")
+    time.sleep(0.02)
+for t in threads:
+    t.join()
+print(markers.sent(), markers.dropped(), markers.waiting())  # what waits goes at exit
+"""
+
+
+def test_a_burst_from_threads_arrives_whole_or_counted_exactly(tmp_path: Path) -> None:
+    proc, out = _record(tmp_path, job=BURST)
+    assert proc.returncode == 0, proc.stderr.decode()
+    rec = Recording(out)
+    assert rec.end is not None
+    got = [m for m in rec.markers() if m.source == "api"]
+    steps = [m.step for m in got if m.kind == "step"]
+    marks = [m.name for m in got if m.kind == "mark"]
+    assert len(set(steps)) == len(steps)
+    assert len(set(marks)) == len(marks)
+    assert len(got) + rec.end["markers_dropped_by_job"] == 8 * 300 + 20 * 16
+    assert rec.end["marker_datagrams_rejected"] == 0
+    # a backlog of 512 events and batches of up to 1024: nothing lost here (it was 25 %)
+    assert rec.end["markers_dropped_by_job"] == 0
+
+
+def test_a_closed_output_pipe_ends_the_job_as_it_would_unpiped(tmp_path: Path) -> None:
+    """`record --mark-pattern ... -- yes | head -2`: once head has gone, yes gets SIGPIPE."""
+    out = tmp_path / "run.hfs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(out), "--mark-pattern", "never", "--", "yes"],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"y\n"
+        proc.stdout.close()  # what head does after its lines
+        assert proc.wait(60) == 128 + signal.SIGPIPE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    with proc.stderr:
+        assert b"reader has gone" in proc.stderr.read()
+    assert Recording(out).complete
+
+
+def test_a_process_left_behind_is_said_and_its_late_line_stamped_at_the_end(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job.sh"
+    job.write_text("( sleep 0.3; echo 'late mark'; sleep 5 ) &\necho 'main done'\n")
+    out = tmp_path / "run.hfs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(out), "--mark-pattern", "(?P<name>late mark)", "--", "sh", str(job)],
+        env=_env(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"left behind" in proc.stderr
+    rec = Recording(out)
+    _, end = rec.time_range_ns()
+    (late,) = rec.markers()
+    assert late.name == "late mark"
+    assert late.t_ns == end  # read after the job's end, which the recording ends at
+
+
+def test_mark_pattern_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+         str(tmp_path / "run.hfs"), "--duration", "1s", "--mark-pattern", "step"],
+        env=_env(), capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert b"--mark-pattern" in proc.stderr
+    assert not (tmp_path / "run.hfs").exists()
 
 
 def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:

@@ -9,13 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from test_report import CONSOLE_ERROR, chromium, run_chromium
 
-from hfsampler.report_processes import MAX_POINTS, _thin
+from hfsampler.recording import Recording, RecordingWriter
+from hfsampler.report_processes import MAX_POINTS, tracks
+from hfsampler.sources import DeviceInfo
 
 REPO = Path(__file__).resolve().parents[1]
+GIB = 1 << 30
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +78,46 @@ def test_the_page_draws_a_process_figure_per_gpu(
         assert drawn is not None, f"the process figure of GPU {gpu} was not drawn"
 
 
-def test_a_long_track_is_thinned_keeping_its_peaks() -> None:
-    t = list(np.arange(100_000) / 10)
-    y = [float(v) for v in np.zeros(100_000)]
-    y[54_321] = 99.0
-    y[7] = float("nan")
-    tx, ty = _thin(t, y)
-    assert len(tx) == len(ty) == MAX_POINTS
-    assert max(v for v in ty if v is not None) == 99.0
-    assert _thin([0.0, 1.0], [float("nan"), 2.0]) == ([0.0, 1.0], [None, 2.0])
+def _synthetic(path: Path, hours: float) -> int:
+    """A recording of ``hours`` with a snapshot every second on 2 GPUs: pid 7 steady at 1 GiB
+    except one spike to 5 GiB, SM 100 % its first second of every 10 and 0 % the rest, written
+    only when it changes (as record does); pid 8 on GPU 1 half the time."""
+    start = 1_700_000_000 * 10**9
+    devices = [DeviceInfo(i, f"GPU-{i}", "test", f"0:{i}", "1.0", i) for i in range(2)]
+    writer = RecordingWriter(path, {"start_ns": start}, devices, [])
+    seconds = int(hours * 3600)
+    spike = seconds * 3 // 7
+    for t in range(seconds):
+        if t % 10 > 1 and t != spike and t != spike + 1 and t != seconds // 2:
+            continue  # unchanged: not written
+        mem = 5 * GIB if t == spike else GIB
+        p7 = {"pid": 7, "used_memory_bytes": mem, "sm_util_pct": 100.0 if t % 10 == 0 else 0.0,
+              "in_job": True}  # fmt: skip
+        p8 = {"pid": 8, "used_memory_bytes": GIB, "sm_util_pct": None, "in_job": False}
+        writer.add_processes(start + t * 10**9, {0: [p7], 1: [p8] if t < seconds // 2 else []})
+    writer.close({"end_ns": start + seconds * 10**9, "exit_code": 0})
+    return seconds
+
+
+def test_a_long_recording_folds_into_fixed_buckets_keeping_peaks_and_time_weights(
+    tmp_path: Path,
+) -> None:
+    """The state per process is MAX_POINTS buckets whatever the length; peaks survive, and the
+    mean SM weighs each snapshot by how long it held (change-only snapshots)."""
+    run = tmp_path / "long.hfs"
+    seconds = _synthetic(run, hours=6)
+    got = tracks(Recording(run))
+    (p7,) = got[0]
+    (p8,) = got[1]
+    for track in (p7, p8):
+        assert len(track.bucket_t_s) == len(track.memory_mib) == MAX_POINTS
+        x, y = track.points(track.memory_mib)
+        assert len(x) == len(y) <= MAX_POINTS
+        assert x == sorted(x)
+    assert max(v for v in p7.points(p7.memory_mib)[1] if v is not None) == 5 * 1024
+    summary = p7.as_dict()
+    assert summary["memory_high_water_mib"] == 5 * 1024
+    assert summary["mean_sm_util_pct"] == pytest.approx(10.0, abs=0.1)  # not the snapshots' 50
+    assert summary["first_seen_s"] == 0.0
+    assert p8.as_dict()["mean_sm_util_pct"] is None
+    assert p8.as_dict()["last_seen_s"] < seconds / 2

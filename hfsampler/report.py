@@ -319,7 +319,7 @@ def render_html(summary: Summary) -> str:
     figures = [gpu_figure(summary, i) for i in range(len(summary.gpus))]
     figures.append(scrape_figure(summary))
     body = (summary_html(d) + phases_html(d) + "".join(figure_html(figures))
-            + phase_details_html(d) + processes_html(summary.recording)
+            + phase_details_html(d) + processes_html(summary.recording, phase_shapes(summary))
             + fields_html(d))  # fmt: skip
     return page(f"hfsampler report: {summary.recording.path.name}", body)
 

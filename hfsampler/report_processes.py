@@ -12,6 +12,7 @@ process (the highest value of each), so the state is fixed per process whatever 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -134,7 +135,9 @@ def processes_json(rec: Recording) -> dict[str, list[dict[str, Any]]]:
     return {str(g): [t.as_dict() for t in ts] for g, ts in tracks(rec).items()}
 
 
-def processes_figure(rec: Recording, gpu: int, procs: list[ProcessTrack]) -> Any:
+def processes_figure(
+    rec: Recording, gpu: int, procs: list[ProcessTrack], shapes: Sequence[Mapping[str, Any]] = ()
+) -> Any:
     """One GPU's figure: memory per process above, SM utilisation per process below."""
     import plotly.graph_objects as go  # type: ignore[import-untyped]
     from plotly.subplots import make_subplots  # type: ignore[import-untyped]
@@ -153,20 +156,22 @@ def processes_figure(rec: Recording, gpu: int, procs: list[ProcessTrack]) -> Any
                                      showlegend=row == 1), row=row, col=1)  # fmt: skip
     fig.update_xaxes(title_text="seconds since start", row=2, col=1)
     fig.update_layout(height=520, template="plotly_white", title=f"GPU {gpu}: processes",
+                      shapes=list(shapes),
                       margin={"t": 80, "l": 60, "r": 20, "b": 40})  # fmt: skip
     return fig
 
 
-def processes_html(rec: Recording) -> str:
+def processes_html(rec: Recording, shapes: Sequence[Mapping[str, Any]] = ()) -> str:
     """The page's section: a heading, then a figure per GPU with processes (plotly.js is on the
-    page already, from the figures before)."""
+    page already, from the figures before), the job's phases shaded as on the others
+    (``shapes``: the report's)."""
     parts = ["<h2>GPU processes</h2>"]
     found = {g: ts for g, ts in tracks(rec).items() if ts}
     if not found:
         parts.append("<p>No GPU process was recorded (the source gives none, or the job used "
                      "no GPU).</p>")  # fmt: skip
     for gpu, procs in found.items():
-        fig = processes_figure(rec, gpu, procs)
+        fig = processes_figure(rec, gpu, procs, shapes)
         div = f"processes-gpu{gpu}"
         parts.append(fig.to_html(full_html=False, include_plotlyjs=False,
                                  config={"responsive": True}, div_id=div))  # fmt: skip

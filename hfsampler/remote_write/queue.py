@@ -107,6 +107,10 @@ class BatchWaiter:
         self._ready.clear()
         remaining = end - clock()
         if remaining <= 0:
+            if count:
+                # The deadline passed since the caller looked: its samples are due now. Waiting
+                # for a full batch here would hold them until one came, maybe forever.
+                return end
             # Deadline passed with nothing queued: wait for the first sample, then start over.
             await self._ready.wait()
             return clock() + deadline_s

@@ -270,11 +270,11 @@ class BlockEncoder:
         """A block for ``samples`` (and metadata entries first, when given); returns at once."""
         ids = tuple(dict.fromkeys(s.series.id for s in samples))
 
-        head = metadata() if metadata is not None else b""
-        # Encoded at once, on the caller's thread: with the encoding on a thread of its own, a
-        # shard under uvloop now and then waited forever for a block in long test runs (cause
-        # not found; polling did not help), so the thread is kept only for the interface.
-        return Block.ready(head + self.encoder.encode_samples(samples), len(samples), ids)
+        def encode() -> bytes:
+            head = metadata() if metadata is not None else b""
+            return head + self.encoder.encode_samples(samples)
+
+        return Block(len(samples), self._thread.submit(encode), ids)
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=False)

@@ -244,17 +244,8 @@ class Block:
 
 
 async def wait_done(future: Future[_T]) -> _T:
-    """A thread's result, awaited by polling rather than through ``call_soon_threadsafe``.
-
-    Under uvloop a wakeup from another thread was now and then lost in long test runs (a shard
-    waited forever for a block encoded long before); an encode takes about a millisecond, so a
-    few short sleeps cost nothing and cannot be missed.
-    """
-    delay = 0.0002
-    while not future.done():
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.005)
-    return future.result()
+    """A thread's result, awaited on the running loop."""
+    return await asyncio.wrap_future(future)
 
 
 class BlockEncoder:

@@ -27,7 +27,10 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-GPU_SEL = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+HOST_SEL = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+# a GPU's own series: a MIG instance's (GPU_I_ID set, and device fields copied onto it with
+# mig.copy_device_fields) are the instance dashboard's, never a second line for the same GPU
+GPU_SEL = HOST_SEL + ', GPU_I_ID=""'
 GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
 MEM_TOTAL = "(DCGM_FI_DEV_FB_USED{%s} + DCGM_FI_DEV_FB_FREE{%s} + DCGM_FI_DEV_FB_RESERVED{%s})"
 
@@ -396,7 +399,7 @@ def fleet() -> db.Dashboard:
 
 # -- 5. MIG instances ---------------------------------------------------------------------------
 
-MIG_SEL = GPU_SEL + ', GPU_I_ID!="", GPU_I_PROFILE=~"$GPU_I_PROFILE"'
+MIG_SEL = HOST_SEL + ', GPU_I_ID!="", GPU_I_PROFILE=~"$GPU_I_PROFILE"'
 MIG_LEGEND = "{{Hostname}} gpu {{gpu}} / {{GPU_I_ID}} ({{GPU_I_PROFILE}})"
 
 

@@ -238,7 +238,7 @@ def probe(
         tick = time_reads(source, live, gpus, clock_ns, 200) if live else [0]
     finally:
         source.close()
-    batched = _batched_per_gpu(spec, wanted, gpus, clock_ns)
+    batched = _batched_per_gpu(spec, wanted, len(physical(inventory.devices)), clock_ns)
     by_field = dict(zip(live, refresh, strict=True))
     gpu_rows = physical(inventory.devices)
     probes = []
@@ -282,7 +282,10 @@ def _batched_per_gpu(
         inv = source.open(ids)
         try:
             ok = tuple(f for f, s in zip(inv.fields, inv.supported[0].tolist(), strict=True) if s)
-            out.append(_percentiles_us(time_reads(source, ok, 1, clock_ns, 200))[0] if ok else 0.0)
+            rows = len(inv.devices)  # one GPU, and a MIG GPU's instance slots after it
+            out.append(
+                _percentiles_us(time_reads(source, ok, rows, clock_ns, 200))[0] if ok else 0.0
+            )
         finally:
             source.close()
     return tuple(out)

@@ -195,3 +195,14 @@ def test_recommend_keeps_per_link_nvlink_off_the_fastest_groups() -> None:
     ]  # fmt: skip
     _, groups = P.recommend(probes, tick_us=10.0)
     assert groups == {"DCGM_FI_DEV_POWER_USAGE_INSTANT": "every_1ms", tx: "every_100ms"}
+
+
+def test_probe_of_a_mig_gpu_times_its_batched_read(fake: FakeNvml, clock: VirtualClock) -> None:
+    """A MIG GPU is a GPU row and its instance slots: the probe reads them all, never crashes."""
+    from fake_nvml import enable_mig
+
+    enable_mig(fake.gpus[0], 0, [(1, "3g.71gb"), (2, "2g.35gb"), (5, "1g.18gb")])
+    result = P.probe(SourceSpec("nvml"), F.CATALOGUE, 1.0, clock_ns=clock, pace=clock.advance)
+    assert len(result.batched_read_us) == 1
+    assert result.batched_read_us[0] > 0
+    assert {p.name: p for p in result.fields}["DCGM_FI_DEV_POWER_USAGE_INSTANT"].supported

@@ -631,6 +631,9 @@ class FakeLib:
         return self._reading("nvmlDeviceGetEnforcedPowerLimit", handle, "power_limit", out)
 
     def _c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
+        code, gpu = self._device("nvmlDeviceGetUtilizationRates", handle)
+        if gpu is not None and getattr(gpu, "mig_mode", None) == pynvml.NVML_DEVICE_MIG_ENABLE:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED  # NVML: not supported on a MIG-enabled GPU
         code = self._reading("nvmlDeviceGetUtilizationRates", handle, "util_gpu", out, "gpu")
         if code == pynvml.NVML_SUCCESS:
             code = self._reading("nvmlDeviceGetUtilizationRates", handle, "util_mem", out, "memory")

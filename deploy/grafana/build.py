@@ -54,11 +54,12 @@ def variables(d: db.Dashboard, *, multi: bool = True) -> db.Dashboard:
     """Data source, then cluster → Hostname → gpu, each narrowing the next."""
     d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     chain = [
-        ("cluster", "label_values(DCGM_FI_DEV_GPU_UTIL, cluster)"),
-        ("Hostname", 'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, Hostname)'),
+        ("cluster", "label_values(DCGM_FI_DEV_POWER_USAGE, cluster)"),
+        ("Hostname", 'label_values(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster"}, Hostname)'),
         (
             "gpu",
-            'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster", Hostname=~"$Hostname"}, gpu)',
+            'label_values(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster", '
+            'Hostname=~"$Hostname"}, gpu)',
         ),
     ]
     for name, q in chain:
@@ -276,7 +277,10 @@ def fleet_heatmap(title: str, expr: str, unit: str) -> heatmap.Panel:
 
 def fleet_map() -> geomap.Panel:
     """GPUs per site, placed by the ``latitude`` / ``longitude`` external labels of each node."""
-    expr = 'count by (datacenter, latitude, longitude) (DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"})'
+    expr = (
+        "count by (datacenter, latitude, longitude) "
+        '(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster", GPU_I_ID=""})'
+    )
     markers = (
         cb.MapLayerOptions()
         .type("markers")

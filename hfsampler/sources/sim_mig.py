@@ -112,10 +112,20 @@ def spread(s: Spread, gpus: int, values: FloatArray, driver_ts_us: IntArray) -> 
         driver_ts_us[:gpus, s.twins] = 0
 
 
+# What NVML refuses on a GPU in MIG mode (nvmlDeviceGetUtilizationRates: NOT_SUPPORTED there)
+MIG_GPU_UNSUPPORTED = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"})
+
+
 def supported(fields: Sequence[Field], devices: Sequence[DeviceInfo]) -> BoolArray:
-    """[row, field]: a GPU its own fields, a slot its per-instance ones."""
+    """[row, field]: a GPU its own fields, a slot its per-instance ones; a MIG GPU not what the
+    driver refuses in MIG mode."""
     readable = np.array([f.nvml_readable for f in fields], dtype=np.bool_)
     twin = np.array([f.mig_instance for f in fields], dtype=np.bool_)
     gpu = np.array([d.is_gpu for d in devices], dtype=np.bool_)
     out: BoolArray = readable & np.where(gpu[:, None], ~twin, twin)
+    mig_gpus = {d.index for d in devices if d.mig_slot is not None}
+    refused = np.array([f.name in MIG_GPU_UNSUPPORTED for f in fields], dtype=np.bool_)
+    for row, d in enumerate(devices):
+        if d.is_gpu and d.index in mig_gpus:
+            out[row] &= ~refused
     return out

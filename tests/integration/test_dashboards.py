@@ -79,12 +79,23 @@ def fed_prometheus(
     try:
         # a site's coordinates as external labels place it on the fleet dashboard's map
         site = {"cluster": "ci", "datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
-        # MIG instances on every sim GPU feed the instance view (and must not disturb the rest)
-        args = rx.sim_run_args(
-            [prom.write_url], listen="", gpus=3, duration="8s", labels=site,
-            extra=["--sim-mig", "3g,2g,1g,1g"],
+        # MIG instances on every sim GPU of one run feed the instance view (and must not disturb
+        # the rest); a GPU in MIG mode has no utilization (NVML refuses it), so a second run
+        # beside it, without MIG, feeds the GPU panels that show it
+        plain = rx.spawn_cli(
+            rx.sim_run_args([prom.write_url], listen="", gpus=3, duration="8s",
+                            labels={**site, "feed": "plain"}),
+            root / "plain.log",
         )  # fmt: skip
-        run = rx.run_cli(args, timeout_s=60).check()
+        try:
+            args = rx.sim_run_args(
+                [prom.write_url], listen="", gpus=3, duration="8s",
+                labels={**site, "feed": "mig"}, extra=["--sim-mig", "3g,2g,1g,1g"],
+            )  # fmt: skip
+            run = rx.run_cli(args, timeout_s=60).check()
+            assert plain.wait(timeout=60) == 0, (root / "plain.log").read_text()
+        finally:
+            rx.stop_cli(plain)
         prom.live_until_s = run.ended_ns / 1e9 - 3
         # the recording rules and the always-firing Watchdog need an evaluation after the data
         at = prom.live_until_s
@@ -190,4 +201,4 @@ def test_fleet_map_places_each_site(fed_prometheus: RulesPrometheus) -> None:
     expr = _fill(target["expr"], _variable_values(fed_prometheus, dash))
     (row,) = fed_prometheus.query(expr, time_s=fed_prometheus.live_until_s)
     assert row["metric"] == {"datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
-    assert float(row["value"][1]) == 3
+    assert float(row["value"][1]) == 6  # two feeds of 3 GPUs each (with and without MIG)

@@ -176,3 +176,17 @@ def test_probe_reports_gpus_not_instance_slots() -> None:
     result = probe(SourceSpec("sim", gpus=1, sim_mig=("3g", "2g")), F.CATALOGUE, duration_s=0.5)
     assert result.gpus == ("hfsampler sim H200",)
     assert all(len(p.refresh_s) == 1 for p in result.fields if p.supported)
+
+
+def test_a_layout_is_placed_largest_first_and_one_that_cannot_be_is_refused() -> None:
+    """``3g,4g`` is a layout a GPU holds (the 4g first, as the driver places it); a layout that
+    has no place for an instance is a ConfigError naming the flag, never a traceback."""
+    from hfsampler.errors import ConfigError
+    from hfsampler.sources.sim_mig import instances, parse_layout
+
+    assert parse_layout("3g,4g") == ("3g", "4g")
+    found = instances(("3g", "4g"), 0, 0)
+    assert [i.profile for i in found] == ["3g.71gb", "4g.71gb"]  # in the order given
+    assert len({i.gpu_instance_id for i in found}) == 2
+    with pytest.raises(ConfigError, match="--sim-mig"):
+        parse_layout("4g,4g")

@@ -49,19 +49,32 @@ def parse_layout(text: str, key: str = FLAG) -> tuple[str, ...]:
             f"{text!r} needs {compute}/7 compute and {memory}/8 memory slices",
             "give instances that fit one GPU, e.g. 3g,2g,1g,1g",
         )
+    instances(items, 0, 0)  # placed on a GPU, or a ConfigError naming the flag
     return items
 
 
 def instances(layout: Sequence[str], seed: int, gpu: int) -> list[MigInstance]:
     """The layout's instances on one GPU: GPU instance ids from each profile's own pool."""
     used: set[int] = set()
-    out = []
-    for profile in layout:
-        name, _, _, pool = PROFILES[profile]
-        gi = next(i for i in pool if i not in used and not (used and i == 0))
+    # the largest first, as the driver places them: a 4g has one place, a 3g two
+    order = sorted(range(len(layout)), key=lambda k: -PROFILES[layout[k]][1])
+    ids: dict[int, int] = {}
+    for k in order:
+        _, _, _, pool = PROFILES[layout[k]]
+        gi = next((i for i in pool if i not in used and not (used and i == 0)), None)
+        if gi is None:
+            raise ConfigError(
+                FLAG,
+                f"{','.join(layout)!r} has no free place for a {layout[k]} instance",
+                "give a layout a GPU can hold, e.g. 4g,3g or 3g,2g,1g,1g",
+            )
         used.add(gi)
+        ids[k] = gi
+    out = []
+    for k, profile in enumerate(layout):
+        gi = ids[k]
         mig_uuid = uuid.uuid5(uuid.NAMESPACE_OID, f"hfsampler-sim/{seed}/{gpu}/mig/{gi}")
-        out.append(MigInstance(gi, 0, name, f"MIG-{mig_uuid}"))
+        out.append(MigInstance(gi, 0, PROFILES[profile][0], f"MIG-{mig_uuid}"))
     return out
 
 

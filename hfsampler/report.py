@@ -162,10 +162,15 @@ def scrape_figure(summary: Summary) -> Any:
     return fig
 
 
-def html_table(rows: list[tuple[str, list[str]]], head: list[str]) -> str:
+def html_table(rows: list[tuple[str, list[str]]], head: list[str],
+               depths: list[int] | None = None) -> str:  # fmt: skip
+    """A table with a header row; ``depths`` indents each row's name (a nested phase) with CSS
+    padding, which HTML keeps where it collapses leading spaces."""
     out = ["<table><tr>", *(f"<th>{html.escape(h)}</th>" for h in head), "</tr>"]
-    for name, cells in rows:
-        out.append(f"<tr><th>{html.escape(name)}</th>")
+    for k, (name, cells) in enumerate(rows):
+        depth = depths[k] if depths else 0
+        indent = f" style='padding-left:{0.5 + 1.5 * depth:g}em'" if depth else ""
+        out.append(f"<tr><th{indent}>{html.escape(name)}</th>")
         out.extend(f"<td>{html.escape(c)}</td>" for c in cells)
         out.append("</tr>")
     out.append("</table>")
@@ -243,14 +248,14 @@ def phases_html(d: dict[str, Any]) -> str:
     if not phases and not steps and not d["marks"]:
         return "<h2>Phases</h2><p>no markers recorded (see hfsampler.markers)</p>"
     out = ["<h2>Phases</h2>"]
-    overview = [(("  " * p["depth"]) + p["label"],
+    overview = [(p["label"],
                  [fmt(p["start_s"], " s", 3), fmt(p["duration_s"], " s", 3),
                   f"{fmt(p['energy_j'], ' J', 1)} ({fmt(p['energy_wh'], ' Wh', 4)})",
                   "yes" if p["ended"] else "NO: runs to the end of the recording"])
                 for p in phases]  # fmt: skip
     if phases:
         head = ["phase", "start", "duration", "energy, all GPUs", "ended"]
-        out.append(html_table(overview, head))
+        out.append(html_table(overview, head, [p["depth"] for p in phases]))
     if d["phases_not_tabled"]:
         out.append(f"<p>{d['phases_not_tabled']} more phases were recorded but not tabled</p>")
     if steps:
@@ -274,6 +279,9 @@ def phases_html(d: dict[str, Any]) -> str:
     if d["marker_problems"]:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in d["marker_problems"])
         out.append(f"<p>Markers:</p><ul>{items}</ul>")
+    if d["marker_problems_not_listed"]:
+        out.append(f"<p>{d['marker_problems_not_listed']} more problems with the markers, "
+                   "not listed</p>")  # fmt: skip
     return "".join(out)
 
 

@@ -233,6 +233,7 @@ class Summary:
             "steps": step_tables(self),
             "marks": [self._mark(m) for m in tl.marks],
             "marker_problems": list(tl.problems),
+            "marker_problems_not_listed": tl.problems_not_listed,
             "phases_not_tabled": tl.phases_not_tabled,
             "steps_not_tabled": tl.steps_not_tabled,
         }

@@ -214,6 +214,11 @@ def summary_html(d: dict[str, Any]) -> str:
         ("labels", ", ".join(f"{k}={v}" for k, v in job.items()) or "-"),
         ("file", "complete" if d["complete"] else "INCOMPLETE (the recorder did not finish)"),
     ]
+    if d["clock_steps_back"]:
+        back = f"steps: {d['clock_steps_back']}, {d['clock_stepped_back_s']:.3f} s in all"
+        facts.append(
+            ("clock", f"the wall clock stepped back ({back}): those intervals count as 0 s")
+        )
     ctx = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                   for k, v in facts)  # fmt: skip
     return f"<table>{ctx}</table><h2>Summary</h2>{table}"

@@ -236,6 +236,7 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         h = self.recording.header
         tl = self.timeline
+        clocks = [Held(), *(g.power_held for g in self.gpus)]  # Held(): none stepped back
         return {
             "command": h.get("command_line"),
             "host": h.get("host"),
@@ -256,6 +257,8 @@ class Summary:
             "marks": [self._mark(m) for m in tl.marks],
             "marker_problems": list(tl.problems),
             "marker_problems_not_listed": tl.problems_not_listed,
+            "clock_steps_back": max(held.steps_back for held in clocks),
+            "clock_stepped_back_s": max(held.stepped_back_us for held in clocks) / 1e6,
             "phases_not_tabled": tl.phases_not_tabled,
             "steps_not_tabled": tl.steps_not_tabled,
         }

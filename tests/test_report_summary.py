@@ -78,3 +78,31 @@ def test_energy_counter_of_a_one_second_job(tmp_path: Path) -> None:
     (gpu,) = report_json(str(path))["gpus"]
     assert gpu["energy_j"] == pytest.approx((e_mj[-1] - e_mj[0]) / 1e3, abs=1e-3)
     assert gpu["energy_j"] > 0.8 * gpu["energy_integrated_j"]
+
+
+def test_wall_clock_stepping_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 10 s the wall clock steps back 5 s: the interval across the step holds for 0 s, energy
+    never runs backwards, and the report says the clock stepped back."""
+    store = sim_recordings.store_window
+    back_ns = 5 * 10**9
+
+    def stepped(writer: RecordingWriter, gi: int, plan: Any, rows: RingRows, t0: int, t1: int,
+                keep: Any) -> None:  # fmt: skip
+        if t0 >= S + 10 * 10**9:
+            rows = RingRows(rows.time_ns - back_ns, rows.lateness_ns, rows.values,
+                            rows.driver_ts_us - back_ns // 1000)  # fmt: skip
+            t0, t1 = t0 - back_ns, t1 - back_ns
+        store(writer, gi, plan, rows, t0, t1, keep)
+
+    monkeypatch.setattr(sim_recordings, "store_window", stepped)
+    path = tmp_path / "clockback.hfs"
+    synthesize(path, 1, 20, True, start_ns=S)
+    t, v = Recording(path).raw(POWER, 0)
+    truth_j = float(((v[:-1] + v[1:]) / 2 * np.diff(t).clip(min=0)).sum()) / 1e6
+    d = report_json(str(path))
+    assert d["clock_steps_back"] == 1
+    assert d["clock_stepped_back_s"] == pytest.approx(5.0, abs=0.01)
+    assert d["gpus"][0]["energy_integrated_j"] == pytest.approx(truth_j, rel=1e-9)
+    page = tmp_path / "clockback.html"
+    assert report(str(path), "-o", str(page)).returncode == 0
+    assert "the wall clock stepped back (steps: 1, " in page.read_text()

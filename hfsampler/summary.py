@@ -175,6 +175,7 @@ class GpuSummary:
 
     def as_dict(self, duration_s: float) -> dict[str, Any]:
         scrape = np.array(self.scrape_w)
+        powered = self.samples > 0  # without power samples, no integral is 0: it is unknown
         return {
             "gpu": self.index,
             "uuid": self.uuid,
@@ -184,14 +185,16 @@ class GpuSummary:
             "power_samples": self.samples,
             "energy_j": _num(self.energy_j),
             "energy_wh": _num(self.energy_j / 3600),
-            "energy_integrated_j": _num(self.energy_integrated_j),
-            "mean_power_w": _num(self.energy_integrated_j / duration_s) if duration_s else None,
+            "energy_integrated_j": _num(self.energy_integrated_j) if powered else None,
+            "mean_power_w": _num(self.energy_integrated_j / duration_s)
+            if powered and duration_s
+            else None,
             "peak_power_w": _num(self.peak_w),
             "peak_power_at_s": _num(self.peak_at_s),
             "p99_power_w": _num(histogram_quantile(self.histogram, 0.99), 3),
             "p99_resolution_w": HISTOGRAM_BIN_W,
             "power_limit_w": _num(self.power_limit_w),
-            "time_above_power_limit_s": _num(self.above_limit_s),
+            "time_above_power_limit_s": _num(self.above_limit_s) if powered else None,
             "memory_high_water_mib": _num(self.memory_high_water_mib),
             "mean_sm_active": self.activity(0),
             "mean_tensor_active": self.activity(1),

@@ -106,3 +106,33 @@ def test_wall_clock_stepping_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     page = tmp_path / "clockback.html"
     assert report(str(path), "-o", str(page)).returncode == 0
     assert "the wall clock stepped back (steps: 1, " in page.read_text()
+
+
+def test_no_power_samples_is_null_not_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU whose power was never read: its integrals are unknown (null), and a comparison of
+    two such runs shows no difference for them."""
+    store = sim_recordings.store_window
+
+    def unpowered(writer: RecordingWriter, gi: int, plan: Any, rows: RingRows, t0: int, t1: int,
+                  keep: Any) -> None:  # fmt: skip
+        names = [f.name for f in plan.fields]
+        v = rows.values.copy()
+        for name in ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_POWER_USAGE"):
+            if name in names:
+                v[:, :, names.index(name)] = np.nan
+        store(writer, gi, plan, RingRows(rows.time_ns, rows.lateness_ns, v, rows.driver_ts_us),
+              t0, t1, keep)  # fmt: skip
+
+    monkeypatch.setattr(sim_recordings, "store_window", unpowered)
+    base, new = tmp_path / "base.hfs", tmp_path / "new.hfs"
+    synthesize(base, 1, 3, True, start_ns=S)
+    synthesize(new, 1, 3, True, start_ns=S, seed=3)
+    (gpu,) = report_json(str(base))["gpus"]
+    assert gpu["power_samples"] == 0
+    for key in ("energy_integrated_j", "mean_power_w", "time_above_power_limit_s"):
+        assert gpu[key] is None, key
+    d = report_json(str(base), str(new))
+    (pair,) = d["delta"]["gpus"]
+    for key in ("energy_integrated_j", "mean_power_w", "time_above_power_limit_s"):
+        assert pair[key]["delta"] is None, key
+    assert d["delta"]["job"]["energy_integrated_j"]["delta"] is None

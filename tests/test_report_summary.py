@@ -136,3 +136,15 @@ def test_no_power_samples_is_null_not_zero(tmp_path: Path, monkeypatch: pytest.M
     for key in ("energy_integrated_j", "mean_power_w", "time_above_power_limit_s"):
         assert pair[key]["delta"] is None, key
     assert d["delta"]["job"]["energy_integrated_j"]["delta"] is None
+
+
+def test_compare_different_gpu_counts_says_what_is_not_compared(tmp_path: Path) -> None:
+    base, new = tmp_path / "g1.hfs", tmp_path / "g3.hfs"
+    synthesize(base, 1, 2, True, start_ns=S)
+    synthesize(new, 3, 2, True, start_ns=S)
+    d = report_json(str(base), str(new))
+    assert len(d["delta"]["gpus"]) == 1
+    assert d["gpus_not_compared"] == {"base": [], "new": [1, 2]}
+    page = tmp_path / "diff.html"
+    assert report(str(base), str(new), "-o", str(page)).returncode == 0
+    assert "Not compared: new's GPU 1, GPU 2" in page.read_text()

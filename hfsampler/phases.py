@@ -36,6 +36,7 @@ MAX_PHASES = 100  # phases tabled and shaded (each keeps a power histogram per G
 MAX_STEPS = 500_000  # steps of all names together
 MAX_MARKS = 200  # instant marks drawn
 MAX_PROBLEMS = 20  # marker problems said in words; the rest are counted
+MERGE_WINDOW = 64  # open phases of one name a process's phase may merge with (more ranks: rare)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,13 +184,15 @@ def _merge_ranks(spans: Sequence[_Span]) -> list[tuple[str, int, int, bool]]:
     """Phases of one name from different processes that overlap become one, from the earliest
     begin to the latest end (the ranks of a DDP job each say ``phase("epoch 0")``); phases of one
     name within one process stay apart (they nest). A span joins the first phase of its name
-    still open at its start that has none from its process yet."""
+    still open at its start that has none from its process yet, among the latest
+    ``MERGE_WINDOW`` of that name (so that 50,000 phases never ended cost no more than that
+    each)."""
     by_start = sorted(spans, key=lambda s: (s.start_ns, -s.end_ns))
     out: list[tuple[str, int, int, bool]] = []
     active: dict[str, list[tuple[int, set[int | None]]]] = {}  # name: (index in out, pids)
     for span in by_start:
         groups = active.setdefault(span.name, [])
-        groups[:] = [g for g in groups if out[g[0]][2] > span.start_ns]
+        groups[:] = [g for g in groups[-MERGE_WINDOW:] if out[g[0]][2] > span.start_ns]
         for k, pids in groups:
             if span.pid not in pids:
                 name, s, e, ended = out[k]

@@ -21,14 +21,14 @@ Rules, so that a killed or sloppy job still reads sensibly:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.recording import Marker
+from hfsampler.recording import Marker, Recording
 
 IntArray = npt.NDArray[np.int64]
 
@@ -87,10 +87,60 @@ class Timeline:
 
 def timeline(markers: Sequence[Marker], start_ns: int, end_ns: int) -> Timeline:
     """Resolve markers (in time order) into phases, step series and marks (see the module)."""
-    problems = _Problems()
+    problems, steps = _Problems(), _StepColumns()
+    steps.extend([m.to_json() for m in markers if m.kind == "step"], problems)
+    others = [m for m in markers if m.kind != "step"]
+    return _resolve(others, steps, problems, start_ns, end_ns)
+
+
+def read_timeline(rec: Recording, start_ns: int, end_ns: int) -> Timeline:
+    """``timeline`` of a recording's markers, read a chunk at a time: steps go straight into
+    arrays (a million steps hold some 24 MB, not a Python object each); the other markers, sorted
+    by time as ``Recording.markers`` sorts them."""
+    problems, steps = _Problems(), _StepColumns()
+    others: list[Marker] = []
+    for stored in rec.marker_chunks():
+        steps.extend([d for d in stored if d.get("kind") == "step"], problems)
+        others += [Marker.from_json(d) for d in stored if d.get("kind") != "step"]
+    others.sort(key=lambda m: m.t_ns)
+    return _resolve(others, steps, problems, start_ns, end_ns)
+
+
+@dataclass(slots=True)
+class _StepColumns:
+    """Per step name, the steps' times, numbers (-1: none) and pids (-1: none), in chunks."""
+
+    parts: dict[str, list[tuple[IntArray, IntArray, IntArray]]] = field(default_factory=dict)
+
+    def extend(self, stored: Sequence[Mapping[str, Any]], problems: _Problems) -> None:
+        """Step markers as stored (``Marker.to_json``); a number outside ``[0, 2**63)`` is a
+        problem, not a step."""
+        by_name: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        for d in stored:
+            step, pid = d.get("step"), d.get("pid")
+            if step is not None and not 0 <= int(step) < 2**63:
+                problems.add(f"step {step} of {d['name']!r}: not a step number in [0, 2**63), "
+                             "ignored")  # fmt: skip
+                continue
+            t, n, p = by_name.setdefault(str(d["name"]), ([], [], []))
+            t.append(int(d["t_ns"]))
+            n.append(-1 if step is None else int(step))
+            p.append(-1 if pid is None else int(pid))
+        for name, (t, n, p) in by_name.items():
+            arrays = (np.array(t, np.int64), np.array(n, np.int64), np.array(p, np.int64))
+            self.parts.setdefault(name, []).append(arrays)
+
+    def columns(self, name: str) -> tuple[IntArray, IntArray, IntArray]:
+        parts = self.parts[name]
+        t, n, p = (np.concatenate([part[k] for part in parts]) for k in range(3))
+        return t, n, p
+
+
+def _resolve(markers: Sequence[Marker], steps: _StepColumns, problems: _Problems, start_ns: int,
+             end_ns: int) -> Timeline:  # fmt: skip
+    """Phases and marks from the other markers (in time order), then the step series."""
     open_: dict[tuple[int | None, str], list[int]] = {}  # (pid, name): raw begin times
     spans: list[_Span] = []
-    steps: dict[str, list[tuple[int, int, int]]] = {}  # name: (time, number, pid)
     marks: list[Marker] = []
 
     def clip(t: int) -> int:
@@ -115,10 +165,7 @@ def timeline(markers: Sequence[Marker], start_ns: int, end_ns: int) -> Timeline:
                 at = clip(m.t_ns)
                 problems.add(f"end of {m.name!r} at {(at - start_ns) / 1e9:.3f} s without a "
                              "begin: ignored")  # fmt: skip
-        elif m.kind == "step":
-            number = -1 if m.step is None else m.step
-            steps.setdefault(m.name, []).append((clip(m.t_ns), number, _pid_key(m.pid)))
-        else:
+        elif m.kind != "step":
             marks.append(m)
     for (pid, name), stack in open_.items():
         for begun in stack:
@@ -139,8 +186,9 @@ def timeline(markers: Sequence[Marker], start_ns: int, end_ns: int) -> Timeline:
         tabled_list.append(Phase(name, seen[name], s, e, ended, depth))
     tabled = tuple(tabled_list)
     series, budget, not_tabled = [], MAX_STEPS, 0
-    for name, items in steps.items():
-        t, n = _one_step_per_number(np.array(items, np.int64).reshape(-1, 3))
+    for name in steps.parts:
+        times, numbers, pids = steps.columns(name)
+        t, n = _one_step_per_number(times.clip(start_ns, end_ns), numbers, pids)
         # each step ends where the next begins, whether or not the next is tabled
         last_end = _enclosing_end(tabled, int(t[-1]), end_ns)
         ends = np.append(t[1:], max(last_end, int(t[-1])))
@@ -176,10 +224,6 @@ class _Span(NamedTuple):
     pid: int | None
 
 
-def _pid_key(pid: int | None) -> int:
-    return -1 if pid is None else pid
-
-
 def _merge_ranks(spans: Sequence[_Span]) -> list[tuple[str, int, int, bool]]:
     """Phases of one name from different processes that overlap become one, from the earliest
     begin to the latest end (the ranks of a DDP job each say ``phase("epoch 0")``); phases of one
@@ -205,12 +249,13 @@ def _merge_ranks(spans: Sequence[_Span]) -> list[tuple[str, int, int, bool]]:
     return out
 
 
-def _one_step_per_number(items: IntArray) -> tuple[IntArray, IntArray]:
-    """Rows of (time, number, pid) to step times and numbers in time order: a number said by
-    several processes is one step, at the first time it was said (every rank of a DDP job says
-    ``step(n)``); the process that said it first keeps all its repeats of it."""
-    order = np.argsort(items[:, 0], kind="stable")
-    t, n, pid = items[order, 0], items[order, 1], items[order, 2]
+def _one_step_per_number(times: IntArray, numbers: IntArray,
+                         pids: IntArray) -> tuple[IntArray, IntArray]:  # fmt: skip
+    """Step times and numbers in time order: a number said by several processes is one step, at
+    the first time it was said (every rank of a DDP job says ``step(n)``); the process that said
+    it first keeps all its repeats of it."""
+    order = np.argsort(times, kind="stable")
+    t, n, pid = times[order], numbers[order], pids[order]
     _, first, inverse = np.unique(n, return_index=True, return_inverse=True)
     keep = pid == pid[first][inverse.ravel()]
     return t[keep], n[keep]

@@ -32,7 +32,7 @@ from hfsampler.fields import (
     Role,
 )
 from hfsampler.phase_tables import phase_tables, step_tables
-from hfsampler.phases import Timeline, timeline
+from hfsampler.phases import Timeline, read_timeline
 from hfsampler.recording import Marker, RawChunk, Recording, WindowChunk
 from hfsampler.sources import physical
 from hfsampler.streams import (
@@ -270,7 +270,7 @@ class Summary:
 def summarize(rec: Recording) -> Summary:
     """Read the markers, then every chunk once in time order, and build the summary."""
     start_ns, end_ns = rec.time_range_ns()
-    tl = timeline(rec.markers(), start_ns, end_ns)
+    tl = read_timeline(rec, start_ns, end_ns)
     phase_ns, step_ns = tl.edges_ns()
     buckets = Buckets(start_ns // 1000, (end_ns - start_ns) / 1e3)
     gpus = [GpuSummary(d.index, d.uuid, d.model_name, Envelope(buckets), phase_ns // 1000,

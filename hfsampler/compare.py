@@ -105,9 +105,15 @@ def compare_dict(base: Summary, new: Summary) -> dict[str, Any]:
     gpus = [{"gpu_base": gb["gpu"], "gpu_new": gn["gpu"],
              **{m[1]: delta(_gpu_values(gb)[m[1]], _gpu_values(gn)[m[1]]) for m in GPU_MEASURES}}
             for gb, gn in zip(b["gpus"], n["gpus"], strict=False)]  # fmt: skip
+    paired = min(len(b["gpus"]), len(n["gpus"]))
     return {
         "base": b,
         "new": n,
+        # GPUs past the shorter run's count have nothing to pair with: said, not dropped silently
+        "gpus_not_compared": {
+            "base": [g["gpu"] for g in b["gpus"][paired:]],
+            "new": [g["gpu"] for g in n["gpus"][paired:]],
+        },
         "delta": {
             "job": {m[1]: delta(_job_values(b)[m[1]], _job_values(n)[m[1]]) for m in JOB_MEASURES},
             "gpus": gpus,
@@ -163,6 +169,11 @@ def compare_html(base: Summary, new: Summary) -> str:
         "<h3>Per GPU</h3>",
         html_table(_rows(gpu_entries, GPU_MEASURES), heads),
     ]
+    for run, unpaired in d["gpus_not_compared"].items():
+        if unpaired:
+            names = ", ".join(f"GPU {i}" for i in unpaired)
+            body.append(f"<p class='note'>Not compared: {run}'s {names} (the other run has "
+                        "fewer GPUs; GPUs pair by position)</p>")  # fmt: skip
     if delta_["phases"]:
         entries = [(f"{p['label']}: ", p) for p in delta_["phases"]]
         body += ["<h3 class='phase'>Phases</h3>", html_table(_rows(entries, PHASE_MEASURES), heads)]

@@ -571,9 +571,14 @@ class Recording:
 
     def markers(self) -> list[Marker]:
         """Every stored marker, in time order."""
-        out = [Marker.from_json(m) for _, meta, _ in self._payloads((MARK,))
-               for m in meta["markers"]]  # fmt: skip
+        out = [Marker.from_json(m) for stored in self.marker_chunks() for m in stored]
         return sorted(out, key=lambda m: m.t_ns)
+
+    def marker_chunks(self) -> Iterator[list[dict[str, Any]]]:
+        """Each marker chunk's markers as stored (``Marker.to_json``), in file order: for a
+        reader of a million steps that wants no ``Marker`` object each."""
+        for _, meta, _ in self._payloads((MARK,)):
+            yield meta["markers"]
 
     def time_range_ns(self) -> tuple[int, int]:
         """Start from the header; end from the end chunk, else the last window or raw chunk

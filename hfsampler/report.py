@@ -9,7 +9,8 @@ phase and each field's observed refresh period. Every series is reduced to a fix
 buckets while the file streams (``hfsampler.summary``), so the page's size does not grow with the
 recording. Plots use SVG traces, not WebGL, so the page renders anywhere, headless browsers
 included. Two recordings make a comparison page instead (``hfsampler.compare``). A missing file,
-one that is not a recording, or more than two: one line naming it, exit 2.
+one that is not a recording or cannot be read, more than two, an output that cannot be written
+(checked before the long pass), a closed stdout: one line naming it, exit 2.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -162,10 +164,15 @@ def scrape_figure(summary: Summary) -> Any:
     return fig
 
 
-def html_table(rows: list[tuple[str, list[str]]], head: list[str]) -> str:
+def html_table(rows: list[tuple[str, list[str]]], head: list[str],
+               depths: list[int] | None = None) -> str:  # fmt: skip
+    """A table with a header row; ``depths`` indents each row's name (a nested phase) with CSS
+    padding, which HTML keeps where it collapses leading spaces."""
     out = ["<table><tr>", *(f"<th>{html.escape(h)}</th>" for h in head), "</tr>"]
-    for name, cells in rows:
-        out.append(f"<tr><th>{html.escape(name)}</th>")
+    for k, (name, cells) in enumerate(rows):
+        depth = depths[k] if depths else 0
+        indent = f" style='padding-left:{0.5 + 1.5 * depth:g}em'" if depth else ""
+        out.append(f"<tr><th{indent}>{html.escape(name)}</th>")
         out.extend(f"<td>{html.escape(c)}</td>" for c in cells)
         out.append("</tr>")
     out.append("</table>")
@@ -209,6 +216,11 @@ def summary_html(d: dict[str, Any]) -> str:
         ("labels", ", ".join(f"{k}={v}" for k, v in job.items()) or "-"),
         ("file", "complete" if d["complete"] else "INCOMPLETE (the recorder did not finish)"),
     ]
+    if d["clock_steps_back"]:
+        back = f"steps: {d['clock_steps_back']}, {d['clock_stepped_back_s']:.3f} s in all"
+        facts.append(
+            ("clock", f"the wall clock stepped back ({back}): those intervals count as 0 s")
+        )
     ctx = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                   for k, v in facts)  # fmt: skip
     return f"<table>{ctx}</table><h2>Summary</h2>{table}"
@@ -243,14 +255,14 @@ def phases_html(d: dict[str, Any]) -> str:
     if not phases and not steps and not d["marks"]:
         return "<h2>Phases</h2><p>no markers recorded (see hfsampler.markers)</p>"
     out = ["<h2>Phases</h2>"]
-    overview = [(("  " * p["depth"]) + p["label"],
+    overview = [(p["label"],
                  [fmt(p["start_s"], " s", 3), fmt(p["duration_s"], " s", 3),
                   f"{fmt(p['energy_j'], ' J', 1)} ({fmt(p['energy_wh'], ' Wh', 4)})",
                   "yes" if p["ended"] else "NO: runs to the end of the recording"])
                 for p in phases]  # fmt: skip
     if phases:
         head = ["phase", "start", "duration", "energy, all GPUs", "ended"]
-        out.append(html_table(overview, head))
+        out.append(html_table(overview, head, [p["depth"] for p in phases]))
     if d["phases_not_tabled"]:
         out.append(f"<p>{d['phases_not_tabled']} more phases were recorded but not tabled</p>")
     if steps:
@@ -274,6 +286,9 @@ def phases_html(d: dict[str, Any]) -> str:
     if d["marker_problems"]:
         items = "".join(f"<li>{html.escape(m)}</li>" for m in d["marker_problems"])
         out.append(f"<p>Markers:</p><ul>{items}</ul>")
+    if d["marker_problems_not_listed"]:
+        out.append(f"<p>{d['marker_problems_not_listed']} more problems with the markers, "
+                   "not listed</p>")  # fmt: skip
     return "".join(out)
 
 
@@ -337,6 +352,37 @@ def open_recording(path: str) -> Recording:
         return Recording(path)
     except RecordingError as exc:
         raise ReportInputError(f"{exc} (give a .hfs file that `hfsampler record` wrote)") from None
+    except OSError as exc:
+        raise ReportInputError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+
+
+def check_output(out: Path) -> None:
+    """Before the long pass: a ``ReportInputError`` unless ``out`` can be written."""
+    if out.is_dir():
+        raise ReportInputError(f"-o {out}: is a directory (give a file name, e.g. {out}/run.html)")
+    parent = out.parent
+    if not parent.is_dir():
+        raise ReportInputError(f"-o {out}: no directory {parent} (create it, or write elsewhere)")
+    if not os.access(parent if not out.exists() else out, os.W_OK):
+        raise ReportInputError(f"-o {out}: not writable (write elsewhere)")
+
+
+def _write(out: Path, text: str) -> None:
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ReportInputError(f"-o {out}: cannot write it: {exc.strerror or exc}") from None
+
+
+def _print(text: str) -> None:
+    """To stdout; a closed pipe (``| head``) is a one-line error, not a traceback."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # later flushes at exit would fail again: point stdout at nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise ReportInputError("stdout was closed before the report was written") from None
 
 
 def register(sub: Any) -> dict[str, Any]:
@@ -350,34 +396,42 @@ def register(sub: Any) -> dict[str, Any]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    paths: list[str] = args.recordings
     try:
-        if len(paths) > 2:
-            raise ReportInputError(f"report takes one recording, or two to compare (BASE.hfs "
-                                   f"NEW.hfs); got {len(paths)}")  # fmt: skip
-        recs = [open_recording(p) for p in paths]
+        return _report(args)
     except ReportInputError as exc:
         print(f"hfsampler: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _report(args: argparse.Namespace) -> int:
+    paths: list[str] = args.recordings
+    if len(paths) > 2:
+        raise ReportInputError(f"report takes one recording, or two to compare (BASE.hfs "
+                               f"NEW.hfs); got {len(paths)}")  # fmt: skip
+    recs = [open_recording(p) for p in paths]
+    default = (Path(paths[1]).with_name(f"{Path(paths[0]).stem}-vs-{Path(paths[1]).stem}.html")
+               if len(paths) == 2 else Path(paths[0]).with_suffix(".html"))  # fmt: skip
+    out = Path(args.output) if args.output else None if args.format == "json" else default
+    if out is not None:
+        check_output(out)
     summaries = [summarize(rec) for rec in recs]
     if len(summaries) == 2:
         from hfsampler.compare import compare_dict, compare_html
 
         data: dict[str, Any] = compare_dict(*summaries)
-        default = Path(paths[1]).with_name(f"{Path(paths[0]).stem}-vs-{Path(paths[1]).stem}.html")
     else:
-        data, default = summaries[0].as_dict(), Path(paths[0]).with_suffix(".html")
+        data = summaries[0].as_dict()
         data["processes"] = processes_json(recs[0])
     if args.format == "json":
         text = json.dumps(data, indent=2)
-        if args.output:
-            Path(args.output).write_text(text + "\n")
+        if out is not None:
+            _write(out, text + "\n")
         else:
-            print(text)
+            _print(text)
         return 0
-    out = Path(args.output) if args.output else default
+    assert out is not None  # html always has a file
     text = compare_html(*summaries) if len(summaries) == 2 else render_html(summaries[0])
-    out.write_text(text, encoding="utf-8")
+    _write(out, text)
     for rec in recs:
         if rec.torn or not rec.complete:
             print(f"hfsampler: note: {rec.path} is incomplete (the recorder did not finish); "

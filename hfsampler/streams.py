@@ -121,10 +121,15 @@ class Intervals:
 
 @dataclass(slots=True)
 class Held:
-    """A signal where each sample holds until the next: the intervals of each chunk, in turn."""
+    """A signal where each sample holds until the next: the intervals of each chunk, in turn.
+
+    Where the wall clock steps back (NTP, a VM restored), the interval that would go negative
+    holds for zero, and the steps are counted: integrals never run backwards."""
 
     last_t: int | None = None
     last_v: float = np.nan
+    steps_back: int = 0
+    stepped_back_us: int = 0  # how far, all steps together
 
     def intervals(self, t: IntArray, v: FloatArray) -> Intervals:
         """Every sample before the newest, which holds on into the next chunk."""
@@ -133,7 +138,13 @@ class Held:
             v = np.concatenate([[self.last_v], v])
         if len(t):
             self.last_t, self.last_v = int(t[-1]), float(v[-1])
-        return Intervals(t[:-1], v[:-1], v[1:], (t[1:] - t[:-1]).astype(np.float64))
+        held = t[1:] - t[:-1]
+        back = held < 0
+        if back.any():
+            self.steps_back += int(back.sum())
+            self.stepped_back_us -= int(held[back].sum())
+            held = np.where(back, 0, held)
+        return Intervals(t[:-1], v[:-1], v[1:], held.astype(np.float64))
 
 
 @dataclass(slots=True)
@@ -151,6 +162,7 @@ class Readout:
     values: FloatArray = field(init=False)
     total: FloatArray = field(init=False)
     _next: int = 0
+    _latest_us: float = -np.inf  # the latest time added: a clock stepped back reads on from it
 
     def __post_init__(self) -> None:
         self.values = np.zeros((self.k, len(self.at_us)))
@@ -161,10 +173,11 @@ class Readout:
         quantity."""
         if not len(start_us):
             return
-        end_us = int(start_us[-1] + held_us[-1])
-        hi = int(np.searchsorted(self.at_us, end_us, side="right"))
+        times = np.append(start_us, start_us[-1] + held_us[-1]).astype(np.float64)
+        times = np.maximum.accumulate(np.maximum(times, self._latest_us))  # as np.interp needs
+        self._latest_us = float(times[-1])
+        hi = int(np.searchsorted(self.at_us, times[-1], side="right"))
         if hi > self._next:
-            times = np.append(start_us, end_us).astype(np.float64)
             want = self.at_us[self._next : hi].astype(np.float64)
             for j in range(self.k):
                 c = np.concatenate([[0.0], np.cumsum(q[j])]) + self.total[j]

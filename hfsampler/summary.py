@@ -3,10 +3,12 @@
 One streaming pass over the file's chunks in time order, with state bounded up front (see
 ``hfsampler.streams``): the markers are read first, so the phases' and steps' edges are known
 before any sample; then each raw chunk and window is reduced and dropped. Energy is the trapezoid
-over the raw power samples (and, where recorded, the driver's energy counter for the whole run);
-times above the power limit, throttled by reason and activity means hold each sample until the
-next; the p99 comes from a histogram of ``HISTOGRAM_BIN_W`` bins. The scrape comparison samples
-the driver's 1 s-averaged power every 15 s, as a Prometheus scrape of dcgm-exporter would.
+over the raw power samples (and, where recorded, the driver's energy counter for the whole run,
+from its first raw sample to its last); time above the power limit compares each power sample
+with the limit in force at its time (the limit's own samples); it, throttled time by reason and
+activity means hold each sample until the next; the p99 comes from a histogram of
+``HISTOGRAM_BIN_W`` bins. The scrape comparison samples the driver's 1 s-averaged power every
+15 s, as a Prometheus scrape of dcgm-exporter would.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from hfsampler.fields import (
     Role,
 )
 from hfsampler.phase_tables import phase_tables, step_tables
-from hfsampler.phases import Timeline, timeline
+from hfsampler.phases import Timeline, read_timeline
 from hfsampler.recording import Marker, RawChunk, Recording, WindowChunk
 from hfsampler.sources import physical
 from hfsampler.streams import (
@@ -96,12 +98,18 @@ class GpuSummary:
     phases: int
     power_field: str | None = None
     samples: int = 0
-    energy_first_mj: float = np.nan
+    energy_first_mj: float = np.nan  # the counter's first window's last value
     energy_last_mj: float = np.nan
+    energy_raw_first_mj: float = np.nan  # the counter's first raw sample, where raw is recorded
+    energy_raw_last_mj: float = np.nan
     energy_integrated_j: float = 0.0
     peak_w: float = np.nan
     peak_at_s: float = np.nan
-    power_limit_w: float = np.nan
+    power_limit_w: float = np.nan  # the highest in force at any time
+    # the power limit's changes (time µs, W), from its raw samples: few, however long the run
+    limit_change_us: list[int] = field(default_factory=list)
+    limit_change_w: list[float] = field(default_factory=list)
+    limit_known_us: int = -(2**62)  # the limit's samples have been read up to here
     memory_high_water_mib: float = np.nan
     throttle_spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     scrape_t_s: list[float] = field(default_factory=list)
@@ -133,8 +141,22 @@ class GpuSummary:
 
     @property
     def energy_j(self) -> float:
-        """From the driver's energy counter (NaN where not recorded)."""
-        return (self.energy_last_mj - self.energy_first_mj) / 1e3
+        """From the driver's energy counter (NaN where not recorded): from its first raw sample,
+        so the first window counts too, else from its first window's last value."""
+        first = self.energy_raw_first_mj
+        if not np.isfinite(first):
+            first = self.energy_first_mj
+        last = float(np.fmax(self.energy_last_mj, self.energy_raw_last_mj))
+        return (last - first) / 1e3
+
+    def limit_at(self, t_us: IntArray, fallback_w: float) -> FloatArray:
+        """The power limit in force at each time: its latest sample by then (before the first,
+        the first); ``fallback_w`` where the limit has no raw samples."""
+        if not self.limit_change_us:
+            return np.full(len(t_us), fallback_w)
+        at = np.searchsorted(np.array(self.limit_change_us, np.int64), t_us, side="right") - 1
+        limits: FloatArray = np.array(self.limit_change_w)[at.clip(min=0)]
+        return limits
 
     @property
     def above_limit_s(self) -> float:
@@ -153,6 +175,7 @@ class GpuSummary:
 
     def as_dict(self, duration_s: float) -> dict[str, Any]:
         scrape = np.array(self.scrape_w)
+        powered = self.samples > 0  # without power samples, no integral is 0: it is unknown
         return {
             "gpu": self.index,
             "uuid": self.uuid,
@@ -162,14 +185,16 @@ class GpuSummary:
             "power_samples": self.samples,
             "energy_j": _num(self.energy_j),
             "energy_wh": _num(self.energy_j / 3600),
-            "energy_integrated_j": _num(self.energy_integrated_j),
-            "mean_power_w": _num(self.energy_integrated_j / duration_s) if duration_s else None,
+            "energy_integrated_j": _num(self.energy_integrated_j) if powered else None,
+            "mean_power_w": _num(self.energy_integrated_j / duration_s)
+            if powered and duration_s
+            else None,
             "peak_power_w": _num(self.peak_w),
             "peak_power_at_s": _num(self.peak_at_s),
             "p99_power_w": _num(histogram_quantile(self.histogram, 0.99), 3),
             "p99_resolution_w": HISTOGRAM_BIN_W,
             "power_limit_w": _num(self.power_limit_w),
-            "time_above_power_limit_s": _num(self.above_limit_s),
+            "time_above_power_limit_s": _num(self.above_limit_s) if powered else None,
             "memory_high_water_mib": _num(self.memory_high_water_mib),
             "mean_sm_active": self.activity(0),
             "mean_tensor_active": self.activity(1),
@@ -214,6 +239,7 @@ class Summary:
     def as_dict(self) -> dict[str, Any]:
         h = self.recording.header
         tl = self.timeline
+        clocks = [Held(), *(g.power_held for g in self.gpus)]  # Held(): none stepped back
         return {
             "command": h.get("command_line"),
             "host": h.get("host"),
@@ -233,6 +259,9 @@ class Summary:
             "steps": step_tables(self),
             "marks": [self._mark(m) for m in tl.marks],
             "marker_problems": list(tl.problems),
+            "marker_problems_not_listed": tl.problems_not_listed,
+            "clock_steps_back": max(held.steps_back for held in clocks),
+            "clock_stepped_back_s": max(held.stepped_back_us for held in clocks) / 1e6,
             "phases_not_tabled": tl.phases_not_tabled,
             "steps_not_tabled": tl.steps_not_tabled,
         }
@@ -241,7 +270,7 @@ class Summary:
 def summarize(rec: Recording) -> Summary:
     """Read the markers, then every chunk once in time order, and build the summary."""
     start_ns, end_ns = rec.time_range_ns()
-    tl = timeline(rec.markers(), start_ns, end_ns)
+    tl = read_timeline(rec, start_ns, end_ns)
     phase_ns, step_ns = tl.edges_ns()
     buckets = Buckets(start_ns // 1000, (end_ns - start_ns) / 1e3)
     gpus = [GpuSummary(d.index, d.uuid, d.model_name, Envelope(buckets), phase_ns // 1000,
@@ -281,7 +310,8 @@ class _Pass:
         self.handlers: dict[tuple[int, int], Any] = {}
         for role, handler in ((POWER, self._power), (CLOCK_EVENTS, self._reasons),
                               (POWER_AVERAGE, self._average), (FB_USED, self._memory),
-                              (SM_ACTIVE, self._sm), (TENSOR_ACTIVE, self._tensor)):  # fmt: skip
+                              (SM_ACTIVE, self._sm), (TENSOR_ACTIVE, self._tensor),
+                              (POWER_LIMIT, self._limit), (ENERGY, self._energy)):  # fmt: skip
             where = rec.locate_role(role)
             if where is not None:
                 self.handlers.setdefault(where, handler)
@@ -293,6 +323,7 @@ class _Pass:
         power = rec.locate_role(POWER)
         self.power_name = rec.groups[power[0]].fields[power[1]].name if power else None
         self.limit_at, self.energy_at = rec.locate_role(POWER_LIMIT), rec.locate_role(ENERGY)
+        self.power_at = power
         self.memory_at = rec.locate_role(FB_USED)
         self.limit_w = np.full(len(gpus), np.nan)
         if self.limit_at is not None:  # the limit in force from the start: its first window's
@@ -351,6 +382,7 @@ class _Pass:
         handled = self._handled.get(group)
         if handled is None:
             return
+        limits = self.limit_at is not None and group == self.limit_at[0]
         for cell in np.nonzero(np.isin(chunk.field, handled))[0]:
             c = int(cell)
             a, b = int(offsets[c]), int(offsets[c + 1])
@@ -360,17 +392,32 @@ class _Pass:
                 # copies: a view would keep the whole chunk alive while a slow stream gathers
                 parts.append((ts[a:b].copy(), chunk.values[a:b].copy()))
                 self._pending_n[key] = self._pending_n.get(key, 0) + b - a
-                if self._pending_n[key] >= BATCH_SAMPLES:
+                # the limit at once: power waits for the limit in force at its samples' times
+                if limits or self._pending_n[key] >= BATCH_SAMPLES:
                     self._flush(key)
+        if limits and len(ts):
+            for g in self.gpus:  # a change would be among this chunk's samples
+                g.limit_known_us = max(g.limit_known_us, int(ts.max()))
 
-    def _flush(self, key: tuple[int, int, int]) -> None:
+    def _flush(self, key: tuple[int, int, int], final: bool = False) -> None:
         """Hand a stream's pending samples to its handler at once: one call per some thousand
-        samples rather than per chunk, since a call's cost is mostly numpy's per-call overhead."""
+        samples rather than per chunk, since a call's cost is mostly numpy's per-call overhead.
+        Power samples later than the power limit's samples read so far wait (unless ``final``, or
+        too many wait), so each is compared with the limit in force at its time."""
         parts = self._pending.pop(key, [])
         self._pending_n.pop(key, None)
-        if parts:
-            ts = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-            v = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        if not parts:
+            return
+        ts = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
+        v = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
+        g = self.gpus[key[2]]
+        if key[:2] == self.power_at and g.limit_change_us and not final:
+            cut = int(np.searchsorted(ts, g.limit_known_us, side="right"))
+            if cut < len(ts) and len(ts) < 4 * BATCH_SAMPLES:
+                self._pending[key] = [(ts[cut:], v[cut:])]
+                self._pending_n[key] = len(ts) - cut
+                ts, v = ts[:cut], v[:cut]
+        if len(ts):
             self.handlers[key[:2]](key[2], ts, v)
 
     def _power(self, i: int, ts: IntArray, v: FloatArray) -> None:
@@ -393,7 +440,8 @@ class _Pass:
         if not len(iv.held_us):
             return
         energy = (iv.value + iv.following) / 2 * iv.held_us / 1e6
-        above = np.where(iv.value > self.limit_w[i], iv.held_us, 0.0) / 1e6
+        limit = g.limit_at(iv.start_us, float(self.limit_w[i]))
+        above = np.where(iv.value > limit, iv.held_us, 0.0) / 1e6
         g.power_at.add(iv.start_us, iv.held_us, np.stack([energy, above, iv.held_us / 1e6]))
         g.step_energy_at.add(iv.start_us, iv.held_us, energy[None])
         g.energy_integrated_j += float(energy.sum())
@@ -436,6 +484,20 @@ class _Pass:
     def _tensor(self, i: int, ts: IntArray, v: FloatArray) -> None:
         self._activity(1, i, ts, v)
 
+    def _limit(self, i: int, ts: IntArray, v: FloatArray) -> None:
+        """Keep the limit's changes only: a few, however long the run."""
+        g = self.gpus[i]
+        last = g.limit_change_w[-1] if g.limit_change_w else np.nan
+        changed = np.flatnonzero(v != np.concatenate([[last], v[:-1]]))
+        g.limit_change_us += ts[changed].tolist()
+        g.limit_change_w += v[changed].tolist()
+
+    def _energy(self, i: int, ts: IntArray, v: FloatArray) -> None:
+        g = self.gpus[i]
+        if not np.isfinite(g.energy_raw_first_mj):
+            g.energy_raw_first_mj = float(v[0])
+        g.energy_raw_last_mj = float(v[-1])
+
     def _memory(self, i: int, ts: IntArray, v: FloatArray) -> None:
         self.gpus[i].memory_top.add(ts, v)
 
@@ -455,7 +517,7 @@ class _Pass:
     def finish(self) -> None:
         """The pending samples, then: scrapes after the last sample see it."""
         for key in list(self._pending):
-            self._flush(key)
+            self._flush(key, final=True)
         for i, g in enumerate(self.gpus):
             if np.isfinite(g.last_average_w):
                 g.scrape_w += [g.last_average_w] * (len(self.scrape_at_us) - self.scraped[i])

@@ -109,6 +109,11 @@ def _problems(log_text: str) -> list[str]:
 
 
 @pytest.mark.timeout(300)  # ~80 s by design (a 60 s outage); slow CI runners need headroom
+# The newest Prometheus only: the minute-long outage tries the spool and the kill -9, not the
+# receiver's version (the strict receiver takes a drained spool in test_conformance_paths, and
+# both versions take every write path's series in test_push_receivers); a second run of this one
+# cost the suite 75 s of its 10 minutes.
+@pytest.mark.parametrize("prometheus_build", ["prometheus-3"], indirect=True)
 def test_outage_kill9_dead_endpoint(
     tmp_path: Path,
     receivers_root: Path,

@@ -39,6 +39,8 @@ REFRESH_HELP = (
     "samples): the real resolution of its series."
 )
 
+SELF_PREFIX = "hfsampler_"  # hfsampler's own families, beside dcgm-exporter's DCGM_FI_*
+
 
 # dcgm-exporter's port: the `instance` a scrape of it would have given the series.
 DEFAULT_INSTANCE_PORT = 9400
@@ -192,7 +194,15 @@ class MetricModel:
             return not f.mig_instance
         if f.mig_instance:
             return True
-        return self.copy_device_fields and f.name not in self._twinned
+        return self._copied(f) and f.name not in self._twinned
+
+    def _copied(self, f: Field) -> bool:
+        """Whether ``f`` is copied from a MIG GPU onto its instances (mig.copy_device_fields).
+
+        dcgm-exporter's copying is of its fields: hfsampler's own per-GPU counters (XIDs by
+        code) stay the GPU's, or one event would count once per instance.
+        """
+        return self.copy_device_fields and not f.mig_instance and not f.name.startswith(SELF_PREFIX)
 
     def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
         g = len(self.devices)
@@ -228,9 +238,7 @@ class MetricModel:
             np.zeros((g, len(fields)), dtype=np.bool_),
             refresh,
             np.array(
-                [j for j, f in enumerate(fields) if self.copy_device_fields and not f.mig_instance]
-                if self._slots.size
-                else [],
+                [j for j, f in enumerate(fields) if self._copied(f)] if self._slots.size else [],
                 dtype=np.int64,
             ),
         )

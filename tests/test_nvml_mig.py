@@ -265,6 +265,22 @@ def test_copy_device_fields_puts_gpu_fields_on_every_instance(
     assert len(keys) == len(set(keys))
 
 
+def test_copying_leaves_hfsampler_s_own_counters_on_the_gpu(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    """An XID on a MIG GPU counts once: hfsampler's own per-GPU counters are not copied."""
+    devices = _devices(source)
+    xid = next(f for f in F.expand_xid(F.CATALOGUE) if f.name == "hfsampler_xid_events_total")
+    fields = (POWER, xid)
+    model = _model(devices, fields, copy_device_fields=True)
+    snap = model.snapshot({"g": _window(fields, {0: 1.0, 1: 1.0}, 9)}, source.gpu_up.copy(), 1)
+    counts = [dict(s.labels) for s in snap.series if s.name == xid.name]
+    assert counts
+    assert not any("GPU_I_ID" in labels for labels in counts)
+    power = [dict(s.labels) for s in snap.series if s.name == POWER.name]
+    assert any("GPU_I_ID" in labels for labels in power)  # dcgm-exporter's fields are copied
+
+
 def test_a_new_layout_ends_the_old_instances_series(fake: FakeNvml, source: NvmlSource) -> None:
     devices = _devices(source)
     fields = tuple(f for f in TWINS if f.name == FB_USED.name)

@@ -7,6 +7,7 @@ hfsampler through the real pynvml.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -453,3 +454,51 @@ def test_instances_whose_driver_refuses_memory_v2_are_read_with_v1(
     reserved = [k for k, f in enumerate(inv.fields) if f.name == "DCGM_FI_DEV_FB_RESERVED"]
     assert not inv.supported[2:, reserved[-1]].any()  # the v1 struct has no reserved memory
     assert source.read_errors.sum() == 0
+
+
+# -- an instance that fails, a layout that cannot be read --------------------------------------
+
+
+def _fail_memory(m: object, code: int = pynvml.NVML_ERROR_UNKNOWN) -> None:
+    errors = m.errors  # type: ignore[attr-defined]
+    errors["nvmlDeviceGetMemoryInfo_v2"] = errors["nvmlDeviceGetMemoryInfo"] = code
+
+
+def test_an_instance_that_stops_answering_is_named_and_comes_back_when_it_answers(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    used = _col(FB_TWINS, "DCGM_FI_DEV_FB_USED")
+    first = fake.gpus[0].mig[0]
+    _fail_memory(first)
+    t = NOW_NS
+    for _ in range(12):  # UNKNOWN_LIMIT answers of UNKNOWN take the slot down
+        t += 100_000_000
+        v = _read(source, FB_TWINS, t)
+    assert list(source.gpu_up[:5]) == [True, True, False, True, True]  # GPU 0 itself stays up
+    assert np.isnan(v[2]).all()
+    assert not np.isnan(v[3:5, used]).any()
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert f"GPU 0 MIG instance GPU_I_ID=1 ({first.uuid}) stopped answering" in errors[0]
+    assert "GPU 0 and its other instances continue" in errors[0]
+    t += 2_000_000_000  # still failing: the rescans ask, it stays down, nothing said again
+    _read(source, FB_TWINS, t)
+    assert not source.gpu_up[2]
+    first.errors.clear()  # it answers again: the next rescan (once a second) brings it back
+    t += 1_100_000_000
+    v = _read(source, FB_TWINS, t)
+    assert source.gpu_up[2]
+    assert v[2, used] > 0
+    assert f"GPU 0 MIG instance GPU_I_ID=1 ({first.uuid}) answers again" in caplog.text
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
+def test_a_lost_gpus_instances_stay_down_with_it(fake: FakeNvml, source: NvmlSource) -> None:
+    source.open(FIELDS)
+    fake.gpus[0].lost = True
+    _read(source, (POWER, *FB_TWINS), NOW_NS)
+    fake.gpus[0].lost = False  # the GPU is not taken back; nor are its instances
+    _read(source, FB_TWINS, NOW_NS + 2_000_000_000)
+    assert list(source.gpu_up[:5]) == [False, True, False, False, False]

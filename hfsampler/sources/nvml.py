@@ -151,6 +151,9 @@ class NvmlSource:
         self._mig_gpm: dict[int, tuple[Any, int]] = {}  # slot row -> (parent handle, GPU_I_ID)
         self._mig_next_ns = 0  # when the MIG layout is looked at next
         self._mig_lock = threading.Lock()  # one rescan at a time; never waited for
+        # slots taken down because their own instance stopped answering (not their GPU): the
+        # rescan asks the instance again and brings the slot back when it answers; under _book
+        self._slot_down: set[int] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -419,6 +422,8 @@ class NvmlSource:
                     else:
                         self._mig_gpm.pop(slot, None)
                     if devices[slot].mig == instance:
+                        if handle is not None and slot in self._slot_down:
+                            self._try_slot(slot, handle, devices[slot])
                         continue
                     devices[slot] = replace(devices[slot], mig=instance)
                     if self._gpm is not None:
@@ -426,12 +431,32 @@ class NvmlSource:
                     with self._book:
                         self._up[slot] = instance is not None
                         self._unknown[slot] = 0
+                        self._slot_down.discard(slot)
                     if now_ns:
                         log.info("MIG layout changed: %s", mig.describe(devices[slot]))
             if tuple(devices) != self._devices:
                 self._devices = tuple(devices)
         finally:
             self._mig_lock.release()
+
+    def _try_slot(self, slot: int, handle: Any, device: DeviceInfo) -> None:
+        """A slot down while its instance is still there: back up once its calls answer.
+
+        One call per reader the slot's fields use (its memory, at most one a rescan); the
+        reads themselves take it down again if it fails once more.
+        """
+        for read in self._readers[slot].values():
+            try:
+                read(handle)
+            except calls.NvmlError:
+                return  # still not answering: said when it went down, asked again next rescan
+        with self._book:
+            if slot not in self._slot_down:
+                return
+            self._slot_down.discard(slot)
+            self._up[slot] = True
+            self._unknown[slot] = 0
+        log.info("%s answers again: sampled again", self._row_name(slot, device))
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         return self._failed(g, code, cells)
@@ -739,16 +764,37 @@ class NvmlSource:
     def _gpus(self, rows: Sequence[int]) -> str:
         return ",".join(str(self._devices[g].index) for g in rows)
 
+    def _row_name(self, g: int, device: DeviceInfo | None = None) -> str:
+        """A row as a log line names it: the GPU, or the MIG instance in a slot (GPU_I_ID)."""
+        d = device if device is not None else self._devices[g]
+        if d.is_gpu:
+            return f"GPU {d.index}"
+        if d.mig is None:
+            return f"GPU {d.index} MIG slot {d.mig_slot} (empty)"
+        return f"GPU {d.index} MIG instance GPU_I_ID={d.mig.gpu_instance_id} ({d.mig.uuid})"
+
     def _mark_down(self, g: int, code: int) -> None:
+        slot = g >= self._physical
         with self._book:
             if not self._up[g]:
                 return
             self._up[g] = False
+            if slot:
+                self._slot_down.add(g)
             for m in self._mig:
                 if m.row == g:
                     self._up[list(m.slots)] = False  # its instances go with it
-        info = self._devices[g] if g < len(self._devices) else None
+                    self._slot_down.difference_update(m.slots)  # down for good with it
+        info = self._devices[g]
+        if slot:
+            # only the instance went: its GPU's row and the other instances keep sampling
+            log.error(
+                "%s stopped answering: %s; the instance's series go stale, GPU %s and its other "
+                "instances continue; asked again once a second",
+                self._row_name(g), calls.error_text(code), info.index,
+            )  # fmt: skip
+            return
         log.error(
             "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",
-            info.index if info else g, info.uuid if info else "?", calls.error_text(code),
+            info.index, info.uuid, calls.error_text(code),
         )  # fmt: skip

@@ -502,3 +502,46 @@ def test_a_lost_gpus_instances_stay_down_with_it(fake: FakeNvml, source: NvmlSou
     fake.gpus[0].lost = False  # the GPU is not taken back; nor are its instances
     _read(source, FB_TWINS, NOW_NS + 2_000_000_000)
     assert list(source.gpu_up[:5]) == [False, True, False, False, False]
+
+
+def test_an_instance_that_cannot_say_its_id_hides_only_itself(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    gpu = fake.gpus[0]
+    gpu.mig[2].errors["nvmlDeviceGetGpuInstanceId"] = pynvml.NVML_ERROR_UNKNOWN  # a known one
+    new = mig_instance(gpu, 0, 6, "1g.10gb")
+    new.errors["nvmlDeviceGetGpuInstanceId"] = pynvml.NVML_ERROR_UNKNOWN
+    gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5] + [
+        new,
+        mig_instance(gpu, 0, 3, "2g.20gb"),
+    ]
+    t = NOW_NS + 1_000_000_000
+    for _ in range(3):  # three rescans: the layout change is seen, the failing index said once
+        _read(source, FB_TWINS, t)
+        t += 1_000_000_000
+    held = [d.mig.gpu_instance_id if d.mig else None for d in source.devices[2:]]
+    assert held == [1, 3, 13, None, None, None, None]  # 5 went, 3 came, 13 is known by UUID
+    warned = [r.message for r in caplog.records if "cannot say which instance" in r.message]
+    assert len(warned) == 1
+    assert warned[0].startswith("GPU 0: MIG device(s) at index 2 ")
+    new.errors.clear()
+    _read(source, FB_TWINS, t)
+    held = [d.mig.gpu_instance_id if d.mig else None for d in source.devices[2:]]
+    assert held == [1, 3, 13, 6, None, None, None]
+    assert "GPU 0: its MIG layout reads whole again" in caplog.text
+
+
+def test_a_slot_failing_on_every_read_forces_a_rescan_a_second_at_most(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    source.open(FIELDS)
+    _fail_memory(fake.gpus[0].mig[1], pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)  # not a streak
+    before = fake.calls["nvmlDeviceGetMigMode"]
+    for k in range(1000):  # 10 s of reads every 10 ms, each failing on that slot
+        _read(source, FB_TWINS, NOW_NS + k * 10_000_000)
+    assert source.gpu_up[3]  # a code that is no sign of a lost instance keeps it up
+    # one rescan a second, plus the one forced when the slot started failing; not one a read
+    assert fake.calls["nvmlDeviceGetMigMode"] - before <= 11

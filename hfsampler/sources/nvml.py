@@ -9,8 +9,9 @@ fields are entries of the same batch, one per link up at open (``nvml_nvlink`` s
 A MIG-enabled GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins
 of the fields (``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own
 MIG device handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads
-(never the fastest group's, which has no twins) and after a slot's call failed, and ``devices``
-changes.
+(never the fastest group's, which has no twins) and soon after a slot's call starts failing (no
+sooner than ``RESCAN_S`` after the last rescan so forced), and ``devices`` changes. An instance
+that stops answering takes only its slot down; the rescan brings it back when it answers again.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
 NVML's handles are thread-safe, each field set has its own plan and buffers, and what the sets
@@ -150,6 +151,12 @@ class NvmlSource:
         self._mig: list[mig.MigGpu] = []
         self._mig_gpm: dict[int, tuple[Any, int]] = {}  # slot row -> (parent handle, GPU_I_ID)
         self._mig_next_ns = 0  # when the MIG layout is looked at next
+        # a slot's read failed (the instance may have gone): look again early, but no sooner
+        # than _mig_forced_ns, so a slot failing on every read forces one rescan a second
+        self._mig_due = False
+        self._mig_forced_ns = 0
+        self._mig_partial: set[int] = set()  # GPU rows whose layout could not all be read
+        self._mig_failing: set[int] = set()  # slots whose last read failed; under _book
         self._mig_lock = threading.Lock()  # one rescan at a time; never waited for
         # slots taken down because their own instance stopped answering (not their GPU): the
         # rescan asks the instance again and brings the slot back when it answers; under _book
@@ -401,19 +408,23 @@ class NvmlSource:
         if not self._mig_lock.acquire(blocking=False):
             return  # another lane is at it
         try:
-            self._mig_next_ns = now_ns + int(mig.RESCAN_S * 1e9)
+            if self._mig_due and now_ns < self._mig_next_ns:  # forced early by a failed read
+                self._mig_forced_ns = now_ns + mig.RESCAN_NS
+            self._mig_due = False
+            self._mig_next_ns = now_ns + mig.RESCAN_NS
             devices = list(self._devices)
             for m in self._mig:
                 if not self._up[m.row]:
                     continue
+                current = [devices[s].mig for s in m.slots]
                 try:
-                    found = mig.instances(m.handle, len(m.slots))
+                    found, unreadable = mig.instances(m.handle, len(m.slots), current)
                 except calls.NvmlError as e:
-                    if self._failed(m.row, int(e.value)):
-                        continue
-                    log.debug("MIG layout of GPU row %d: %s", m.row, calls.error_text(int(e.value)))
+                    if not self._failed(m.row, int(e.value)):
+                        self._say_layout(m.row, [(-1, int(e.value))])
                     continue
-                placed = mig.place([devices[s].mig for s in m.slots], found)
+                self._say_layout(m.row, unreadable)
+                placed = mig.place(current, found)
                 for slot, item in zip(m.slots, placed, strict=True):
                     handle, instance = item if item is not None else (None, None)
                     self._handles[slot] = handle
@@ -432,12 +443,39 @@ class NvmlSource:
                         self._up[slot] = instance is not None
                         self._unknown[slot] = 0
                         self._slot_down.discard(slot)
+                        self._mig_failing.discard(slot)
                     if now_ns:
                         log.info("MIG layout changed: %s", mig.describe(devices[slot]))
             if tuple(devices) != self._devices:
                 self._devices = tuple(devices)
         finally:
             self._mig_lock.release()
+
+    def _say_layout(self, row: int, unreadable: mig.Unreadable) -> None:
+        """A GPU whose MIG layout cannot be read in part (or at all, index -1) is said once, and
+        so is its first whole read after; only the rescan (under its lock) calls this."""
+        gpu = self._devices[row].index
+        if not unreadable:
+            if row in self._mig_partial:
+                self._mig_partial.discard(row)
+                log.info("GPU %s: its MIG layout reads whole again", gpu)
+            return
+        if row in self._mig_partial:
+            return
+        self._mig_partial.add(row)
+        if unreadable[0][0] < 0:
+            log.warning(
+                "GPU %s: its MIG layout cannot be read (%s): the instances as last seen are "
+                "kept, said again when it reads",
+                gpu, calls.error_text(unreadable[0][1]),
+            )  # fmt: skip
+            return
+        log.warning(
+            "GPU %s: MIG device(s) at index %s cannot say which instance they are (%s): not "
+            "sampled while so, the rest of the layout is; said again when it reads whole",
+            gpu, ",".join(str(k) for k, _ in unreadable),
+            "; ".join(sorted({calls.error_text(code) for _, code in unreadable})),
+        )  # fmt: skip
 
     def _try_slot(self, slot: int, handle: Any, device: DeviceInfo) -> None:
         """A slot down while its instance is still there: back up once its calls answer.
@@ -454,6 +492,7 @@ class NvmlSource:
             if slot not in self._slot_down:
                 return
             self._slot_down.discard(slot)
+            self._mig_failing.discard(slot)
             self._up[slot] = True
             self._unknown[slot] = 0
         log.info("%s answers again: sampled again", self._row_name(slot, device))
@@ -593,7 +632,9 @@ class NvmlSource:
         now_ns: int,
     ) -> None:
         plan = self._plan(fields)
-        if plan.mig and now_ns >= self._mig_next_ns:
+        if plan.mig and (
+            now_ns >= self._mig_next_ns or (self._mig_due and now_ns >= self._mig_forced_ns)
+        ):
             self._rescan_mig(now_ns)
         values.fill(np.nan)
         driver_ts_us.fill(0)
@@ -737,18 +778,22 @@ class NvmlSource:
 
     def _answered(self, g: int) -> None:
         """GPU ``g`` answered: its streak of unknown errors ends (no lock when there is none)."""
-        if self._unknown[g]:
+        if self._unknown[g] or self._mig_failing:
             with self._book:
                 self._unknown[g] = 0
+                self._mig_failing.discard(g)
 
     def _failed(self, g: int, code: int, cells: int = 0) -> bool:
         """Account an error answer from GPU ``g`` that cost ``cells`` values.
 
         True when it takes the GPU down.
         """
-        if g >= self._physical and code not in calls.LOST_CODES:
-            self._mig_next_ns = 0  # most likely the instance went: look at the layout now
         with self._book:
+            if g >= self._physical and code not in calls.LOST_CODES and g not in self._mig_failing:
+                # a slot that starts failing: most likely its instance went, so look at the
+                # layout soon; one that goes on failing while its instance stays forces no more
+                self._mig_failing.add(g)
+                self._mig_due = True
             self._errors[g] += cells
             if code in calls.LOST_CODES:
                 lost = True

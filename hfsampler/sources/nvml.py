@@ -5,7 +5,7 @@ probes each field on each device once and picks how to read it (batched field id
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
 per-device calls. A lost GPU is marked down and skipped; the others keep sampling. Per-link NVLink
-fields are entries of the same batch, one per link up at open (``nvml_nvlink`` says which).
+fields are entries of the same batch, one per link a GPU has, read while up (``nvml_nvlink``).
 A MIG-enabled GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins
 of the fields (``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own
 MIG device handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads
@@ -225,7 +225,7 @@ class NvmlSource:
         return Inventory(self._devices, fields, self._mode != _NONE)
 
     def _expand_links(self, fields: tuple[Field, ...], indices: Sequence[int]) -> tuple[Field, ...]:
-        """Per-link NVLink fields: one per link up at open (``nvml_nvlink``), states watched."""
+        """Per-link NVLink fields: one per link a GPU has (``nvml_nvlink``), states watched."""
         if not any(f.per == nvlink.LINK for f in fields):
             return fields
         # a MIG instance slot has no links of its own: its GPU's are the GPU's row's
@@ -298,11 +298,16 @@ class NvmlSource:
         for c, f in enumerate(fields):
             if f.nvml_field and ids[c] is None and not nvlink.unexpanded(f):
                 why.setdefault(c, {}).setdefault(f"pynvml lacks {nvlink.constant(f)}", [])
-        # a link down at open on a GPU: its cells are not read there, and that is no warning
+        # a link a GPU lacks: no cells there; one down at open: its cells are read once it is
+        # up, whatever its entries answer while down. Neither is a warning.
         link_down = np.zeros((gpus, len(fields)), dtype=np.bool_)
+        link_absent = np.zeros((gpus, len(fields)), dtype=np.bool_)
         if self._links is not None:
-            link_down = ~self._links.cells(nvlink.links(fields))
-        link_down[:, [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]] = True
+            cell_links = nvlink.links(fields)
+            link_down = ~self._links.cells(cell_links)
+            link_absent = ~self._links.present(cell_links)
+        unexpanded = [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]
+        link_down[:, unexpanded] = link_absent[:, unexpanded] = True
         if any(f.nvml_call in ("xid", "xid_count") for f in fields):
             self._xid = xid.XidWatcher(self._handles[: self._physical] + [None] * len(self._slots))
         twins = [c for c, f in enumerate(fields) if f.mig_instance]
@@ -312,13 +317,14 @@ class NvmlSource:
             present = {
                 c: (i, entries[c][1]) for c, i in ids.items() if i is not None and c not in twins
             }
-            id_cols = [c for c in present if not link_down[g, c]]
+            id_cols = [c for c in present if not link_absent[g, c]]
             entry_codes = self._probe_ids(g, handle, id_cols, [present[c] for c in id_cols])
             for c, code in zip(id_cols, entry_codes, strict=True):
-                if code == _SUCCESS:
+                if code == _SUCCESS or (link_down[g, c] and code not in calls.LOST_CODES):
                     self._mode[g, c] = _FIELD
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+            self._link_value_types(g, fields, link_down[g], entry_codes, id_cols)
             for c, f in enumerate(fields):
                 if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g] or c in twins:
                     continue
@@ -351,6 +357,24 @@ class NvmlSource:
                     "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
                 )
                 told.add(f.name)
+
+    def _link_value_types(
+        self,
+        g: int,
+        fields: tuple[Field, ...],
+        down: BoolArray,
+        codes: Sequence[int],
+        cols: Sequence[int],
+    ) -> None:
+        """A down link's entry that failed at open has no value type yet: its field's on
+        another link of the GPU stands in, so the batch's type check stays the quick one."""
+        failed = [c for c, code in zip(cols, codes, strict=True) if down[c] and code != _SUCCESS]
+        if not failed:
+            return
+        answered = [c for c, code in zip(cols, codes, strict=True) if code == _SUCCESS]
+        seen = {fields[c].name: int(self._vt[g, c]) for c in answered}
+        for c in failed:
+            self._vt[g, c] = seen.get(fields[c].name, -1)
 
     def _probe_mig(self, fields: tuple[Field, ...], twins: list[int]) -> None:
         """The per-instance fields read by call on every slot, with the reader its GPU answers."""

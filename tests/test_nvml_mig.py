@@ -545,3 +545,42 @@ def test_a_slot_failing_on_every_read_forces_a_rescan_a_second_at_most(
     assert source.gpu_up[3]  # a code that is no sign of a lost instance keeps it up
     # one rescan a second, plus the one forced when the slot started failing; not one a read
     assert fake.calls["nvmlDeviceGetMigMode"] - before <= 11
+
+
+def test_a_destroyed_instances_last_reads_warn_nothing_and_its_successor_starts_clean(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    gpu = fake.gpus[0]
+    gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5]  # its handle: INVALID_ARGUMENT
+    _read(source, FB_TWINS, NOW_NS + 100_000_000)
+    gpu.mig.append(mig_instance(gpu, 0, 6, "1g.10gb"))  # created before the rescan looks
+    for k in range(2, 5):
+        v = _read(source, FB_TWINS, NOW_NS + k * 100_000_000)
+    assert source.devices[3].mig is not None
+    assert source.devices[3].mig.gpu_instance_id == 6
+    assert v[3, _col(FB_TWINS, "DCGM_FI_DEV_FB_TOTAL")] == 10 * 1024
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "reads again" not in caplog.text  # the newcomer never failed
+    assert "MIG layout changed: GPU 0 MIG slot 1: GPU instance 6" in caplog.text
+
+
+def test_an_instance_still_there_whose_reads_fail_is_warned_by_its_gpu_instance_id(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    m = fake.gpus[0].mig[2]
+    _fail_memory(m, pynvml.NVML_ERROR_INVALID_ARGUMENT)  # as a gone one's would, yet it is there
+    for k in range(1, 4):
+        _read(source, FB_TWINS, NOW_NS + k * 100_000_000)
+    warned = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert warned[0].startswith(f"GPU 0 MIG instance GPU_I_ID=13 ({m.uuid}): reading ")
+    m.errors.clear()
+    _read(source, FB_TWINS, NOW_NS + 500_000_000)
+    assert f"GPU 0 MIG instance GPU_I_ID=13 ({m.uuid}): DCGM_FI_DEV_FB_" in caplog.text
+    assert "reads again" in caplog.text

@@ -138,8 +138,12 @@ class NvmlSource:
         self._unknown: list[int] = []
         self._errors = np.zeros(0, dtype=np.int64)
         self._book = threading.Lock()  # guards _up, _unknown and _errors; never across a call
-        # (GPU, call) whose last read failed; each lane adds and removes only its own calls
+        # (GPU, call) whose last read failed; each lane adds and removes only its own calls,
+        # but the rescan forgets a slot's when another instance takes it or it comes back
         self._failing_calls: set[tuple[int, str]] = set()
+        # (slot, call) that started failing as a destroyed instance's handle does, with the
+        # warning to give should the rescan find the instance still there; under _book
+        self._gone_pending: dict[tuple[int, str], str] = {}
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
@@ -457,9 +461,12 @@ class NvmlSource:
                     else:
                         self._mig_gpm.pop(slot, None)
                     if devices[slot].mig == instance:
+                        # still there: its failures were its own, not its going
+                        self._say_pending(slot, warn=instance is not None)
                         if handle is not None and slot in self._slot_down:
                             self._try_slot(slot, handle, devices[slot])
                         continue
+                    self._forget_failing(slot)  # the instance went: what failed was its own
                     devices[slot] = replace(devices[slot], mig=instance)
                     if self._gpm is not None:
                         self._gpm.forget(slot)  # a sample of another instance is no pair
@@ -519,7 +526,29 @@ class NvmlSource:
             self._mig_failing.discard(slot)
             self._up[slot] = True
             self._unknown[slot] = 0
+        self._forget_failing(slot)  # said here, not again as each call reads
         log.info("%s answers again: sampled again", self._row_name(slot, device))
+
+    def _say_pending(self, slot: int, *, warn: bool) -> None:
+        """The slot's calls that failed as a gone instance's would: warned where it is not."""
+        if not self._gone_pending:
+            return
+        with self._book:
+            said = [k for k in self._gone_pending if k[0] == slot]
+            lines = [self._gone_pending.pop(k) for k in said]
+        if warn:
+            for line in lines:
+                log.warning("%s", line)
+
+    def _forget_failing(self, slot: int) -> None:
+        """A slot's failing state ends with its instance: a newcomer is not "read again"."""
+        self._say_pending(slot, warn=False)
+        # copies taken in one C call each: the lanes add to both meanwhile
+        for key in [k for k in set(self._failing_calls) if k[0] == slot]:
+            self._failing_calls.discard(key)
+        for plan in list(self._plans.values()):
+            if plan.batch is not None:
+                plan.batch.failing[slot] = False
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         return self._failed(g, code, cells)
@@ -760,19 +789,31 @@ class NvmlSource:
     def _say_call(
         self, g: int, key: str, fields: tuple[Field, ...], outs: Sequence[Any], code: int | None
     ) -> None:
-        """A per-device call that starts failing on GPU ``g`` (``code``), or reads again (None)."""
+        """A per-device call that starts failing on row ``g`` (``code``), or reads again (None).
+
+        On a MIG slot, a code a destroyed instance's handle answers is said only if the rescan
+        (soon: the failure forced one) finds the instance still there; gone, the layout change
+        says it.
+        """
         names = ", ".join(_log_name(fields[k]) for k, *_ in outs)
-        gpu = self._devices[g].index
+        row = self._row_name(g)
         if code is None:
             self._failing_calls.discard((g, key))
-            log.info("GPU %s: %s reads again", gpu, names)
+            with self._book:
+                unsaid = self._gone_pending.pop((g, key), None) is not None
+            if not unsaid:
+                log.info("%s: %s reads again", row, names)
             return
         self._failing_calls.add((g, key))
-        log.warning(
-            "GPU %s: reading %s failed: %s; its series go stale while it fails (said again when "
-            "it reads)",
-            gpu, names, calls.error_text(code),
-        )  # fmt: skip
+        line = (
+            f"{row}: reading {names} failed: {calls.error_text(code)}; its series go stale while "
+            "it fails (said again when it reads)"
+        )
+        if g >= self._physical and code in mig.GONE_CODES:
+            with self._book:
+                self._gone_pending[(g, key)] = line
+            return
+        log.warning("%s", line)
 
     def _say_failing(self, b: _Batch, bad: BoolArray, ok: BoolArray, rets: Any) -> None:
         """A field that starts failing on a GPU is said once, and so is its first good read
@@ -785,12 +826,12 @@ class NvmlSource:
             if code in calls.LOST_CODES:
                 continue  # the GPU is lost: _mark_down says so
             log.warning(
-                "GPU %s: reading %s failed: %s; its series go stale while it fails (said again "
+                "%s: reading %s failed: %s; its series go stale while it fails (said again "
                 "when it reads)",
-                self._devices[g].index, b.names[k], calls.error_text(code),
+                self._row_name(int(g)), b.names[k], calls.error_text(code),
             )  # fmt: skip
         for g, k in zip(*np.nonzero(ended), strict=True):
-            log.info("GPU %s: %s reads again", self._devices[g].index, b.names[k])
+            log.info("%s: %s reads again", self._row_name(int(g)), b.names[k])
 
     def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
         with self._book:

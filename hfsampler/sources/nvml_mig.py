@@ -24,6 +24,9 @@ log = logging.getLogger("hfsampler.sources.nvml")
 RESCAN_S = 1.0  # how often the MIG layout is looked at again, from a read of per-instance fields
 RESCAN_NS = int(RESCAN_S * 1e9)  # also the least time between two rescans forced by failed reads
 
+# what a call on the MIG device handle of an instance destroyed since answers
+GONE_CODES = frozenset({calls.INVALID_ARGUMENT, calls.NOT_FOUND})
+
 Found = tuple[Any, MigInstance]  # a MIG device handle and the instance it is
 
 

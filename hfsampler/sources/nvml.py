@@ -125,8 +125,12 @@ class _Plan:
 class NvmlSource:
     """The ``Source`` over NVML; opened in the process that reads it."""
 
-    def __init__(self, indices: tuple[int, ...] | None = None) -> None:
+    def __init__(self, indices: tuple[int, ...] | None = None, *, reopened: bool = False) -> None:
+        """``reopened``: the sampler process's open, after discovery's (``SourceSpec.reopened``),
+        which logged what open finds; this one logs that at debug, and what reads find as ever."""
         self._indices = indices
+        self._say_open = log.debug if reopened else log.warning
+        self._tell_open = log.debug if reopened else log.info
         self._handles: list[Any] = []
         self._devices: tuple[DeviceInfo, ...] = ()
         self._fields: tuple[Field, ...] = ()
@@ -217,7 +221,7 @@ class NvmlSource:
         except calls.NvmlError as e:
             # Where pynvml's own call still works, read through it, slower; on a driver from
             # before field values it fails too, and the probe finds every id unsupported.
-            log.info(
+            self._tell_open(
                 "cannot look up nvmlDeviceGetFieldValues itself (%s): field values are read "
                 "through pynvml's nvmlDeviceGetFieldValues instead, which allocates per read",
                 calls.error_text(int(e.value)),
@@ -235,8 +239,8 @@ class NvmlSource:
         # a MIG instance slot has no links of its own: its GPU's are the GPU's row's
         slots = len(self._handles) - self._physical
         states = nvlink.probe_links(self._handles[: self._physical]) + [[] for _ in range(slots)]
-        fields = nvlink.expand(fields, states)
-        self._links = nvlink.LinkWatcher(self._handles, states, fields, indices)
+        fields = nvlink.expand(fields, states, self._tell_open)
+        self._links = nvlink.LinkWatcher(self._handles, states, fields, indices, self._tell_open)
         return fields
 
     @staticmethod
@@ -346,7 +350,7 @@ class NvmlSource:
             if f.gpm_metric or not f.nvml_readable or f.name in told or f.mig_instance:
                 continue  # GPM: _probe_gpm logged it in one line; not NVML's (a Jetson's rails)
             if c in fallback:
-                log.info(
+                self._tell_open(
                     "%s: field id %s unsupported on GPU %s; read with call %s",
                     f.name, f.nvml_field, self._gpus(fallback[c]), f.nvml_call,
                 )  # fmt: skip
@@ -357,7 +361,7 @@ class NvmlSource:
             ]
             if missing:
                 reasons = "; ".join(f"{r}" for r in why.get(c, {}) or ("no way to read it",))
-                log.warning(
+                self._say_open(
                     "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
                 )
                 told.add(f.name)
@@ -410,6 +414,8 @@ class NvmlSource:
                 self._gpm_error,
                 rows=range(self._physical),
                 mig=self._mig_gpm,
+                say=self._say_open,
+                tell=self._tell_open,
             )
             known = [c for c in cols + twins if calls.gpm_metric_id(fields[c].gpm_metric or "")]
             for c in known:
@@ -441,6 +447,7 @@ class NvmlSource:
             self._mig_due = False
             self._mig_next_ns = now_ns + mig.RESCAN_NS
             devices = list(self._devices)
+            say = self._say_open if not now_ns else log.warning  # open's rescan: now_ns 0
             for m in self._mig:
                 if not self._up[m.row]:
                     continue
@@ -449,9 +456,9 @@ class NvmlSource:
                     found, unreadable = mig.instances(m.handle, len(m.slots), current)
                 except calls.NvmlError as e:
                     if not self._failed(m.row, int(e.value)):
-                        self._say_layout(m.row, [(-1, int(e.value))])
+                        self._say_layout(m.row, [(-1, int(e.value))], say)
                     continue
-                self._say_layout(m.row, unreadable)
+                self._say_layout(m.row, unreadable, say)
                 placed = mig.place(current, found)
                 for slot, item in zip(m.slots, placed, strict=True):
                     handle, instance = item if item is not None else (None, None)
@@ -482,7 +489,9 @@ class NvmlSource:
         finally:
             self._mig_lock.release()
 
-    def _say_layout(self, row: int, unreadable: mig.Unreadable) -> None:
+    def _say_layout(
+        self, row: int, unreadable: mig.Unreadable, say: nvlink.Say = log.warning
+    ) -> None:
         """A GPU whose MIG layout cannot be read in part (or at all, index -1) is said once, and
         so is its first whole read after; only the rescan (under its lock) calls this."""
         gpu = self._devices[row].index
@@ -495,13 +504,13 @@ class NvmlSource:
             return
         self._mig_partial.add(row)
         if unreadable[0][0] < 0:
-            log.warning(
+            say(
                 "GPU %s: its MIG layout cannot be read (%s): the instances as last seen are "
                 "kept, said again when it reads",
                 gpu, calls.error_text(unreadable[0][1]),
             )  # fmt: skip
             return
-        log.warning(
+        say(
             "GPU %s: MIG device(s) at index %s cannot say which instance they are (%s): not "
             "sampled while so, the rest of the layout is; said again when it reads whole",
             gpu, ",".join(str(k) for k, _ in unreadable),

@@ -495,10 +495,16 @@ def test_an_instance_that_stops_answering_is_named_and_comes_back_when_it_answer
     assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
 
 
-def test_a_lost_gpus_instances_stay_down_with_it(fake: FakeNvml, source: NvmlSource) -> None:
+def test_a_lost_gpus_instances_stay_down_with_it(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
     source.open(FIELDS)
     fake.gpus[0].lost = True
-    _read(source, (POWER, *FB_TWINS), NOW_NS)
+    _read(source, FB_TWINS, NOW_NS)  # the instances find it lost first: the GPU goes down
+    assert list(source.gpu_up[:5]) == [False, True, False, False, False]
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert errors[0].startswith(f"GPU 0 ({fake.gpus[0].uuid}) stopped answering")
     fake.gpus[0].lost = False  # the GPU is not taken back; nor are its instances
     _read(source, FB_TWINS, NOW_NS + 2_000_000_000)
     assert list(source.gpu_up[:5]) == [False, True, False, False, False]

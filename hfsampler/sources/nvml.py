@@ -893,6 +893,9 @@ class NvmlSource:
         return f"GPU {d.index} MIG instance GPU_I_ID={d.mig.gpu_instance_id} ({d.mig.uuid})"
 
     def _mark_down(self, g: int, code: int) -> None:
+        if g >= self._physical and code in calls.LOST_CODES:
+            # an instance answering "GPU lost" speaks for its GPU: one line, every row down
+            g = next((m.row for m in self._mig if g in m.slots), g)
         slot = g >= self._physical
         with self._book:
             if not self._up[g]:

@@ -851,8 +851,9 @@ class NvmlSource:
                 self._mark_down(int(g), lost[0])
 
     def _answered(self, g: int) -> None:
-        """GPU ``g`` answered: its streak of unknown errors ends (no lock when there is none)."""
-        if self._unknown[g] or self._mig_failing:
+        """Row ``g`` answered: its streak of unknown errors ends, and a slot's failing (no lock
+        when there is neither: the hot path)."""
+        if self._unknown[g] or (self._mig_failing and g in self._mig_failing):
             with self._book:
                 self._unknown[g] = 0
                 self._mig_failing.discard(g)

@@ -7,6 +7,7 @@ hfsampler through the real pynvml.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -469,3 +470,139 @@ def test_instances_whose_driver_refuses_memory_v2_are_read_with_v1(
     reserved = [k for k, f in enumerate(inv.fields) if f.name == "DCGM_FI_DEV_FB_RESERVED"]
     assert not inv.supported[2:, reserved[-1]].any()  # the v1 struct has no reserved memory
     assert source.read_errors.sum() == 0
+
+
+# -- an instance that fails, a layout that cannot be read --------------------------------------
+
+
+def _fail_memory(m: object, code: int = pynvml.NVML_ERROR_UNKNOWN) -> None:
+    errors = m.errors  # type: ignore[attr-defined]
+    errors["nvmlDeviceGetMemoryInfo_v2"] = errors["nvmlDeviceGetMemoryInfo"] = code
+
+
+def test_an_instance_that_stops_answering_is_named_and_comes_back_when_it_answers(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    used = _col(FB_TWINS, "DCGM_FI_DEV_FB_USED")
+    first = fake.gpus[0].mig[0]
+    _fail_memory(first)
+    t = NOW_NS
+    for _ in range(12):  # UNKNOWN_LIMIT answers of UNKNOWN take the slot down
+        t += 100_000_000
+        v = _read(source, FB_TWINS, t)
+    assert list(source.gpu_up[:5]) == [True, True, False, True, True]  # GPU 0 itself stays up
+    assert np.isnan(v[2]).all()
+    assert not np.isnan(v[3:5, used]).any()
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert f"GPU 0 MIG instance GPU_I_ID=1 ({first.uuid}) stopped answering" in errors[0]
+    assert "GPU 0 and its other instances continue" in errors[0]
+    t += 2_000_000_000  # still failing: the rescans ask, it stays down, nothing said again
+    _read(source, FB_TWINS, t)
+    assert not source.gpu_up[2]
+    first.errors.clear()  # it answers again: the next rescan (once a second) brings it back
+    t += 1_100_000_000
+    v = _read(source, FB_TWINS, t)
+    assert source.gpu_up[2]
+    assert v[2, used] > 0
+    assert f"GPU 0 MIG instance GPU_I_ID=1 ({first.uuid}) answers again" in caplog.text
+    assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+
+def test_a_lost_gpus_instances_stay_down_with_it(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    source.open(FIELDS)
+    fake.gpus[0].lost = True
+    _read(source, FB_TWINS, NOW_NS)  # the instances find it lost first: the GPU goes down
+    assert list(source.gpu_up[:5]) == [False, True, False, False, False]
+    errors = [r.message for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert errors[0].startswith(f"GPU 0 ({fake.gpus[0].uuid}) stopped answering")
+    fake.gpus[0].lost = False  # the GPU is not taken back; nor are its instances
+    _read(source, FB_TWINS, NOW_NS + 2_000_000_000)
+    assert list(source.gpu_up[:5]) == [False, True, False, False, False]
+
+
+def test_an_instance_that_cannot_say_its_id_hides_only_itself(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    gpu = fake.gpus[0]
+    gpu.mig[2].errors["nvmlDeviceGetGpuInstanceId"] = pynvml.NVML_ERROR_UNKNOWN  # a known one
+    new = mig_instance(gpu, 0, 6, "1g.10gb")
+    new.errors["nvmlDeviceGetGpuInstanceId"] = pynvml.NVML_ERROR_UNKNOWN
+    gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5] + [
+        new,
+        mig_instance(gpu, 0, 3, "2g.20gb"),
+    ]
+    t = NOW_NS + 1_000_000_000
+    for _ in range(3):  # three rescans: the layout change is seen, the failing index said once
+        _read(source, FB_TWINS, t)
+        t += 1_000_000_000
+    held = [d.mig.gpu_instance_id if d.mig else None for d in source.devices[2:]]
+    assert held == [1, 3, 13, None, None, None, None]  # 5 went, 3 came, 13 is known by UUID
+    warned = [r.message for r in caplog.records if "cannot say which instance" in r.message]
+    assert len(warned) == 1
+    assert warned[0].startswith("GPU 0: MIG device(s) at index 2 ")
+    new.errors.clear()
+    _read(source, FB_TWINS, t)
+    held = [d.mig.gpu_instance_id if d.mig else None for d in source.devices[2:]]
+    assert held == [1, 3, 13, 6, None, None, None]
+    assert "GPU 0: its MIG layout reads whole again" in caplog.text
+
+
+def test_a_slot_failing_on_every_read_forces_a_rescan_a_second_at_most(
+    fake: FakeNvml, source: NvmlSource
+) -> None:
+    source.open(FIELDS)
+    _fail_memory(fake.gpus[0].mig[1], pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)  # not a streak
+    before = fake.calls["nvmlDeviceGetMigMode"]
+    for k in range(1000):  # 10 s of reads every 10 ms, each failing on that slot
+        _read(source, FB_TWINS, NOW_NS + k * 10_000_000)
+    assert source.gpu_up[3]  # a code that is no sign of a lost instance keeps it up
+    # one rescan a second, plus the one forced when the slot started failing; not one a read
+    assert fake.calls["nvmlDeviceGetMigMode"] - before <= 11
+
+
+def test_a_destroyed_instances_last_reads_warn_nothing_and_its_successor_starts_clean(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    gpu = fake.gpus[0]
+    gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5]  # its handle: INVALID_ARGUMENT
+    _read(source, FB_TWINS, NOW_NS + 100_000_000)
+    gpu.mig.append(mig_instance(gpu, 0, 6, "1g.10gb"))  # created before the rescan looks
+    for k in range(2, 5):
+        v = _read(source, FB_TWINS, NOW_NS + k * 100_000_000)
+    assert source.devices[3].mig is not None
+    assert source.devices[3].mig.gpu_instance_id == 6
+    assert v[3, _col(FB_TWINS, "DCGM_FI_DEV_FB_TOTAL")] == 10 * 1024
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "reads again" not in caplog.text  # the newcomer never failed
+    assert "MIG layout changed: GPU 0 MIG slot 1: GPU instance 6" in caplog.text
+
+
+def test_an_instance_still_there_whose_reads_fail_is_warned_by_its_gpu_instance_id(
+    fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    source.open(FIELDS)
+    _read(source, FB_TWINS, NOW_NS)
+    m = fake.gpus[0].mig[2]
+    _fail_memory(m, pynvml.NVML_ERROR_INVALID_ARGUMENT)  # as a gone one's would, yet it is there
+    for k in range(1, 4):
+        _read(source, FB_TWINS, NOW_NS + k * 100_000_000)
+    warned = [r.message for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1
+    assert warned[0].startswith(f"GPU 0 MIG instance GPU_I_ID=13 ({m.uuid}): reading ")
+    m.errors.clear()
+    _read(source, FB_TWINS, NOW_NS + 500_000_000)
+    assert f"GPU 0 MIG instance GPU_I_ID=13 ({m.uuid}): DCGM_FI_DEV_FB_" in caplog.text
+    assert "reads again" in caplog.text

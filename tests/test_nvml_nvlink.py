@@ -64,23 +64,24 @@ def read(s: NvmlSource, fields: Sequence[Field], clock: Clock) -> np.ndarray:
     return values
 
 
-def test_links_up_at_open_become_one_field_each(
+def test_every_link_a_gpu_has_becomes_one_field_each(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     inv = source.open((TOTAL, *PER_LINK))
-    # links up on some GPU: 0-3 (2 is up on GPU 1, 3 on GPU 0); one field per link, each labelled
+    # links some GPU has, up or down: 0-3; one field per link, each labelled
     assert inv.fields[0] == TOTAL
     assert inv.fields[1:] == tuple(f.instance(str(k)) for f in PER_LINK for k in range(4))
     assert all(f.kind is Kind.COUNTER for f in PER_LINK if f not in (TX, RX))
     up = {(g, k): bool(inv.supported[g, column(inv.fields, CRC_FLIT, k)]) for g in range(3)
           for k in range(4)}  # fmt: skip
-    assert [k for k in range(4) if up[0, k]] == [0, 1, 3]
-    assert [k for k in range(4) if up[1, k]] == [0, 1, 2]
+    # a link down at open is read once it is up: supported, unread while down
+    assert [k for k in range(4) if up[0, k]] == [0, 1, 2, 3]
+    assert [k for k in range(4) if up[1, k]] == [0, 1, 2, 3]
     assert not any(up[2, k] for k in range(4))  # no NVLink at all
     # a link that is down, or a GPU without NVLink, is no warning: one line says which were down
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "GPU 0: NVLink link(s) 2 not up at start" in caplog.text
+    assert "GPU 0: NVLink link(s) 2 not up at start: read once up" in caplog.text
     # each link's state asked once, at open; GPU 2 answers NOT_SUPPORTED once
     assert fake.calls["nvmlDeviceGetNvLinkState"] == 5 + 5 + 1
 
@@ -161,7 +162,7 @@ def test_a_down_link_that_answers_errors_costs_nothing_once_seen_down(
     states = fake.calls["nvmlDeviceGetNvLinkState"]
     for _ in range(3):
         read(source, inv.fields, clock)
-    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 6  # the 3 links up on GPUs 0, 1: once
+    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 8  # the 4 links of GPUs 0, 1: once
     assert source.read_errors.tolist() == [0, len(PER_LINK), 0]
     assert source.gpu_up.tolist() == [True, True, True]
 
@@ -196,7 +197,7 @@ def test_no_nvlink_anywhere_keeps_the_fields_unexpanded_and_unsupported(
         inv = source.open((TOTAL, *PER_LINK))
         assert inv.fields == (TOTAL, *PER_LINK)
         assert inv.supported.tolist() == [[True] + [False] * len(PER_LINK)]
-        assert "no NVLink link is up on any GPU" in caplog.text
+        assert "no GPU has NVLink links" in caplog.text
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     finally:
         source.close()
@@ -215,17 +216,51 @@ def test_a_gpu_lost_at_a_link_recheck_goes_down_through_its_reads(
     assert not np.isnan(values[1, column(inv.fields, CRC_FLIT, 0)])
 
 
-def test_a_link_down_at_open_is_not_watched_on_that_gpu(
+def test_a_link_down_at_open_is_read_once_it_comes_up(
     fake: FakeNvml, source: NvmlSource, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """GPU 0's link 2 was down at open: it has no cells read there, so its coming up is not
-    announced as read again (and costs no state call); GPU 1's link 2 is watched as before."""
-    inv = source.open((TX,))
+    """GPU 0's link 2 was down at open (the fabric manager not done yet): watched with the
+    others, its fields are read from the first recheck that finds it up."""
+    caplog.set_level(logging.INFO)
+    inv = source.open(PER_LINK)
     read(source, inv.fields, clock)
+    assert np.isnan(read(source, inv.fields, clock)[0, column(inv.fields, TX, 2)])
     fake.gpus[0].links[2].active = True
     states = fake.calls["nvmlDeviceGetNvLinkState"]
     clock.us += 1_000_000
+    read(source, inv.fields, clock)
+    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 4 + 4  # GPU 0: 0-3; GPU 1: 0-3
     values = read(source, inv.fields, clock)
-    assert fake.calls["nvmlDeviceGetNvLinkState"] - states == 3 + 3  # GPU 0: 0,1,3; GPU 1: 0-2
-    assert np.isnan(values[0, column(inv.fields, TX, 2)])
-    assert "link 2 is up again" not in caplog.text
+    assert values[0, column(inv.fields, TX, 2)] == pytest.approx(12 * MIB, rel=1e-3)
+    t_s = (clock.us - clock.us % 10_000) / 1e6
+    assert values[0, column(inv.fields, CRC_FLIT, 2)] == int(2 * t_s)
+    assert "GPU 0: NVLink link 2 came up: read from now on" in caplog.text
+    assert "is up again" not in caplog.text
+    assert source.read_errors.tolist() == [0, 0, 0]
+
+
+def test_links_all_down_at_open_that_answer_errors_while_down_are_read_once_up(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every link down at a boot-time start, their entries refused meanwhile: no warning, no
+    error counted, and each link read from when it comes up."""
+    gpu = nvlink_gpu(0, 4, down=(0, 1, 2, 3))
+    for link in gpu.links:
+        link.down_ret = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake = install(monkeypatch, FakeNvml(gpus=[gpu], clock_us=clock))
+    source = NvmlSource()
+    try:
+        inv = source.open(PER_LINK)
+        assert inv.supported.all()
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert np.isnan(read(source, inv.fields, clock)).all()
+        for link in fake.gpus[0].links:
+            link.active = True
+        clock.us += 1_000_000
+        read(source, inv.fields, clock)
+        values = read(source, inv.fields, clock)
+        assert values[0, column(inv.fields, TX, 3)] == pytest.approx(13 * MIB, rel=1e-3)
+        assert not np.isnan(values[0, [column(inv.fields, REPLAY, k) for k in range(4)]]).any()
+        assert source.read_errors.tolist() == [0]
+    finally:
+        source.close()

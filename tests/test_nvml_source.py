@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pynvml
 import pytest
-from fake_nvml import FakeNvml, FakeReading, install, make_fake, remove_library
+from fake_nvml import FakeNvml, FakeReading, install, make_fake, nvlink_gpu, remove_library
 
 from hfsampler import fields as F
 from hfsampler.errors import DriverNotFoundError, FieldNotSupportedError, GpuLostError, SourceError
 from hfsampler.fields import Field
-from hfsampler.sources import nvml_calls
+from hfsampler.sources import SourceSpec, nvml_calls, open_source
 from hfsampler.sources.nvml import UNKNOWN_LIMIT, NvmlSource, probe_driver
 
 FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST and f.nvml_readable)
@@ -564,3 +564,32 @@ def test_a_field_failing_on_one_gpu_is_said_once_and_again_when_it_reads(
     assert any(SM_CLOCK.name in m and "Unknown Error" in m for m in failed), failed
     again = [r.getMessage() for r in caplog.records if "reads again" in r.getMessage()]
     assert len(again) == 2, again
+
+
+def test_the_sampler_processs_reopen_logs_what_open_finds_at_debug_only(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Discovery in the service process said it; the sampler process's open must not again."""
+    caplog.set_level(logging.DEBUG)
+    fake = install(monkeypatch, FakeNvml(gpus=[nvlink_gpu(0, 4, down=(3,))]))
+    fake.gpus[0].errors["nvmlDeviceGetUtilizationRates"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    fake.gpus[0].gpm_supported = False
+    fields = F.CATALOGUE
+
+    def opened(spec: SourceSpec) -> list[logging.LogRecord]:
+        caplog.clear()
+        s = open_source(spec)
+        try:
+            s.open(fields)
+        finally:
+            s.close()
+        return [r for r in caplog.records if r.name.startswith("hfsampler.sources")]
+
+    first = opened(SourceSpec("nvml"))
+    said = {r.getMessage() for r in first if r.levelno >= logging.INFO}
+    assert any(m.startswith("DCGM_FI_DEV_GPU_UTIL not supported on GPU 0") for m in said)
+    assert any("NVLink link(s) 3 not up at start" in m for m in said)
+    assert any(m.startswith("GPM activity metrics") for m in said)
+    again = opened(SourceSpec("nvml", reopened=True))
+    assert not [r.getMessage() for r in again if r.levelno >= logging.INFO]
+    assert {r.getMessage() for r in again} >= said  # at debug, for whoever looks

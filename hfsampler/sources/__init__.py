@@ -177,7 +177,7 @@ def open_source(spec: SourceSpec) -> Source:
     if spec.kind == "nvml":
         from hfsampler.sources.nvml import NvmlSource
 
-        return NvmlSource(indices=spec.indices)
+        return NvmlSource(indices=spec.indices, reopened=spec.reopened)
     if spec.kind == "dcgm":
         from hfsampler.sources.dcgm import DcgmSource
 

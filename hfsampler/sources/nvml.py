@@ -5,12 +5,13 @@ probes each field on each device once and picks how to read it (batched field id
 call when the id is unsupported); ``read`` is the hot path: per GPU one ``nvmlDeviceGetFieldValues``
 into a ctypes array built once per field set, converted for all GPUs at once with numpy, plus the
 per-device calls. A lost GPU is marked down and skipped; the others keep sampling. Per-link NVLink
-fields are entries of the same batch, one per link up at open (``nvml_nvlink`` says which).
+fields are entries of the same batch, one per link a GPU has, read while up (``nvml_nvlink``).
 A MIG-enabled GPU also gets a row per MIG instance slot (``nvml_mig``): the per-instance twins
 of the fields (``Field.mig_instance``: framebuffer, GPM) are read there, from the instance's own
 MIG device handle; the layout is looked at again every ``nvml_mig.RESCAN_S`` from those reads
-(never the fastest group's, which has no twins) and after a slot's call failed, and ``devices``
-changes.
+(never the fastest group's, which has no twins) and soon after a slot's call starts failing (no
+sooner than ``RESCAN_S`` after the last rescan so forced), and ``devices`` changes. An instance
+that stops answering takes only its slot down; the rescan brings it back when it answers again.
 
 Reads of different field sets may run at once on different threads (the sampler's two lanes):
 NVML's handles are thread-safe, each field set has its own plan and buffers, and what the sets
@@ -124,8 +125,12 @@ class _Plan:
 class NvmlSource:
     """The ``Source`` over NVML; opened in the process that reads it."""
 
-    def __init__(self, indices: tuple[int, ...] | None = None) -> None:
+    def __init__(self, indices: tuple[int, ...] | None = None, *, reopened: bool = False) -> None:
+        """``reopened``: the sampler process's open, after discovery's (``SourceSpec.reopened``),
+        which logged what open finds; this one logs that at debug, and what reads find as ever."""
         self._indices = indices
+        self._say_open = log.debug if reopened else log.warning
+        self._tell_open = log.debug if reopened else log.info
         self._handles: list[Any] = []
         self._devices: tuple[DeviceInfo, ...] = ()
         self._fields: tuple[Field, ...] = ()
@@ -137,8 +142,12 @@ class NvmlSource:
         self._unknown: list[int] = []
         self._errors = np.zeros(0, dtype=np.int64)
         self._book = threading.Lock()  # guards _up, _unknown and _errors; never across a call
-        # (GPU, call) whose last read failed; each lane adds and removes only its own calls
+        # (GPU, call) whose last read failed; each lane adds and removes only its own calls,
+        # but the rescan forgets a slot's when another instance takes it or it comes back
         self._failing_calls: set[tuple[int, str]] = set()
+        # (slot, call) that started failing as a destroyed instance's handle does, with the
+        # warning to give should the rescan find the instance still there; under _book
+        self._gone_pending: dict[tuple[int, str], str] = {}
         self._plans: dict[tuple[Field, ...], _Plan] = {}
         self._plan_by_id: dict[int, _Plan] = {}
         self._fn: Any = None
@@ -150,7 +159,16 @@ class NvmlSource:
         self._mig: list[mig.MigGpu] = []
         self._mig_gpm: dict[int, tuple[Any, int]] = {}  # slot row -> (parent handle, GPU_I_ID)
         self._mig_next_ns = 0  # when the MIG layout is looked at next
+        # a slot's read failed (the instance may have gone): look again early, but no sooner
+        # than _mig_forced_ns, so a slot failing on every read forces one rescan a second
+        self._mig_due = False
+        self._mig_forced_ns = 0
+        self._mig_partial: set[int] = set()  # GPU rows whose layout could not all be read
+        self._mig_failing: set[int] = set()  # slots whose last read failed; under _book
         self._mig_lock = threading.Lock()  # one rescan at a time; never waited for
+        # slots taken down because their own instance stopped answering (not their GPU): the
+        # rescan asks the instance again and brings the slot back when it answers; under _book
+        self._slot_down: set[int] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -203,7 +221,7 @@ class NvmlSource:
         except calls.NvmlError as e:
             # Where pynvml's own call still works, read through it, slower; on a driver from
             # before field values it fails too, and the probe finds every id unsupported.
-            log.info(
+            self._tell_open(
                 "cannot look up nvmlDeviceGetFieldValues itself (%s): field values are read "
                 "through pynvml's nvmlDeviceGetFieldValues instead, which allocates per read",
                 calls.error_text(int(e.value)),
@@ -215,14 +233,14 @@ class NvmlSource:
         return Inventory(self._devices, fields, self._mode != _NONE)
 
     def _expand_links(self, fields: tuple[Field, ...], indices: Sequence[int]) -> tuple[Field, ...]:
-        """Per-link NVLink fields: one per link up at open (``nvml_nvlink``), states watched."""
+        """Per-link NVLink fields: one per link a GPU has (``nvml_nvlink``), states watched."""
         if not any(f.per == nvlink.LINK for f in fields):
             return fields
         # a MIG instance slot has no links of its own: its GPU's are the GPU's row's
         slots = len(self._handles) - self._physical
         states = nvlink.probe_links(self._handles[: self._physical]) + [[] for _ in range(slots)]
-        fields = nvlink.expand(fields, states)
-        self._links = nvlink.LinkWatcher(self._handles, states, fields, indices)
+        fields = nvlink.expand(fields, states, self._tell_open)
+        self._links = nvlink.LinkWatcher(self._handles, states, fields, indices, self._tell_open)
         return fields
 
     @staticmethod
@@ -288,11 +306,16 @@ class NvmlSource:
         for c, f in enumerate(fields):
             if f.nvml_field and ids[c] is None and not nvlink.unexpanded(f):
                 why.setdefault(c, {}).setdefault(f"pynvml lacks {nvlink.constant(f)}", [])
-        # a link down at open on a GPU: its cells are not read there, and that is no warning
+        # a link a GPU lacks: no cells there; one down at open: its cells are read once it is
+        # up, whatever its entries answer while down. Neither is a warning.
         link_down = np.zeros((gpus, len(fields)), dtype=np.bool_)
+        link_absent = np.zeros((gpus, len(fields)), dtype=np.bool_)
         if self._links is not None:
-            link_down = ~self._links.cells(nvlink.links(fields))
-        link_down[:, [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]] = True
+            cell_links = nvlink.links(fields)
+            link_down = ~self._links.cells(cell_links)
+            link_absent = ~self._links.present(cell_links)
+        unexpanded = [c for c, f in enumerate(fields) if nvlink.unexpanded(f)]
+        link_down[:, unexpanded] = link_absent[:, unexpanded] = True
         if any(f.nvml_call in ("xid", "xid_count") for f in fields):
             self._xid = xid.XidWatcher(self._handles[: self._physical] + [None] * len(self._slots))
         twins = [c for c, f in enumerate(fields) if f.mig_instance]
@@ -302,13 +325,14 @@ class NvmlSource:
             present = {
                 c: (i, entries[c][1]) for c, i in ids.items() if i is not None and c not in twins
             }
-            id_cols = [c for c in present if not link_down[g, c]]
+            id_cols = [c for c in present if not link_absent[g, c]]
             entry_codes = self._probe_ids(g, handle, id_cols, [present[c] for c in id_cols])
             for c, code in zip(id_cols, entry_codes, strict=True):
-                if code == _SUCCESS:
+                if code == _SUCCESS or (link_down[g, c] and code not in calls.LOST_CODES):
                     self._mode[g, c] = _FIELD
                 else:
                     why.setdefault(c, {}).setdefault(calls.error_text(code), []).append(g)
+            self._link_value_types(g, fields, link_down[g], entry_codes, id_cols)
             for c, f in enumerate(fields):
                 if self._mode[g, c] != _NONE or not f.nvml_call or not self._up[g] or c in twins:
                     continue
@@ -326,7 +350,7 @@ class NvmlSource:
             if f.gpm_metric or not f.nvml_readable or f.name in told or f.mig_instance:
                 continue  # GPM: _probe_gpm logged it in one line; not NVML's (a Jetson's rails)
             if c in fallback:
-                log.info(
+                self._tell_open(
                     "%s: field id %s unsupported on GPU %s; read with call %s",
                     f.name, f.nvml_field, self._gpus(fallback[c]), f.nvml_call,
                 )  # fmt: skip
@@ -337,10 +361,28 @@ class NvmlSource:
             ]
             if missing:
                 reasons = "; ".join(f"{r}" for r in why.get(c, {}) or ("no way to read it",))
-                log.warning(
+                self._say_open(
                     "%s not supported on GPU %s (%s): skipped", f.name, self._gpus(missing), reasons
                 )
                 told.add(f.name)
+
+    def _link_value_types(
+        self,
+        g: int,
+        fields: tuple[Field, ...],
+        down: BoolArray,
+        codes: Sequence[int],
+        cols: Sequence[int],
+    ) -> None:
+        """A down link's entry that failed at open has no value type yet: its field's on
+        another link of the GPU stands in, so the batch's type check stays the quick one."""
+        failed = [c for c, code in zip(cols, codes, strict=True) if down[c] and code != _SUCCESS]
+        if not failed:
+            return
+        answered = [c for c, code in zip(cols, codes, strict=True) if code == _SUCCESS]
+        seen = {fields[c].name: int(self._vt[g, c]) for c in answered}
+        for c in failed:
+            self._vt[g, c] = seen.get(fields[c].name, -1)
 
     def _probe_mig(self, fields: tuple[Field, ...], twins: list[int]) -> None:
         """The per-instance fields read by call on every slot, with the reader its GPU answers."""
@@ -372,6 +414,8 @@ class NvmlSource:
                 self._gpm_error,
                 rows=range(self._physical),
                 mig=self._mig_gpm,
+                say=self._say_open,
+                tell=self._tell_open,
             )
             known = [c for c in cols + twins if calls.gpm_metric_id(fields[c].gpm_metric or "")]
             for c in known:
@@ -398,19 +442,24 @@ class NvmlSource:
         if not self._mig_lock.acquire(blocking=False):
             return  # another lane is at it
         try:
-            self._mig_next_ns = now_ns + int(mig.RESCAN_S * 1e9)
+            if self._mig_due and now_ns < self._mig_next_ns:  # forced early by a failed read
+                self._mig_forced_ns = now_ns + mig.RESCAN_NS
+            self._mig_due = False
+            self._mig_next_ns = now_ns + mig.RESCAN_NS
             devices = list(self._devices)
+            say = self._say_open if not now_ns else log.warning  # open's rescan: now_ns 0
             for m in self._mig:
                 if not self._up[m.row]:
                     continue
+                current = [devices[s].mig for s in m.slots]
                 try:
-                    found = mig.instances(m.handle, len(m.slots))
+                    found, unreadable = mig.instances(m.handle, len(m.slots), current)
                 except calls.NvmlError as e:
-                    if self._failed(m.row, int(e.value)):
-                        continue
-                    log.debug("MIG layout of GPU row %d: %s", m.row, calls.error_text(int(e.value)))
+                    if not self._failed(m.row, int(e.value)):
+                        self._say_layout(m.row, [(-1, int(e.value))], say)
                     continue
-                placed = mig.place([devices[s].mig for s in m.slots], found)
+                self._say_layout(m.row, unreadable, say)
+                placed = mig.place(current, found)
                 for slot, item in zip(m.slots, placed, strict=True):
                     handle, instance = item if item is not None else (None, None)
                     self._handles[slot] = handle
@@ -419,19 +468,96 @@ class NvmlSource:
                     else:
                         self._mig_gpm.pop(slot, None)
                     if devices[slot].mig == instance:
+                        # still there: its failures were its own, not its going
+                        self._say_pending(slot, warn=instance is not None)
+                        if handle is not None and slot in self._slot_down:
+                            self._try_slot(slot, handle, devices[slot])
                         continue
+                    self._forget_failing(slot)  # the instance went: what failed was its own
                     devices[slot] = replace(devices[slot], mig=instance)
                     if self._gpm is not None:
                         self._gpm.forget(slot)  # a sample of another instance is no pair
                     with self._book:
                         self._up[slot] = instance is not None
                         self._unknown[slot] = 0
+                        self._slot_down.discard(slot)
+                        self._mig_failing.discard(slot)
                     if now_ns:
                         log.info("MIG layout changed: %s", mig.describe(devices[slot]))
             if tuple(devices) != self._devices:
                 self._devices = tuple(devices)
         finally:
             self._mig_lock.release()
+
+    def _say_layout(
+        self, row: int, unreadable: mig.Unreadable, say: nvlink.Say = log.warning
+    ) -> None:
+        """A GPU whose MIG layout cannot be read in part (or at all, index -1) is said once, and
+        so is its first whole read after; only the rescan (under its lock) calls this."""
+        gpu = self._devices[row].index
+        if not unreadable:
+            if row in self._mig_partial:
+                self._mig_partial.discard(row)
+                log.info("GPU %s: its MIG layout reads whole again", gpu)
+            return
+        if row in self._mig_partial:
+            return
+        self._mig_partial.add(row)
+        if unreadable[0][0] < 0:
+            say(
+                "GPU %s: its MIG layout cannot be read (%s): the instances as last seen are "
+                "kept, said again when it reads",
+                gpu, calls.error_text(unreadable[0][1]),
+            )  # fmt: skip
+            return
+        say(
+            "GPU %s: MIG device(s) at index %s cannot say which instance they are (%s): not "
+            "sampled while so, the rest of the layout is; said again when it reads whole",
+            gpu, ",".join(str(k) for k, _ in unreadable),
+            "; ".join(sorted({calls.error_text(code) for _, code in unreadable})),
+        )  # fmt: skip
+
+    def _try_slot(self, slot: int, handle: Any, device: DeviceInfo) -> None:
+        """A slot down while its instance is still there: back up once its calls answer.
+
+        One call per reader the slot's fields use (its memory, at most one a rescan); the
+        reads themselves take it down again if it fails once more.
+        """
+        for read in self._readers[slot].values():
+            try:
+                read(handle)
+            except calls.NvmlError:
+                return  # still not answering: said when it went down, asked again next rescan
+        with self._book:
+            if slot not in self._slot_down:
+                return
+            self._slot_down.discard(slot)
+            self._mig_failing.discard(slot)
+            self._up[slot] = True
+            self._unknown[slot] = 0
+        self._forget_failing(slot)  # said here, not again as each call reads
+        log.info("%s answers again: sampled again", self._row_name(slot, device))
+
+    def _say_pending(self, slot: int, *, warn: bool) -> None:
+        """The slot's calls that failed as a gone instance's would: warned where it is not."""
+        if not self._gone_pending:
+            return
+        with self._book:
+            said = [k for k in self._gone_pending if k[0] == slot]
+            lines = [self._gone_pending.pop(k) for k in said]
+        if warn:
+            for line in lines:
+                log.warning("%s", line)
+
+    def _forget_failing(self, slot: int) -> None:
+        """A slot's failing state ends with its instance: a newcomer is not "read again"."""
+        self._say_pending(slot, warn=False)
+        # copies taken in one C call each: the lanes add to both meanwhile
+        for key in [k for k in set(self._failing_calls) if k[0] == slot]:
+            self._failing_calls.discard(key)
+        for plan in list(self._plans.values()):
+            if plan.batch is not None:
+                plan.batch.failing[slot] = False
 
     def _gpm_error(self, g: int, code: int, cells: int) -> bool:
         return self._failed(g, code, cells)
@@ -568,7 +694,9 @@ class NvmlSource:
         now_ns: int,
     ) -> None:
         plan = self._plan(fields)
-        if plan.mig and now_ns >= self._mig_next_ns:
+        if plan.mig and (
+            now_ns >= self._mig_next_ns or (self._mig_due and now_ns >= self._mig_forced_ns)
+        ):
             self._rescan_mig(now_ns)
         values.fill(np.nan)
         driver_ts_us.fill(0)
@@ -670,19 +798,31 @@ class NvmlSource:
     def _say_call(
         self, g: int, key: str, fields: tuple[Field, ...], outs: Sequence[Any], code: int | None
     ) -> None:
-        """A per-device call that starts failing on GPU ``g`` (``code``), or reads again (None)."""
+        """A per-device call that starts failing on row ``g`` (``code``), or reads again (None).
+
+        On a MIG slot, a code a destroyed instance's handle answers is said only if the rescan
+        (soon: the failure forced one) finds the instance still there; gone, the layout change
+        says it.
+        """
         names = ", ".join(_log_name(fields[k]) for k, *_ in outs)
-        gpu = self._devices[g].index
+        row = self._row_name(g)
         if code is None:
             self._failing_calls.discard((g, key))
-            log.info("GPU %s: %s reads again", gpu, names)
+            with self._book:
+                unsaid = self._gone_pending.pop((g, key), None) is not None
+            if not unsaid:
+                log.info("%s: %s reads again", row, names)
             return
         self._failing_calls.add((g, key))
-        log.warning(
-            "GPU %s: reading %s failed: %s; its series go stale while it fails (said again when "
-            "it reads)",
-            gpu, names, calls.error_text(code),
-        )  # fmt: skip
+        line = (
+            f"{row}: reading {names} failed: {calls.error_text(code)}; its series go stale while "
+            "it fails (said again when it reads)"
+        )
+        if g >= self._physical and code in mig.GONE_CODES:
+            with self._book:
+                self._gone_pending[(g, key)] = line
+            return
+        log.warning("%s", line)
 
     def _say_failing(self, b: _Batch, bad: BoolArray, ok: BoolArray, rets: Any) -> None:
         """A field that starts failing on a GPU is said once, and so is its first good read
@@ -695,12 +835,12 @@ class NvmlSource:
             if code in calls.LOST_CODES:
                 continue  # the GPU is lost: _mark_down says so
             log.warning(
-                "GPU %s: reading %s failed: %s; its series go stale while it fails (said again "
+                "%s: reading %s failed: %s; its series go stale while it fails (said again "
                 "when it reads)",
-                self._devices[g].index, b.names[k], calls.error_text(code),
+                self._row_name(int(g)), b.names[k], calls.error_text(code),
             )  # fmt: skip
         for g, k in zip(*np.nonzero(ended), strict=True):
-            log.info("GPU %s: %s reads again", self._devices[g].index, b.names[k])
+            log.info("%s: %s reads again", self._row_name(int(g)), b.names[k])
 
     def _entry_errors(self, bad: BoolArray, rets: Any) -> None:
         with self._book:
@@ -711,19 +851,24 @@ class NvmlSource:
                 self._mark_down(int(g), lost[0])
 
     def _answered(self, g: int) -> None:
-        """GPU ``g`` answered: its streak of unknown errors ends (no lock when there is none)."""
-        if self._unknown[g]:
+        """Row ``g`` answered: its streak of unknown errors ends, and a slot's failing (no lock
+        when there is neither: the hot path)."""
+        if self._unknown[g] or (self._mig_failing and g in self._mig_failing):
             with self._book:
                 self._unknown[g] = 0
+                self._mig_failing.discard(g)
 
     def _failed(self, g: int, code: int, cells: int = 0) -> bool:
         """Account an error answer from GPU ``g`` that cost ``cells`` values.
 
         True when it takes the GPU down.
         """
-        if g >= self._physical and code not in calls.LOST_CODES:
-            self._mig_next_ns = 0  # most likely the instance went: look at the layout now
         with self._book:
+            if g >= self._physical and code not in calls.LOST_CODES and g not in self._mig_failing:
+                # a slot that starts failing: most likely its instance went, so look at the
+                # layout soon; one that goes on failing while its instance stays forces no more
+                self._mig_failing.add(g)
+                self._mig_due = True
             self._errors[g] += cells
             if code in calls.LOST_CODES:
                 lost = True
@@ -739,16 +884,40 @@ class NvmlSource:
     def _gpus(self, rows: Sequence[int]) -> str:
         return ",".join(str(self._devices[g].index) for g in rows)
 
+    def _row_name(self, g: int, device: DeviceInfo | None = None) -> str:
+        """A row as a log line names it: the GPU, or the MIG instance in a slot (GPU_I_ID)."""
+        d = device if device is not None else self._devices[g]
+        if d.is_gpu:
+            return f"GPU {d.index}"
+        if d.mig is None:
+            return f"GPU {d.index} MIG slot {d.mig_slot} (empty)"
+        return f"GPU {d.index} MIG instance GPU_I_ID={d.mig.gpu_instance_id} ({d.mig.uuid})"
+
     def _mark_down(self, g: int, code: int) -> None:
+        if g >= self._physical and code in calls.LOST_CODES:
+            # an instance answering "GPU lost" speaks for its GPU: one line, every row down
+            g = next((m.row for m in self._mig if g in m.slots), g)
+        slot = g >= self._physical
         with self._book:
             if not self._up[g]:
                 return
             self._up[g] = False
+            if slot:
+                self._slot_down.add(g)
             for m in self._mig:
                 if m.row == g:
                     self._up[list(m.slots)] = False  # its instances go with it
-        info = self._devices[g] if g < len(self._devices) else None
+                    self._slot_down.difference_update(m.slots)  # down for good with it
+        info = self._devices[g]
+        if slot:
+            # only the instance went: its GPU's row and the other instances keep sampling
+            log.error(
+                "%s stopped answering: %s; the instance's series go stale, GPU %s and its other "
+                "instances continue; asked again once a second",
+                self._row_name(g), calls.error_text(code), info.index,
+            )  # fmt: skip
+            return
         log.error(
             "GPU %s (%s) stopped answering: %s; no longer sampled, the others continue",
-            info.index if info else g, info.uuid if info else "?", calls.error_text(code),
+            info.index, info.uuid, calls.error_text(code),
         )  # fmt: skip

@@ -59,6 +59,7 @@ LIBRARY_NOT_FOUND: int = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
 DRIVER_NOT_LOADED: int = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 NO_PERMISSION: int = pynvml.NVML_ERROR_NO_PERMISSION
 NOT_FOUND: int = pynvml.NVML_ERROR_NOT_FOUND
+INVALID_ARGUMENT: int = pynvml.NVML_ERROR_INVALID_ARGUMENT
 
 # What every call below raises (pynvml's own class; ``int(e.value)`` is the return code). Where a
 # failure leaves the nvml source, ``translate`` turns it into one of hfsampler's exceptions.

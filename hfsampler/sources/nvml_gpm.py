@@ -71,11 +71,14 @@ def probe(
     *,
     rows: Sequence[int] | None = None,
     mig: dict[int, tuple[Any, int]] | None = None,
+    say: Callable[..., object] = log.warning,
+    tell: Callable[..., object] = log.info,
 ) -> tuple[GpmReader | None, list[int]]:
     """A reader and the GPU rows that support GPM; one log line for the rows that do not.
 
     ``rows``: the GPUs' rows to probe (None: all); ``mig``: the source's live map of MIG slot
-    rows to (GPU handle, GPU instance id), which the reader samples those rows by.
+    rows to (GPU handle, GPU instance id), which the reader samples those rows by. ``say`` and
+    ``tell`` log what the probe finds (debug in the sampler process's reopen: said once).
     """
     names = f"GPM activity metrics ({len(cols)} DCGM_FI_PROF_* fields)"
     probed = list(range(len(handles)) if rows is None else rows)
@@ -86,7 +89,7 @@ def probe(
     missing = [g for g in probed if not ok[g]]
     if missing:
         reasons = "; ".join(why) or "GPU down"
-        log.warning("%s not supported on GPU %s (%s): skipped", names, gpus_text(missing), reasons)
+        say("%s not supported on GPU %s (%s): skipped", names, gpus_text(missing), reasons)
     supported = [g for g in probed if ok[g]]
     if not supported:
         return None, []
@@ -94,12 +97,12 @@ def probe(
         fields[c].name for c in cols if calls.gpm_metric_id(fields[c].gpm_metric or "") is None
     ]
     if lacking:
-        log.warning("this pynvml lacks the GPM metric of %s: skipped", ", ".join(lacking))
+        say("this pynvml lacks the GPM metric of %s: skipped", ", ".join(lacking))
     reader = GpmReader(handles, on_error or (lambda g, code, cells: False), mig)
     try:
-        reader.open()
+        reader.open(tell)
     except calls.NvmlError as e:
-        log.warning("%s: %s; skipped", names, calls.error_text(int(e.value)))
+        say("%s: %s; skipped", names, calls.error_text(int(e.value)))
         return None, []
     return reader, supported
 
@@ -136,7 +139,7 @@ class GpmReader:
         self._mig_sample: Any = None
         self._metrics: Any = None
 
-    def open(self) -> None:
+    def open(self, tell: Callable[..., object] = log.info) -> None:
         # The C entry points, as the field-value batch does: pynvml's wrappers allocate per call.
         self._sample = calls.c_function("nvmlGpmSampleGet")
         self._metrics = calls.c_function("nvmlGpmMetricsGet")
@@ -144,7 +147,7 @@ class GpmReader:
             self._mig_sample = calls.gpm_mig_sample_function()
         except calls.NvmlError as e:
             reason = calls.error_text(int(e.value))
-            log.info("nvmlGpmMigSampleGet: %s; no GPM per MIG instance", reason)
+            tell("nvmlGpmMigSampleGet: %s; no GPM per MIG instance", reason)
 
     @property
     def mig_sampling(self) -> bool:

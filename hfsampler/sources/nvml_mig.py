@@ -22,6 +22,10 @@ from hfsampler.sources import nvml_calls as calls
 log = logging.getLogger("hfsampler.sources.nvml")
 
 RESCAN_S = 1.0  # how often the MIG layout is looked at again, from a read of per-instance fields
+RESCAN_NS = int(RESCAN_S * 1e9)  # also the least time between two rescans forced by failed reads
+
+# what a call on the MIG device handle of an instance destroyed since answers
+GONE_CODES = frozenset({calls.INVALID_ARGUMENT, calls.NOT_FOUND})
 
 Found = tuple[Any, MigInstance]  # a MIG device handle and the instance it is
 
@@ -47,16 +51,27 @@ def enabled_slots(handle: Any) -> int:
         raise
 
 
-def instances(handle: Any, slots: int) -> list[Found]:
-    """The GPU's instances now, one per GPU instance, by GPU instance id.
+Unreadable = list[tuple[int, int]]  # (MIG device index, NVML code) of devices not identified
+
+
+def instances(
+    handle: Any, slots: int, known: Sequence[MigInstance | None] = ()
+) -> tuple[list[Found], Unreadable]:
+    """The GPU's instances now, one per GPU instance, by GPU instance id, and the MIG device
+    indices that answered but could not be identified.
 
     An empty index answers NOT_FOUND (a layout with gaps is normal after instances were
     destroyed); several compute instances of one GPU instance share its memory, so the first
-    one's device stands for it.
+    one's device stands for it. A device whose UUID is one of ``known`` is that instance (a
+    UUID names one GPU and compute instance for as long as they exist), so only new ones are
+    asked the rest. One device that fails to say what it is is skipped, not the whole layout:
+    the others' changes are still seen. A lost GPU's code is raised.
     """
     if not calls.mig_enabled(handle):
-        return []
+        return [], []
+    by_uuid = {m.uuid: m for m in known if m is not None}
     by_gi: dict[int, Found] = {}
+    unreadable: Unreadable = []
     for index in range(slots):
         try:
             mig = calls.mig_device_handle(handle, index)
@@ -64,19 +79,27 @@ def instances(handle: Any, slots: int) -> list[Found]:
             if int(e.value) in (calls.NOT_FOUND, *calls.UNSUPPORTED_CODES):
                 continue
             raise
-        gi = calls.gpu_instance_id(mig)
-        if gi in by_gi:
+        try:
+            instance = _identify(mig, by_uuid)
+        except calls.NvmlError as e:
+            if int(e.value) in calls.LOST_CODES:
+                raise
+            unreadable.append((index, int(e.value)))
             continue
-        by_gi[gi] = (
-            mig,
-            MigInstance(
-                gpu_instance_id=gi,
-                compute_instance_id=calls.compute_instance_id(mig),
-                profile=calls.mig_profile(mig),
-                uuid=calls.device_uuid(mig),
-            ),
-        )
-    return [by_gi[gi] for gi in sorted(by_gi)]
+        by_gi.setdefault(instance.gpu_instance_id, (mig, instance))
+    return [by_gi[gi] for gi in sorted(by_gi)], unreadable
+
+
+def _identify(mig: Any, known: dict[str, MigInstance]) -> MigInstance:
+    uuid = calls.device_uuid(mig)
+    if uuid in known:
+        return known[uuid]
+    return MigInstance(
+        gpu_instance_id=calls.gpu_instance_id(mig),
+        compute_instance_id=calls.compute_instance_id(mig),
+        profile=calls.mig_profile(mig),
+        uuid=uuid,
+    )
 
 
 def place(current: Sequence[MigInstance | None], found: Sequence[Found]) -> list[Found | None]:

@@ -1,13 +1,14 @@
 """NVLink per link for the nvml source: which links are up on each GPU, and each field's entry.
 
 A per-link field (``Field.per == "link"``) asked for without a label becomes one field per link
-that is up on at least one GPU at open (``expand``, the ``per`` expansion every source does); on a
-GPU where that link is down at open, its cells are not read. While sampling, the state of the
-links that have fields is asked again at most once a second (``LinkWatcher.refresh``: one
+that at least one GPU has at open, up or down (``expand``, the ``per`` expansion every source
+does; a GPU has link k when ``nvmlDeviceGetNvLinkState`` answers for it at all). A link down at
+open is not read until it comes up: links come up after boot, when the fabric manager trains
+them, possibly after a DaemonSet started hfsampler. While sampling, the state of every link with
+fields is asked again at most once a second (``LinkWatcher.refresh``: one
 ``nvmlDeviceGetNvLinkState`` per GPU and link, on the lane that reads them), and at once when a
 link's entry answers an error: a link that goes down is skipped (its bandwidth series go stale,
-its error counters keep their last value, as the driver's do) and read again when it comes back.
-A link up on no GPU at open has no column, so no series until hfsampler restarts.
+its error counters keep their last value, as the driver's do) and read when it comes (back) up.
 
 Each per-link field is one entry of the batched ``nvmlDeviceGetFieldValues`` (``entry``): the
 field id ``nvml_field`` names with the link as ``scopeId`` (the bandwidth counters), or, where the
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,6 +34,12 @@ log = logging.getLogger(__name__)
 LINK = "link"  # the label that tells a field's links apart
 RECHECK_NS = 1_000_000_000  # how often the links' state is asked again while sampling
 NOT_A_LINK = -1  # the link of a cell that is not a per-link field's
+
+
+class Say(Protocol):
+    """How an open-time line is logged: at info, or at debug in the sampler process's reopen."""
+
+    def __call__(self, msg: str, /, *args: object) -> None: ...
 
 
 def link_of(f: Field) -> int | None:
@@ -78,16 +85,18 @@ def unexpanded(f: Field) -> bool:
     return f.per == LINK and not f.labels
 
 
-def expand(fields: Sequence[Field], states: Sequence[Sequence[bool]]) -> tuple[Field, ...]:
-    """Per-link fields without a label become one field per link up on some GPU.
+def expand(
+    fields: Sequence[Field], states: Sequence[Sequence[bool]], say: Say = log.info
+) -> tuple[Field, ...]:
+    """Per-link fields without a label become one field per link some GPU has, up or down.
 
-    Where no link is up anywhere they stay as they are, supported nowhere, so the fields a
-    source opens on GPUs without NVLink are the ones asked for (and discovery drops them).
+    Where no GPU has a link they stay as they are, supported nowhere, so the fields a source
+    opens on GPUs without NVLink are the ones asked for (and discovery drops them).
     """
-    up = sorted({k for links in states for k, active in enumerate(links) if active})
+    up = sorted({k for links in states for k in range(len(links))})
     if not up:
         if any(unexpanded(f) for f in fields):
-            log.info("no NVLink link is up on any GPU: the per-link NVLink fields are skipped")
+            say("no GPU has NVLink links: the per-link NVLink fields are skipped")
         return tuple(fields)
     out: list[Field] = []
     lacking: dict[str, list[int]] = {}  # an id pynvml has not for some links: no field there
@@ -102,8 +111,8 @@ def expand(fields: Sequence[Field], states: Sequence[Sequence[bool]]) -> tuple[F
         else:
             out.append(f)
     for name, links in lacking.items():
-        log.info("%s: NVML has no field id for link(s) %s: not read there", name,
-                 ",".join(map(str, links)))  # fmt: skip
+        say("%s: NVML has no field id for link(s) %s: not read there", name,
+            ",".join(map(str, links)))  # fmt: skip
     return tuple(out)
 
 
@@ -122,26 +131,34 @@ class LinkWatcher:
         states: Sequence[Sequence[bool]],
         fields: Sequence[Field],
         indices: Sequence[int],
+        say: Say = log.info,
     ) -> None:
         self._handles = list(handles)
         self._indices = list(indices)  # the GPUs' NVML indices, for the logs
+        self._count = np.array([len(s) for s in states], dtype=np.int64)  # links per GPU
         width = max((len(s) for s in states), default=0)
         self.active: BoolArray = np.zeros((len(states), max(width, 1)), dtype=np.bool_)
         for g, links in enumerate(states):
             self.active[g, : len(links)] = links
+        self._ever_up = self.active.copy()  # a link up once is "up again", one never up "up"
         wanted = {k for f in fields if (k := link_of(f)) is not None}
-        # per GPU, the links watched: those with fields that were up at open (one down then has
-        # no cells read on that GPU, so its coming up would change nothing)
-        self._watched = [sorted(k for k in wanted if k < len(s) and s[k]) for s in states]
+        # per GPU, the links watched: every link it has with fields, down at open or not
+        self._watched = [sorted(k for k in wanted if k < len(s)) for s in states]
         self._checked_ns = 0
         self._due = False  # a link's entry answered an error: ask again on the next read
         for g, links in enumerate(states):
             if links and not all(links):
                 down = [k for k, a in enumerate(links) if not a]
-                log.info(
-                    "GPU %d: NVLink link(s) %s not up at start: not read",
+                say(
+                    "GPU %d: NVLink link(s) %s not up at start: read once up (asked once a "
+                    "second)",
                     self._indices[g], ",".join(map(str, down)),
                 )  # fmt: skip
+
+    def present(self, links: IntArray) -> BoolArray:
+        """[gpu, cell]: the cell is not a link's, or its GPU has that link (up or down)."""
+        out: BoolArray = (links < 0)[None, :] | (links[None, :] < self._count[:, None])
+        return out
 
     def cells(self, links: IntArray) -> BoolArray:
         """[gpu, cell]: the cell is not a link's, or its link is up now."""
@@ -173,6 +190,11 @@ class LinkWatcher:
                     active = False
                 if active != self.active[g, k]:
                     self.active[g, k] = active
+                    if active and not self._ever_up[g, k]:
+                        self._ever_up[g, k] = True
+                        log.info("GPU %d: NVLink link %d came up: read from now on",
+                                 self._indices[g], k)  # fmt: skip
+                        continue
                     log.warning(
                         "GPU %d: NVLink link %d %s", self._indices[g], k,
                         "is up again: read again" if active else "went down: not read while down",

@@ -573,7 +573,8 @@ def test_a_destroyed_instances_last_reads_warn_nothing_and_its_successor_starts_
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    source.open(FIELDS)
+    source.open(FIELDS)  # says what a MIG GPU refuses (its utilization): not what is tried here
+    caplog.clear()
     _read(source, FB_TWINS, NOW_NS)
     gpu = fake.gpus[0]
     gpu.mig = [m for m in gpu.mig if m.gpu_instance_id != 5]  # its handle: INVALID_ARGUMENT
@@ -593,7 +594,8 @@ def test_an_instance_still_there_whose_reads_fail_is_warned_by_its_gpu_instance_
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    source.open(FIELDS)
+    source.open(FIELDS)  # says what a MIG GPU refuses (its utilization): not what is tried here
+    caplog.clear()
     _read(source, FB_TWINS, NOW_NS)
     m = fake.gpus[0].mig[2]
     _fail_memory(m, pynvml.NVML_ERROR_INVALID_ARGUMENT)  # as a gone one's would, yet it is there

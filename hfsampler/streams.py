@@ -128,6 +128,7 @@ class Held:
 
     last_t: int | None = None
     last_v: float = np.nan
+    last_gap: int = 0  # the interval before the newest sample: the stream's period, about
     steps_back: int = 0
     stepped_back_us: int = 0  # how far, all steps together
 
@@ -139,12 +140,24 @@ class Held:
         if len(t):
             self.last_t, self.last_v = int(t[-1]), float(v[-1])
         held = t[1:] - t[:-1]
+        if len(held) and held[-1] > 0:
+            self.last_gap = int(held[-1])
         back = held < 0
         if back.any():
             self.steps_back += int(back.sum())
             self.stepped_back_us -= int(held[back].sum())
             held = np.where(back, 0, held)
         return Intervals(t[:-1], v[:-1], v[1:], held.astype(np.float64))
+
+    def tail(self, end_us: int) -> Intervals:
+        """The newest sample held on to ``end_us`` (the recording's end), but for no longer than
+        the interval before it: a driver value holds for its refresh period, and a stream that
+        stopped long before the end is not stretched over the rest."""
+        if self.last_t is None or not np.isfinite(self.last_v):
+            return Intervals(np.empty(0, np.int64), np.empty(0), np.empty(0), np.empty(0))
+        held = max(0, min(end_us - self.last_t, self.last_gap))
+        one = np.array([self.last_v])
+        return Intervals(np.array([self.last_t], np.int64), one, one, np.array([float(held)]))
 
 
 @dataclass(slots=True)

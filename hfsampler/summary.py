@@ -41,6 +41,7 @@ from hfsampler.streams import (
     Buckets,
     Envelope,
     Held,
+    Intervals,
     Readout,
     SegmentMax,
     WindowSeries,
@@ -299,7 +300,7 @@ class _Pass:
 
     def __init__(self, rec: Recording, gpus: list[GpuSummary], tl: Timeline, buckets: Buckets,
                  start_ns: int, end_ns: int) -> None:  # fmt: skip
-        self.rec, self.gpus, self.start_ns = rec, gpus, start_ns
+        self.rec, self.gpus, self.start_ns, self.end_ns = rec, gpus, start_ns, end_ns
         self.gap_us = buckets.width_us  # throttle spans closer than a bucket draw as one
         self.phase_us = np.array([[p.start_ns // 1000, p.end_ns // 1000] for p in tl.phases],
                                  np.int64).reshape(-1, 2)  # fmt: skip
@@ -472,7 +473,10 @@ class _Pass:
 
     def _activity(self, which: int, i: int, ts: IntArray, v: FloatArray) -> None:
         g = self.gpus[i]
-        iv = g.activity_held[which].intervals(ts, v)
+        self._add_activity(g, which, g.activity_held[which].intervals(ts, v))
+
+    @staticmethod
+    def _add_activity(g: GpuSummary, which: int, iv: Intervals) -> None:
         if not len(iv.held_us):
             return
         q = np.stack([iv.value * iv.held_us, iv.held_us]) / 1e6
@@ -515,9 +519,13 @@ class _Pass:
         g.last_average_w = float(v[-1])
 
     def finish(self) -> None:
-        """The pending samples, then: scrapes after the last sample see it."""
+        """The pending samples, then: each activity's last sample holds on for its period, and
+        scrapes after the last sample see it."""
         for key in list(self._pending):
             self._flush(key, final=True)
+        for g in self.gpus:
+            for which, held in enumerate(g.activity_held):
+                self._add_activity(g, which, held.tail(self.end_ns // 1000))
         for i, g in enumerate(self.gpus):
             if np.isfinite(g.last_average_w):
                 g.scrape_w += [g.last_average_w] * (len(self.scrape_at_us) - self.scraped[i])

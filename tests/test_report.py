@@ -217,7 +217,9 @@ def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
                 every_ms = np.arange(t0, t1, MS)
                 held = every_ms - every_ms % sim.refresh_ns(field_name)
                 activity = sim.value_at(field_name, held, g["gpu"])
-                assert g[key] == pytest.approx(float(activity.mean()), abs=0.005), key
+                # (the recording starts on a whole second, so the phases' edges fall on the
+                # 100 ms refresh grid; a job's own edges need not, hence the margin)
+                assert g[key] == pytest.approx(float(activity.mean()), abs=0.015), key
             # the reasons are read every 100 ms: each throttling episode is known to within that
             episodes = [(max(e.start_ns, t0), min(e.end_ns, t1))
                         for e in sim.throttles(g["gpu"], t0, t1)]  # fmt: skip

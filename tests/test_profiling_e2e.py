@@ -13,15 +13,13 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-from test_report import CONSOLE_ERROR, FIGURE, chromium, run_chromium
+from test_report import CONSOLE_ERROR, FIGURE, chromium, run_chromium, truth_energy_j
 
 from hfsampler.recording import Recording
 from hfsampler.sources.sim import SimSource
 
 REPO = Path(__file__).resolve().parents[1]
-POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
 MS = 1_000_000
 
 JOB = """
@@ -61,12 +59,6 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _truth_energy_j(sim: SimSource, gpu: int, t0_ns: int, t1_ns: int) -> float:
-    """The sim's instant power holds for each millisecond: energy is its sum over the span."""
-    t = np.arange(t0_ns, t1_ns, MS)
-    return float(sim.value_at(POWER, t, gpu).sum()) * 1e-3
-
-
 def test_the_phase_table_matches_the_sim_and_gpm_is_recorded(job: Path) -> None:
     made = _hfsampler("report", str(job), "--format", "json")
     assert made.returncode == 0, made.stderr
@@ -81,7 +73,7 @@ def test_the_phase_table_matches_the_sim_and_gpm_is_recorded(job: Path) -> None:
         t1 = start + round(p["end_s"] * 1e3) * MS
         assert p["duration_s"] > 0.5, p
         for g in p["gpus"]:
-            truth = _truth_energy_j(sim, g["gpu"], t0, t1)
+            truth = truth_energy_j(sim, g["gpu"], t0, t1)
             assert g["energy_j"] == pytest.approx(truth, rel=0.01), (p["label"], g["gpu"])
     steps = [m for m in rec.markers() if m.kind == "step"]
     assert [m.step for m in steps] == list(range(8))

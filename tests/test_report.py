@@ -158,20 +158,21 @@ def marked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return path, start
 
 
-def _report(*args: str) -> subprocess.CompletedProcess[str]:
+def report(*args: str) -> subprocess.CompletedProcess[str]:
+    """``hfsampler report ARGS`` in a subprocess, as a user runs it (other test files use it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "hfsampler", "report", *args], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
-def _report_json(*args: str) -> dict[str, Any]:
-    made = _report(*args, "--format", "json")
+def report_json(*args: str) -> dict[str, Any]:
+    made = report(*args, "--format", "json")
     assert made.returncode == 0, made.stderr
     out: dict[str, Any] = json.loads(made.stdout)
     return out
 
 
-def _truth_energy_j(sim: SimSource, gpu: int, t0_ns: int, t1_ns: int) -> float:
+def truth_energy_j(sim: SimSource, gpu: int, t0_ns: int, t1_ns: int) -> float:
     """The sim's instant power holds for each millisecond: energy is its sum over the span."""
     t = np.arange(t0_ns, t1_ns, MS)
     return float(sim.value_at(POWER, t, gpu).sum()) * 1e-3
@@ -179,7 +180,7 @@ def _truth_energy_j(sim: SimSource, gpu: int, t0_ns: int, t1_ns: int) -> float:
 
 def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
     path, start = marked
-    d = _report_json(str(path))
+    d = report_json(str(path))
     sim, rec = SimSource(gpus=2), Recording(path)
     phases = {p["label"]: p for p in d["phases"]}
     assert list(phases) == ["load", "train", "eval", "checkpoint"]
@@ -196,7 +197,7 @@ def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
         t0, t1 = start + round(p["start_s"] * 1e3) * MS, start + round(p["end_s"] * 1e3) * MS
         total = 0.0
         for g in p["gpus"]:
-            truth = _truth_energy_j(sim, g["gpu"], t0, t1)
+            truth = truth_energy_j(sim, g["gpu"], t0, t1)
             total += truth
             assert g["energy_j"] == pytest.approx(truth, rel=0.01), (p["label"], g["gpu"])
             assert g["energy_wh"] == pytest.approx(g["energy_j"] / 3600, rel=1e-6)
@@ -231,12 +232,12 @@ def test_phase_tables_match_the_sim_truth(marked: tuple[Path, int]) -> None:
 
 def test_energy_per_step_matches_the_sim_truth(marked: tuple[Path, int]) -> None:
     path, start = marked
-    (steps,) = _report_json(str(path))["steps"]
+    (steps,) = report_json(str(path))["steps"]
     sim = SimSource(gpus=2)
     assert steps["steps"] == 9
     assert steps["step_numbers"] == list(range(9))
     assert steps["duration_s"]["mean"] == pytest.approx(1.3)  # the last ends with train
-    truth = [sum(_truth_energy_j(sim, g, start + (3500 + 1300 * k) * MS,
+    truth = [sum(truth_energy_j(sim, g, start + (3500 + 1300 * k) * MS,
                                  start + (4800 + 1300 * k) * MS) for g in range(2))
              for k in range(9)]  # fmt: skip
     assert steps["step_energy_j"] == pytest.approx(truth, rel=0.01)
@@ -253,7 +254,7 @@ def test_torn_tail_reports_what_was_written(tmp_path: Path) -> None:
                end=False)  # fmt: skip
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 5000])
-    d = _report_json(str(path))
+    d = report_json(str(path))
     assert d["torn_tail"] is True
     assert d["complete"] is False
     assert 18.5 < d["duration_s"] < SECONDS  # the last whole windows before the cut
@@ -262,7 +263,7 @@ def test_torn_tail_reports_what_was_written(tmp_path: Path) -> None:
     assert phases["checkpoint"]["end_s"] == pytest.approx(d["duration_s"])
     sim = SimSource(gpus=2)
     train = phases["train"]
-    truth = _truth_energy_j(sim, 0, start + 3500 * MS, start + 15200 * MS)
+    truth = truth_energy_j(sim, 0, start + 3500 * MS, start + 15200 * MS)
     assert train["gpus"][0]["energy_j"] == pytest.approx(truth, rel=0.01)
 
 
@@ -270,7 +271,7 @@ def test_phases_are_shaded_on_every_plot_in_chromium(marked: tuple[Path, int],
                                                      tmp_path: Path) -> None:  # fmt: skip
     chromium()
     html = tmp_path / "job.html"
-    made = _report(str(marked[0]), "-o", str(html))
+    made = report(str(marked[0]), "-o", str(html))
     assert made.returncode == 0, made.stderr
     assert html.stat().st_size < 15e6
     dom = run_chromium(html.as_uri(), "--dump-dom")
@@ -293,8 +294,8 @@ def test_compare_two_runs(marked: tuple[Path, int], tmp_path: Path) -> None:
     start = start_for(SECONDS)
     markers = [m for m in _job_markers(start) if m.name != "eval"]
     synthesize(new, 2, SECONDS, quantize=False, seed=7, start_ns=start, markers=markers)
-    b, n = _report_json(str(base)), _report_json(str(new))
-    d = _report_json(str(base), str(new))
+    b, n = report_json(str(base)), report_json(str(new))
+    d = report_json(str(base), str(new))
     assert d["base"]["gpus"] == b["gpus"]
     assert d["new"]["gpus"] == n["gpus"]
     job = d["delta"]["job"]
@@ -320,7 +321,7 @@ def test_compare_two_runs(marked: tuple[Path, int], tmp_path: Path) -> None:
 
     chromium()
     html = tmp_path / "diff.html"
-    made = _report(str(base), str(new), "-o", str(html))
+    made = report(str(base), str(new), "-o", str(html))
     assert made.returncode == 0, made.stderr
     dom = run_chromium(html.as_uri(), "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]

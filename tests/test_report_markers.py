@@ -3,35 +3,18 @@ the report tables, hostile floods of unmatched markers, phases outside the recor
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sim_recordings import synthesize
+from test_report import report, report_json
 
 from hfsampler import phases
 from hfsampler.recording import Marker
 
-REPO = Path(__file__).resolve().parents[1]
 S = 1_700_000_000 * 10**9  # a whole-second start
 MS = 10**6
-
-
-def report(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "hfsampler", "report", *args], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-
-
-def report_json(*args: str) -> dict[str, Any]:
-    made = report(*args, "--format", "json")
-    assert made.returncode == 0, made.stderr
-    out: dict[str, Any] = json.loads(made.stdout)
-    return out
 
 
 def test_ddp_ranks_phases_and_steps_are_merged(tmp_path: Path) -> None:

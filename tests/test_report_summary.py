@@ -4,10 +4,6 @@ counts compared."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +11,15 @@ import numpy as np
 import pytest
 import sim_recordings
 from sim_recordings import synthesize
+from test_report import report, report_json
 
 from hfsampler.recording import Recording, RecordingWriter
 from hfsampler.ring import RingRows
 
-REPO = Path(__file__).resolve().parents[1]
 S = 1_700_000_000 * 10**9
 LIMIT = "DCGM_FI_DEV_POWER_MGMT_LIMIT"
 POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
 ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-
-
-def report(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "hfsampler", "report", *args], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-
-
-def report_json(*args: str) -> dict[str, Any]:
-    made = report(*args, "--format", "json")
-    assert made.returncode == 0, made.stderr
-    out: dict[str, Any] = json.loads(made.stdout)
-    return out
 
 
 def test_time_above_a_limit_lowered_mid_run(

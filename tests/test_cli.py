@@ -25,6 +25,25 @@ small_shm = shm_dirs.small_shm
 shm_dir = shm_dirs.shm_dir
 
 
+def _scrape_until_exit(proc: subprocess.Popen[str], port: int) -> tuple[list[str], str]:
+    """Every /metrics page served until ``run`` exits (30 s at most), and its stderr."""
+    pages: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                    pages.append(r.read().decode())
+            except OSError:
+                pass
+            time.sleep(0.5)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    return pages, err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -123,20 +142,7 @@ def test_run_serves_window_series_and_exits_cleanly() -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
     )  # fmt: skip
     started = time.time_ns()
-    pages: list[str] = []
-    try:
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-                    pages.append(r.read().decode())
-            except OSError:
-                pass
-            time.sleep(0.5)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    pages, err = _scrape_until_exit(proc, port)
     assert proc.returncode == 0, err
     assert "SIMULATED" in err  # the fallback warning, since this machine has no driver
     assert "Traceback" not in err
@@ -252,19 +258,7 @@ def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> None:
          "--listen", f"127.0.0.1:{port}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
     )  # fmt: skip
-    pages: list[str] = []
-    try:
-        deadline = time.monotonic() + 30
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    pages.append(r.read().decode())
-            except OSError:
-                pass
-            time.sleep(0.5)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
+    pages, err = _scrape_until_exit(proc, port)
     assert proc.returncode == 0, err
     tx = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
     page = next(p for p in reversed(pages) if f"{tx}_max{{" in p)

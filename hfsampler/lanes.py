@@ -14,7 +14,8 @@ The lanes share no lock: what they share is the source, whose reads of different
 safe to run at once, and the status block, where each slot has one writer.
 
 The fast lane alone gets the real-time priority (SCHED_FIFO applies per thread): the slow lane is
-started before it is asked for, and drops to the normal scheduler should it have inherited it.
+started before it is asked for, and every thread but the fast lane is put back on the normal
+scheduler should it have inherited a real-time one (``chrt``: the slow lane, numpy's threads).
 """
 
 from __future__ import annotations
@@ -156,13 +157,6 @@ def _other_threads_to_normal() -> None:
             with contextlib.suppress(AttributeError, OSError):
                 if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
                     os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-
-
-def _normal_priority() -> None:
-    """Leave a real-time policy this thread inherited (a sampler started under chrt)."""
-    with contextlib.suppress(AttributeError, OSError):
-        if os.sched_getscheduler(0) in (os.SCHED_FIFO, os.SCHED_RR):
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 def run_lanes(
@@ -329,7 +323,6 @@ class _SlowLane:
         try:
             name_thread(SLOW_LANE_THREAD)
             reduce_timer_slack()  # per thread, as the scheduling policy is
-            _normal_priority()
             self.go.wait()
             if not self.stop.is_set():
                 self._loop()

@@ -27,15 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 
 import receivers as rx  # the integration tests' receiver harness
 
-from hfsampler.config import Config
+from hfsampler import selfmetrics as sm
+from hfsampler.config.settings import Config
+from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import GPU_TEMP
-from hfsampler.metrics import gpu_labels, host_labels
-from hfsampler.remote_write import RemoteWriter, parse_remote_write
-from hfsampler.remote_write.sender import SAMPLES
+from hfsampler.remote_write.config import parse_remote_write
+from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.sampling.window import exported_names
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Series, SeriesRegistry, Snapshot
-from hfsampler.sources import DeviceInfo
-from hfsampler.window import exported_names
+from hfsampler.sources.base import DeviceInfo
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -94,8 +95,8 @@ async def run(gpus: int, minutes: float, root: Path) -> dict[str, float]:
     try:
         ready = time.perf_counter()
         first = None
-        while metrics.total(SAMPLES) < pushed:
-            if first is None and metrics.total(SAMPLES) > 0:
+        while metrics.total(sm.RW_SAMPLES) < pushed:
+            if first is None and metrics.total(sm.RW_SAMPLES) > 0:
                 first = time.perf_counter()
             await asyncio.sleep(0.01)
             if time.perf_counter() - ready > 600:

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 import receivers as rx  # the integration tests' receiver harness
 
 from hfsampler.fields import POWER_INSTANT
-from hfsampler.window import MAX
+from hfsampler.sampling.window import MAX
 
 METRIC = POWER_INSTANT.name + MAX.suffix  # the series a scrape misses most: the spikes
 PULL_JOB = "hfsampler-pull"

@@ -24,13 +24,13 @@ from typing import Any
 
 import snappy
 
+from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import CATALOGUE, Kind
-from hfsampler.metrics import gpu_labels, host_labels
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
+from hfsampler.sampling.window import suffixes
 from hfsampler.series import Family, Series, SeriesRegistry
-from hfsampler.sources import DeviceInfo
-from hfsampler.window import suffixes
+from hfsampler.sources.base import DeviceInfo
 
 BATCH = 2000  # Prometheus's default max_samples_per_send
 MIN_TIME_S = 0.7

@@ -7,7 +7,7 @@ Read-only: it never sets clocks, power limits or modes. Runs in well under 5 min
 3. each field's true refresh period on GPU 0: distinct driver timestamps over ~3 s for field ids,
    value changes for call-based fields (a lower bound on the rate: a value may not change);
 4. the highest sustainable tick rate: ``NvmlSource.read`` of the fast group, back to back;
-5. tick lateness at 1 kHz through ``hfsampler.sampler.Sampler`` (its own process, as in service),
+5. tick lateness at 1 kHz through ``sampling.sampler.Sampler`` (its own process, as in service),
    and through a plain in-process deadline loop for comparison;
 6. GPM (Hopper and newer): support, sample and metrics latency, and which spacing between the two
    samples of a pair gives valid metrics (the finest GPM interval on the device);
@@ -15,7 +15,7 @@ Read-only: it never sets clocks, power limits or modes. Runs in well under 5 min
    sampling groups it recommends; its table is also written as ``probe-HOST-TIME.txt``.
 
 Prints a table, writes JSON into the directory given as the first argument. Its NVML calls go
-through ``hfsampler.sources.nvml_calls`` like the source's own, so both meet the same pynvml.
+through ``hfsampler.sources.nvml.calls`` like the source's own, so both meet the same pynvml.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import numpy as np
 
 from hfsampler import fields as F
 from hfsampler.fields import Field
-from hfsampler.sources import SourceSpec
-from hfsampler.sources import nvml_calls as calls
-from hfsampler.sources.nvml import NvmlSource, probe_driver
+from hfsampler.sources.base import SourceSpec
+from hfsampler.sources.nvml import calls
+from hfsampler.sources.nvml.source import NvmlSource, probe_driver
 
 NO_DRIVER_EXIT = 3
 
@@ -281,8 +281,9 @@ def sampler_lateness(
     spec: SourceSpec, fields: Sequence[Field], rate_hz: float = 1000.0, duration_s: float = 5.0
 ) -> dict[str, Any]:
     """Tick lateness through hfsampler's own sampler process (the way the service samples)."""
-    from hfsampler.sampler import GroupPlan, Sampler
-    from hfsampler.sources import open_source
+    from hfsampler.sampling.groups import GroupPlan
+    from hfsampler.sampling.sampler import Sampler
+    from hfsampler.sources.registry import open_source
 
     probe = open_source(spec)
     inventory = probe.open(fields)
@@ -355,7 +356,7 @@ def run(scale: float = 1.0) -> dict[str, Any]:
     finally:
         calls.shutdown()
     print(f"hfsampler probe over {3.0 * scale:g} s (every catalogue field, through NvmlSource)...")
-    from hfsampler.probe import probe
+    from hfsampler.sampling.probe import probe
 
     result["probe"] = probe(SourceSpec("nvml"), duration_s=3.0 * scale).to_json()
     return result
@@ -423,7 +424,7 @@ def gpm_check(handles: Sequence[Any], repeats: int = 3) -> list[dict[str, Any]]:
 
 def _probe_result(data: dict[str, Any], cls: Any) -> Any:
     """A ProbeResult back from its JSON form (for the table)."""
-    from hfsampler.probe import FieldProbe
+    from hfsampler.sampling.probe import FieldProbe
 
     fields = tuple(FieldProbe(**{**f, "refresh_s": tuple(f["refresh_s"])}) for f in data["fields"])
     rest = {k: v for k, v in data.items() if k != "fields"}
@@ -513,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(json.dumps(result, indent=2, default=str))
     print(f"\nwrote {path}")
     if "probe" in result:
-        from hfsampler.probe import ProbeResult, format_table
+        from hfsampler.sampling.probe import ProbeResult, format_table
 
         table = format_table(_probe_result(result["probe"], ProbeResult))
         print("\n" + table)

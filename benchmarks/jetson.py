@@ -48,9 +48,9 @@ sys.path.insert(0, str(REPO / "tests"))
 import jetson_trees as jt  # noqa: E402
 
 from hfsampler import fields as catalogue  # noqa: E402
-from hfsampler.sources.jetson import JetsonSource  # noqa: E402
-from hfsampler.sources.jetson_files import parse_int  # noqa: E402
-from hfsampler.sources.sim import SimSource  # noqa: E402
+from hfsampler.sources.jetson.files import parse_int  # noqa: E402
+from hfsampler.sources.jetson.source import JetsonSource  # noqa: E402
+from hfsampler.sources.sim.source import SimSource  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MS = 1_000_000

@@ -42,12 +42,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 import fake_nvml  # noqa: E402  (the tests' fake libnvidia-ml)
 
 from hfsampler import fields as F  # noqa: E402
-from hfsampler.plan import plan_groups  # noqa: E402
-from hfsampler.ring import RingRows  # noqa: E402
-from hfsampler.sampler import GroupPlan  # noqa: E402
-from hfsampler.sources import nvml_mig  # noqa: E402
-from hfsampler.sources.nvml import NvmlSource  # noqa: E402
-from hfsampler.window import reduce  # noqa: E402
+from hfsampler.sampling.groups import GroupPlan, plan_groups  # noqa: E402
+from hfsampler.sampling.ring import RingRows  # noqa: E402
+from hfsampler.sampling.window import reduce  # noqa: E402
+from hfsampler.sources.nvml import mig as nvml_mig  # noqa: E402
+from hfsampler.sources.nvml.source import NvmlSource  # noqa: E402
 
 LAYOUTS: dict[str, list[tuple[int, str]]] = {
     "mig off": [],

@@ -33,14 +33,13 @@ import pytest  # noqa: E402
 from fake_nvml import FakeLib, FakeNvml, install, nvlink_gpu  # noqa: E402
 
 from hfsampler import fields as F  # noqa: E402
-from hfsampler.metrics import MetricModel  # noqa: E402
+from hfsampler.export.metrics import MetricModel  # noqa: E402
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress  # noqa: E402
+from hfsampler.sampling.window import STATS, WindowStats  # noqa: E402
 from hfsampler.selfmetrics import SelfMetrics  # noqa: E402
-from hfsampler.sources import nvml_calls as calls  # noqa: E402
-from hfsampler.sources import nvml_nvlink as nvlink  # noqa: E402
-from hfsampler.sources.nvml import NvmlSource  # noqa: E402
-from hfsampler.sources.sim import SimSource  # noqa: E402
-from hfsampler.window import STATS, WindowStats  # noqa: E402
+from hfsampler.sources.nvml import calls, nvlink  # noqa: E402
+from hfsampler.sources.nvml.source import NvmlSource  # noqa: E402
+from hfsampler.sources.sim.source import SimSource  # noqa: E402
 
 GPUS = 8
 LINKS = 18

@@ -39,16 +39,12 @@ sys.path.insert(0, str(REPO / "tests"))
 import receivers as rx  # noqa: E402 (the integration tests' receiver harness)
 from sim_recordings import synthesize  # noqa: E402  (the tests' offline sim recordings)
 
-from hfsampler.recording import Recording  # noqa: E402
-from hfsampler.remote_write import RemoteWriter, endpoint_from_url  # noqa: E402
+from hfsampler import selfmetrics as sm  # noqa: E402
+from hfsampler.profiling.recording import Recording  # noqa: E402
+from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay, replay_labels  # noqa: E402
+from hfsampler.remote_write.config import endpoint_from_url  # noqa: E402
 from hfsampler.remote_write.encoder import Encoder  # noqa: E402
-from hfsampler.remote_write.sender import DROPPED, SAMPLES  # noqa: E402
-from hfsampler.replay import (  # noqa: E402
-    RawBatches,
-    raw_snapshots,
-    replay,
-    replay_labels,
-)
+from hfsampler.remote_write.sender import RemoteWriter  # noqa: E402
 from hfsampler.selfmetrics import SelfMetrics  # noqa: E402
 
 OUT = HERE / "out"
@@ -70,8 +66,8 @@ async def snapshot_path(rec: Recording, url: str, labels: dict[str, str],
         while writer.queued() > limit:  # noqa: ASYNC110 (as replay does: no event to wait on)
             await asyncio.sleep(0.005)
     await writer.close(600.0)
-    assert metrics.total(DROPPED) == 0, "the peer dropped samples"
-    return pushed, int(metrics.total(SAMPLES))
+    assert metrics.total(sm.RW_DROPPED) == 0, "the peer dropped samples"
+    return pushed, int(metrics.total(sm.RW_SAMPLES))
 
 
 def stored(vm: rx.VictoriaMetrics, bench: str, end_s: float) -> int:

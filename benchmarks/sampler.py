@@ -62,11 +62,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler import fields as catalogue
-from hfsampler.plan import plan_groups
-from hfsampler.ring import Ring, SharedInts
-from hfsampler.sampler import GroupPlan, Sampler, reduce_timer_slack, ring_capacity
-from hfsampler.sources import Inventory, SourceSpec, open_source
-from hfsampler.window import WindowClock, reduce, suffixes
+from hfsampler.sampling.groups import GroupPlan, plan_groups
+from hfsampler.sampling.lanes import reduce_timer_slack
+from hfsampler.sampling.ring import Ring, SharedInts
+from hfsampler.sampling.sampler import Sampler, ring_capacity
+from hfsampler.sampling.window import WindowClock, reduce, suffixes
+from hfsampler.sources.base import Inventory, SourceSpec
+from hfsampler.sources.registry import open_source
 
 WINDOW_S = 1.0
 SHORT_SLICE_S = 100e-6  # the shortest slice EEVDF accepts

@@ -2,6 +2,6 @@
 
 import sys
 
-from hfsampler.cli import main
+from hfsampler.cli.main import main
 
 sys.exit(main())

@@ -433,3 +433,25 @@ def regroup(fields: Sequence[Field], overrides: dict[str, str]) -> tuple[Field, 
             "field_groups", f"unknown field {sorted(unknown)[0]!r}", "use a catalogue name"
         )
     return tuple(out)
+
+
+# NVML's clock event (throttle) reason bits, nvmlClocksEventReason*
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+# dcgm-exporter's port: the `instance` a scrape of it would have given the series.
+DEFAULT_INSTANCE_PORT = 9400
+
+
+# The labels gpu_labels gives every GPU series besides the host's.
+GPU_LABEL_NAMES = ("gpu", "UUID", "device", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")

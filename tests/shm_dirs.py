@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hfsampler.ring import SHM_DIR_ENV
+from hfsampler.sampling.ring import SHM_DIR_ENV
 
 SMALL_BYTES = 1 << 20
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 
 from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select
-from hfsampler.plan import plan_groups
-from hfsampler.record import store_window
-from hfsampler.recording import Marker, RecordingWriter
-from hfsampler.ring import RingRows
-from hfsampler.sources.sim import SimSource
-from hfsampler.window import WindowClock
+from hfsampler.profiling.record import store_window
+from hfsampler.profiling.recording import Marker, RecordingWriter
+from hfsampler.sampling.groups import plan_groups
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.window import WindowClock
+from hfsampler.sources.sim.source import SimSource
 
 
 def start_for(seconds: int) -> int:

@@ -20,17 +20,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hfsampler import attribution, fields
-from hfsampler.config import Config, from_mapping
+from hfsampler import fields
+from hfsampler.config.settings import Config, from_mapping
 from hfsampler.errors import ConfigError
-from hfsampler.metrics import MetricModel
+from hfsampler.export import attribution
+from hfsampler.export.metrics import MetricModel
+from hfsampler.sampling.window import STATS, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
-from hfsampler.sources.sim import SimSource
-from hfsampler.window import STATS, WindowStats
+from hfsampler.sources.sim.source import SimSource
 
 grpc = pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for pod attribution")
-from hfsampler.attribution_pb import podresources_pb2 as pb  # noqa: E402
+from hfsampler.export.attribution_pb import podresources_pb2 as pb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
@@ -150,7 +151,7 @@ def test_kubelet_down_keeps_last_labels_and_warns_once(
     try:
         first = labeller.labels()
         k.stop()
-        with caplog.at_level(logging.WARNING, "hfsampler.attribution"):
+        with caplog.at_level(logging.WARNING, "hfsampler.export.attribution"):
             assert labeller.labels() == first
             assert labeller.labels() == first
         warnings = [r for r in caplog.records if "pod-resources" in r.getMessage()]
@@ -284,8 +285,8 @@ def test_generated_module_is_not_stale(tmp_path: Path) -> None:
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
     name = "podresources_pb2.py"
-    fresh = tmp_path / "hfsampler" / "attribution_pb" / name
-    committed = ROOT / "hfsampler" / "attribution_pb" / name
+    fresh = tmp_path / "hfsampler" / "export" / "attribution_pb" / name
+    committed = ROOT / "hfsampler" / "export" / "attribution_pb" / name
     assert fresh.read_bytes() == committed.read_bytes(), (
         "run scripts/gen_attribution_proto.sh and commit the result"
     )

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import shm_dirs
 
-from hfsampler.cli import main
-from hfsampler.sources.sim import SimSource
+from hfsampler.cli.main import main
+from hfsampler.sources.sim.source import SimSource
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

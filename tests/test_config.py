@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from hfsampler import fields as catalogue
-from hfsampler.cli import build_parser, main
-from hfsampler.config import Config, from_mapping, load_file, parse_label
+from hfsampler.cli.main import build_parser, main
+from hfsampler.config.flags import config_from_args
+from hfsampler.config.settings import Config, from_mapping, load_file, parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
-from hfsampler.flags import config_from_args
 
 
 @pytest.mark.parametrize(
@@ -329,7 +329,7 @@ def test_a_selected_field_whose_group_has_no_interval_is_refused(
 
 
 def test_plan_groups_refuses_a_field_without_an_interval() -> None:
-    from hfsampler.plan import plan_groups
+    from hfsampler.sampling.groups import plan_groups
 
     temp = catalogue.BY_NAME["DCGM_FI_DEV_GPU_TEMP"]
     with pytest.raises(ConfigError, match=r"^intervals.slow: not given, yet DCGM_FI_DEV_GPU_TEMP"):

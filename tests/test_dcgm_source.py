@@ -12,8 +12,9 @@ import pytest
 
 from hfsampler import fields as F
 from hfsampler.errors import DriverNotFoundError, SourceError
-from hfsampler.sources import SourceSpec, open_source
+from hfsampler.sources.base import SourceSpec
 from hfsampler.sources.dcgm import DcgmSource
+from hfsampler.sources.registry import open_source
 
 FAKE_PATH = str(Path(__file__).resolve().parent / "fake_dcgm")
 ACTIVITY = tuple(f for f in F.CATALOGUE if f.group == F.GPM)
@@ -101,9 +102,9 @@ def test_missing_bindings_say_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_config_dcgm_block_reaches_the_source_spec() -> None:
-    from hfsampler.config import from_mapping
+    from hfsampler.config.settings import from_mapping
     from hfsampler.errors import ConfigError
-    from hfsampler.sources.resolve import resolve_source
+    from hfsampler.sampling.resolve import resolve_source
 
     config = from_mapping(
         {"source": "dcgm", "dcgm": {"path": FAKE_PATH, "host": "engine:5555", "interval": "50ms"}}

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hfsampler.config import Config, load_file
+from hfsampler.config.settings import Config, load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -267,7 +267,7 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 def test_rules_use_only_exported_series() -> None:
     """Every metric a rule reads is one hfsampler exports (or a recording rule / ALERTS)."""
     from hfsampler import fields, selfmetrics
-    from hfsampler.window import exported_names
+    from hfsampler.sampling.window import exported_names
 
     exported = {n for f in fields.CATALOGUE for n in exported_names(f)}
     exported |= {d.name for d in selfmetrics.ALL}

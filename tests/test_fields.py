@@ -7,7 +7,7 @@ import pytest
 from hfsampler import fields
 from hfsampler.errors import ConfigError
 from hfsampler.fields import CATALOGUE, Kind
-from hfsampler.window import exported_names
+from hfsampler.sampling.window import exported_names
 
 DCGM_EXPORTER_DEFAULTS = {
     "DCGM_FI_DEV_SM_CLOCK",

@@ -1,4 +1,4 @@
-"""The sampling flags: defined once in hfsampler.flags, meaning the same in every subcommand."""
+"""The sampling flags: defined once in config.flags, meaning the same in every subcommand."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from hfsampler.cli import build_parser
-from hfsampler.config import Config
+from hfsampler.cli.main import build_parser
+from hfsampler.cli.record import options
+from hfsampler.config.flags import FLAGS, config_from_args
+from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
-from hfsampler.flags import FLAGS, config_from_args
-from hfsampler.record import options
 
 
 def test_every_keyed_flag_names_a_config_field() -> None:

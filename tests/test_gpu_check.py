@@ -9,7 +9,7 @@ from types import ModuleType
 import pytest
 from fake_nvml import FakeNvml, install, make_fake, remove_library
 
-from hfsampler.sources import SourceSpec
+from hfsampler.sources.base import SourceSpec
 
 
 @pytest.fixture

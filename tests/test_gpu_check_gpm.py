@@ -7,8 +7,8 @@ from types import ModuleType
 import pytest
 from fake_nvml import FakeNvml, gpm_value, install, make_fake
 
-from hfsampler import probe as P
-from hfsampler.sources import SourceSpec
+from hfsampler.sampling import probe as P
+from hfsampler.sources.base import SourceSpec
 
 
 @pytest.fixture

@@ -26,14 +26,15 @@ import pytest
 
 import hfsampler
 from hfsampler import fields as F
-from hfsampler.cli import main
+from hfsampler.cli.main import main
 from hfsampler.fields import Field
-from hfsampler.plan import discover, plan_groups
-from hfsampler.sampler import Sampler
-from hfsampler.sources import SourceSpec
-from hfsampler.sources.jetson import JetsonSource
-from hfsampler.sources.jetson_files import Blob
-from hfsampler.sources.jetson_sysfs import find_layout, is_tegra
+from hfsampler.sampling.groups import plan_groups
+from hfsampler.sampling.plan import discover
+from hfsampler.sampling.sampler import Sampler
+from hfsampler.sources.base import SourceSpec
+from hfsampler.sources.jetson.files import Blob
+from hfsampler.sources.jetson.source import JetsonSource
+from hfsampler.sources.jetson.sysfs import find_layout, is_tegra
 
 REPO = Path(hfsampler.__file__).resolve().parents[1]
 NOBODY = 65534
@@ -63,7 +64,7 @@ def _open(root: Path) -> tuple[JetsonSource, tuple[Field, ...]]:
 _CHILD = """
 import hashlib, json, logging, os, sys  # hashlib: uuid5 imports it late
 from hfsampler import fields as F
-from hfsampler.sources.jetson import JetsonSource
+from hfsampler.sources.jetson.source import JetsonSource
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 if os.geteuid() == 0:
     os.setuid(int(sys.argv[2]))  # the shipped unit's DynamicUser: no root, no capability

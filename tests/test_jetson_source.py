@@ -19,14 +19,14 @@ import pytest
 from fake_nvml import install, make_fake, remove_library
 
 from hfsampler import fields as F
-from hfsampler.config import Config, from_mapping
+from hfsampler.config.settings import Config, from_mapping
 from hfsampler.errors import ConfigError
 from hfsampler.fields import Field
-from hfsampler.plan import discover
-from hfsampler.sources import SourceSpec
-from hfsampler.sources.jetson import JetsonSource
-from hfsampler.sources.jetson_sysfs import find_layout, gpu_rail, is_tegra
-from hfsampler.sources.resolve import resolve_source
+from hfsampler.sampling.plan import discover
+from hfsampler.sampling.resolve import resolve_source
+from hfsampler.sources.base import SourceSpec
+from hfsampler.sources.jetson.source import JetsonSource
+from hfsampler.sources.jetson.sysfs import find_layout, gpu_rail, is_tegra
 
 MS = 1_000_000
 T0 = 1_800_000_000 * 1_000_000_000
@@ -399,7 +399,7 @@ def test_check_config_shows_what_a_jetson_reads(
 ) -> None:
     """check-config on a jetson config counts the fields a Jetson has files for (not NVML's)
     and shows jetson.sysfs_root."""
-    from hfsampler.cli import main
+    from hfsampler.cli.main import main
 
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"source: jetson\njetson: {{sysfs_root: {tmp_path}}}\n")
@@ -459,7 +459,8 @@ def test_power_from_voltage_and_current_counts_each_conversion_once(tmp_path: Pa
 def test_cli_takes_source_jetson_and_lists_how_each_field_is_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from hfsampler.cli import build_parser, config_from_args, main
+    from hfsampler.cli.main import build_parser, main
+    from hfsampler.config.flags import config_from_args
 
     root = jt.build(jt.BOARDS["xavier-nx-jp4"], tmp_path / "nx")
     cfg = tmp_path / "c.yml"
@@ -482,8 +483,8 @@ def test_probe_and_record_take_the_config_s_sysfs_root(
     """``jetson.sysfs_root`` is a config key: probe and record take --config like run."""
     import json
 
-    from hfsampler.cli import build_parser, main
-    from hfsampler.record import options
+    from hfsampler.cli.main import build_parser, main
+    from hfsampler.profiling.record import options
 
     board = jt.BOARDS["xavier-nx-jp4"]
     root = jt.build(board, tmp_path / "nx")

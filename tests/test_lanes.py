@@ -23,13 +23,14 @@ from fake_nvml import FakeNvml, every, install, make_fake
 from hfsampler import fields as F
 from hfsampler.errors import SourceError
 from hfsampler.fields import Field
-from hfsampler.lanes import SLOW_LANE_THREAD, STOP, run_lanes
-from hfsampler.plan import discover, plan_groups
-from hfsampler.ring import RingRows
-from hfsampler.sampler import GroupPlan, Sampler
-from hfsampler.sources import Source, SourceSpec
-from hfsampler.sources.nvml import NvmlSource
-from hfsampler.sources.sim import SimSource
+from hfsampler.sampling.groups import GroupPlan, plan_groups
+from hfsampler.sampling.lanes import SLOW_LANE_THREAD, STOP, run_lanes
+from hfsampler.sampling.plan import discover
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.sampler import Sampler
+from hfsampler.sources.base import Source, SourceSpec
+from hfsampler.sources.nvml.source import NvmlSource
+from hfsampler.sources.sim.source import SimSource
 
 INSTANT = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
 SM_CLOCK = F.BY_NAME["DCGM_FI_DEV_SM_CLOCK"]

@@ -20,14 +20,14 @@ import pytest
 
 from hfsampler import markers
 from hfsampler.errors import ConfigError
-from hfsampler.job_markers import (
+from hfsampler.profiling.job_markers import (
     MAX_LINE_BYTES,
     LineSplitter,
     MarkerSocket,
     compile_patterns,
     pattern_marker,
 )
-from hfsampler.recording import Marker
+from hfsampler.profiling.recording import Marker
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -312,7 +312,7 @@ def test_hostile_datagrams_are_counted_logged_once_escaped(
     now = str(time.time_ns()).encode()
     ok = b'{"v":1,"t_ns":NOW,"kind":"mark","name":"ok","step":null,"pid":1,"dropped":0}'
     with (
-        caplog.at_level(logging.WARNING, "hfsampler.job_markers"),
+        caplog.at_level(logging.WARNING, "hfsampler.profiling.job_markers"),
         socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s,
     ):
         for data in [*HOSTILE, ok]:

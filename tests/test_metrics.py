@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from hfsampler import exposition, fields
-from hfsampler.metrics import MetricModel
+from hfsampler import fields
+from hfsampler.export import exposition
+from hfsampler.export.metrics import MetricModel
+from hfsampler.sampling.window import STATS, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
-from hfsampler.sources.sim import SimSource
-from hfsampler.window import STATS, WindowStats
+from hfsampler.sources.sim.source import SimSource
 
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
@@ -125,7 +126,7 @@ def test_exposition_text() -> None:
 
 
 def test_refresh_gauge_is_the_window_over_distinct_samples() -> None:
-    from hfsampler.metrics import REFRESH_METRIC
+    from hfsampler.export.metrics import REFRESH_METRIC
 
     model = _model()
     w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
@@ -195,7 +196,7 @@ def test_host_label_name_is_chosen() -> None:
 def test_per_instance_fields_are_one_series_each_with_their_label() -> None:
     """A field found several times on a device (a Jetson's rails) exports one series per
     instance, each with its own label beside the GPU's, its siblings and refresh gauge too."""
-    from hfsampler.metrics import REFRESH_METRIC
+    from hfsampler.export.metrics import REFRESH_METRIC
 
     rail = fields.BY_NAME["hfsampler_jetson_rail_power_watts"]
     gpu_soc, cpu_cv = rail.instance("VDD_GPU_SOC"), rail.instance("VDD_CPU_CV")
@@ -222,7 +223,7 @@ def test_per_instance_fields_are_one_series_each_with_their_label() -> None:
 
 def test_metrics_page_leaves_instance_to_the_scrape() -> None:
     """A scrape adds its own instance: one in the page would come back as exported_instance."""
-    from hfsampler.exposition import render
+    from hfsampler.export.exposition import render
 
     model = _model()
     up = np.array([True, True])

@@ -1,4 +1,4 @@
-"""One choke point for NVML: ``hfsampler.sources.nvml_calls`` is the only module importing pynvml.
+"""One choke point for NVML: ``hfsampler.sources.nvml.calls`` is the only module importing pynvml.
 
 Read from the source text (an AST scan), so an import inside a function counts as well, and so
 does ``benchmarks/``, whose GPU check must meet the same pynvml as the source it measures.
@@ -52,6 +52,6 @@ def test_the_scan_sees_every_way_of_importing() -> None:
     source = (
         "import os\nimport pynvml\nimport pynvml as nv\nfrom pynvml import nvmlInit\n"
         "def f():\n    import importlib\n    return importlib.import_module('pynvml')\n"
-        "from hfsampler.sources import nvml_calls\n"
+        "from hfsampler.sources.base import nvml_calls\n"
     )
     assert _imports_pynvml(ast.parse(source)) == [2, 3, 4, 7]

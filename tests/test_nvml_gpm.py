@@ -11,7 +11,7 @@ import pytest
 from fake_nvml import GPM_BASE, FakeNvml, gpm_value, install, make_fake
 
 from hfsampler import fields as F
-from hfsampler.sources.nvml import NvmlSource
+from hfsampler.sources.nvml.source import NvmlSource
 
 ACTIVITY = tuple(f for f in F.CATALOGUE if f.group == F.GPM)
 INSTANT = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
@@ -94,7 +94,7 @@ def test_unsupported_device_skips_the_group_with_one_log_line(
 ) -> None:
     fake.gpus[1].gpm_supported = False
     fields = (INSTANT, *ACTIVITY)
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open(fields)
     assert inv.supported[0].all()
     assert inv.supported[1].tolist() == [True] + [False] * len(ACTIVITY)
@@ -113,7 +113,7 @@ def test_driver_without_gpm(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.missing.add("nvmlGpmQueryDeviceSupport")
-    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml.source"):
         inv = source.open(ACTIVITY)
     assert not inv.supported.any()
     lines = [r.getMessage() for r in caplog.records]
@@ -127,7 +127,7 @@ def test_metric_a_gpu_lacks_is_dropped_once(
     del fake.gpus[0].gpm[pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC]
     source.open(ACTIVITY)
     nvlink = ACTIVITY.index(F.BY_NAME["DCGM_FI_PROF_NVLINK_TX_BYTES"])
-    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml.source"):
         for _ in range(4):
             values, _ = read(source, ACTIVITY, now[0])
             now[0] += 100_000

@@ -20,19 +20,20 @@ import pynvml
 import pytest
 from fake_nvml import FakeNvml, enable_mig, install, make_fake, mig_instance
 
-from hfsampler import attribution
 from hfsampler import fields as F
-from hfsampler.attribution_pb import podresources_pb2 as pb
-from hfsampler.config import from_mapping
+from hfsampler.config.settings import from_mapping
 from hfsampler.errors import ConfigError
-from hfsampler.lanes import STOP, run_lanes
-from hfsampler.metrics import MetricModel
-from hfsampler.sampler import GroupPlan, LayoutTimeline, Sampler
+from hfsampler.export import attribution
+from hfsampler.export.attribution_pb import podresources_pb2 as pb
+from hfsampler.export.metrics import MetricModel
+from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.lanes import STOP, run_lanes
+from hfsampler.sampling.sampler import LayoutTimeline, Sampler
+from hfsampler.sampling.window import STATS, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import is_stale
-from hfsampler.sources import DeviceInfo, MigInstance, SourceSpec, physical
-from hfsampler.sources.nvml import NvmlSource
-from hfsampler.window import STATS, WindowStats
+from hfsampler.sources.base import DeviceInfo, MigInstance, SourceSpec, physical
+from hfsampler.sources.nvml.source import NvmlSource
 
 NOW_NS = 7_000_000_000
 LAYOUT = [(1, "3g.40gb"), (5, "2g.20gb"), (13, "1g.10gb")]

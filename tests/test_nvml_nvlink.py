@@ -12,7 +12,7 @@ from fake_nvml import FakeNvml, install, nvlink_gpu, standard_gpu
 
 from hfsampler import fields as F
 from hfsampler.fields import Field, Kind
-from hfsampler.sources.nvml import NvmlSource
+from hfsampler.sources.nvml.source import NvmlSource
 
 PER_LINK = tuple(f for f in F.CATALOGUE if f.per == "link")
 TX = F.BY_NAME["DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]

@@ -15,8 +15,10 @@ from fake_nvml import FakeNvml, FakeReading, install, make_fake, nvlink_gpu, rem
 from hfsampler import fields as F
 from hfsampler.errors import DriverNotFoundError, FieldNotSupportedError, GpuLostError, SourceError
 from hfsampler.fields import Field
-from hfsampler.sources import SourceSpec, nvml_calls, open_source
-from hfsampler.sources.nvml import UNKNOWN_LIMIT, NvmlSource, probe_driver
+from hfsampler.sources.base import SourceSpec
+from hfsampler.sources.nvml import calls as nvml_calls
+from hfsampler.sources.nvml.source import UNKNOWN_LIMIT, NvmlSource, probe_driver
+from hfsampler.sources.registry import open_source
 
 FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST and f.nvml_readable)
 POWER = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]  # field id with a call fallback
@@ -123,7 +125,7 @@ def test_not_supported_field_skipped_with_one_log_line(
     for gpu in fake.gpus:
         del gpu.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP]
     fields = (INSTANT, MEM_TEMP)
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open(fields)
         for _ in range(5):
             values, ts = read(source, fields)
@@ -142,7 +144,7 @@ def test_not_supported_field_skipped_with_one_log_line(
 def test_a_jetsons_own_fields_are_not_nvmls_and_cost_no_warning(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open(F.CATALOGUE)
     jetson_only = [k for k, f in enumerate(F.CATALOGUE) if not f.nvml_readable]
     assert jetson_only
@@ -154,7 +156,7 @@ def test_field_id_function_not_found_falls_back_to_call(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.missing.add("nvmlDeviceGetFieldValues")  # a driver from before field values
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open((POWER, INSTANT))
     assert inv.supported[:, 0].all()  # read with nvmlDeviceGetPowerUsage instead
     assert not inv.supported[:, 1].any()  # no call to fall back to
@@ -196,7 +198,7 @@ def test_call_missing_everywhere_is_unsupported(
 ) -> None:
     fake.missing |= {"nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetMemoryInfo_v2"}
     fake.missing.add("nvmlDeviceGetCurrentClocksThrottleReasons")
-    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.WARNING, logger="hfsampler.sources.nvml.source"):
         inv = source.open((REASONS, FB_USED, FB_RESERVED))
     assert inv.supported.tolist() == [[False, True, False]] * 3  # v1 memory struct: no reserved
     assert len([r for r in caplog.records if REASONS.name in r.getMessage()]) == 1
@@ -238,7 +240,7 @@ def test_gpu_lost_mid_run(
     source.open(fields)
     read(source, fields)
     fake.gpus[1].lost = True
-    with caplog.at_level(logging.ERROR, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.ERROR, logger="hfsampler.sources.nvml.source"):
         for _ in range(3):
             values, _ = read(source, fields)
     assert source.gpu_up.tolist() == [True, False, True]
@@ -346,8 +348,8 @@ def test_xid_counts_of_a_subset_and_a_lost_gpu(fake: FakeNvml, source: NvmlSourc
 
 
 def test_xid_bursts_across_two_windows_lose_nothing(fake: FakeNvml, source: NvmlSource) -> None:
-    from hfsampler.ring import RingRows
-    from hfsampler.window import LAST, reduce
+    from hfsampler.sampling.ring import RingRows
+    from hfsampler.sampling.window import LAST, reduce
 
     opened = source.open(F.expand_xid((XID_EVENTS,))).fields
     c79 = _xid_column(opened, "79")
@@ -453,7 +455,7 @@ def test_constant_missing_from_pynvml(
 
     newer = replace(POWER, name="X_WITH_CALL", nvml_field="NVML_FI_DEV_FROM_A_NEWER_PYNVML")
     only_id = replace(INSTANT, name="X_ID_ONLY", nvml_field="NVML_FI_DEV_FROM_A_NEWER_PYNVML")
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open((newer, only_id))
     assert inv.supported.tolist() == [[True, False]] * 3
     messages = [r.getMessage() for r in caplog.records]
@@ -503,7 +505,7 @@ def test_field_values_through_pynvml_when_the_entry_point_cannot_be_looked_up(
     """It used to crash the sampler loop: 'NoneType' object is not callable."""
     _direct_lookup_fails(monkeypatch, "nvmlDeviceGetFieldValues")
     fields = (INSTANT, MEM_TEMP, SM_CLOCK)
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         inv = source.open(fields)
         fake.calls.clear()
         for _ in range(3):
@@ -548,7 +550,7 @@ def test_a_field_failing_on_one_gpu_is_said_once_and_again_when_it_reads(
     entry = fake.gpus[1].fields[pynvml.NVML_FI_DEV_POWER_INSTANT]
     entry.ret = pynvml.NVML_ERROR_TIMEOUT
     fake.gpus[1].errors["nvmlDeviceGetClockInfo"] = pynvml.NVML_ERROR_UNKNOWN
-    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml"):
+    with caplog.at_level(logging.INFO, logger="hfsampler.sources.nvml.source"):
         for _ in range(3):  # fewer than the unknown errors that take a GPU down
             values, _ = read(source, fields)
         assert np.isnan(values[1]).all()
@@ -583,7 +585,7 @@ def test_the_sampler_processs_reopen_logs_what_open_finds_at_debug_only(
             s.open(fields)
         finally:
             s.close()
-        return [r for r in caplog.records if r.name.startswith("hfsampler.sources")]
+        return [r for r in caplog.records if r.name.startswith("hfsampler.sources.base")]
 
     first = opened(SourceSpec("nvml"))
     said = {r.getMessage() for r in first if r.levelno >= logging.INFO}

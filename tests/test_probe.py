@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from fake_nvml import FakeGpu, FakeNvml, FakeReading, install, make_fake
 
-from hfsampler import cli
 from hfsampler import fields as F
-from hfsampler import probe as P
-from hfsampler.sources import SourceSpec
+from hfsampler.cli import main as cli
+from hfsampler.sampling import probe as P
+from hfsampler.sources.base import SourceSpec
 
 STEP_NS = 997_000  # the virtual clock advances this much between refresh reads
 
@@ -149,7 +149,7 @@ def test_sim_probe_and_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_intervals_auto_applies_the_recommendation() -> None:
-    from hfsampler.config import Config, from_mapping
+    from hfsampler.config.settings import Config, from_mapping
 
     assert from_mapping({"intervals": "auto"}).auto_intervals
     args = cli.build_parser()[0].parse_args(["run", "--intervals", "auto", "--source", "sim"])
@@ -167,7 +167,7 @@ def test_intervals_auto_applies_the_recommendation() -> None:
 def test_intervals_auto_leaves_out_a_field_the_probe_found_unsupported() -> None:
     """A GPU without GPM: the probe places no gpm field, so the applied config does not select
     them (rather than select fields whose group has no interval); nothing placed: unchanged."""
-    from hfsampler.config import Config
+    from hfsampler.config.settings import Config
 
     probes = [
         P.FieldProbe("DCGM_FI_DEV_GPU_TEMP", F.SLOW, True, 1, 2, (0.1,), "timestamps", 9),

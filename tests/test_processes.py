@@ -12,10 +12,11 @@ import pynvml
 import pytest
 from fake_nvml import FakeNvml, FakeProcess, install, make_fake
 
-from hfsampler.record import Recorder
-from hfsampler.recording import Marker, Recording, RecordingWriter
-from hfsampler.sources import DeviceInfo, GpuProcess, SourceSpec, open_processes
-from hfsampler.sources.sim import SimSource
+from hfsampler.profiling.record import Recorder
+from hfsampler.profiling.recording import Marker, Recording, RecordingWriter
+from hfsampler.sources.base import DeviceInfo, GpuProcess, SourceSpec
+from hfsampler.sources.registry import open_processes
+from hfsampler.sources.sim.source import SimSource
 
 GIB = 1 << 30
 
@@ -60,7 +61,7 @@ def test_nvml_without_process_utilisation_gives_memory_said_once(
     )
     reader = open_processes(SourceSpec("nvml"), [0, 1])
     assert reader is not None
-    with caplog.at_level(logging.INFO, "hfsampler.sources.nvml_processes"):
+    with caplog.at_level(logging.INFO, "hfsampler.sources.nvml.processes"):
         for _ in range(3):
             assert reader.read_processes(set(), 0) == {0: [GpuProcess(10, GIB, None)]}
     reader.close()
@@ -140,7 +141,7 @@ def test_a_marker_the_file_refuses_is_counted_and_the_others_stored(
     writer = RecordingWriter(tmp_path / "m.hfs", {"start_ns": 0}, [], [])
     recorder._markers = [Marker(2, "mark", "after"), Marker(1, "step", "step", 2**64),
                          Marker(0, "mark", "before")]  # fmt: skip
-    with caplog.at_level(logging.WARNING, "hfsampler.record"):
+    with caplog.at_level(logging.WARNING, "hfsampler.profiling.record"):
         recorder._store_markers(writer)
         recorder._markers = [Marker(3, "step", "step", 2**70)]
         recorder._store_markers(writer)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_report import CONSOLE_ERROR, FIGURE, chromium, run_chromium, truth_energy_j
 
-from hfsampler.recording import Recording
-from hfsampler.sources.sim import SimSource
+from hfsampler.profiling.recording import Recording
+from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[1]
 MS = 1_000_000

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from hfsampler import fields as F
-from hfsampler.cli import build_parser
-from hfsampler.flags import config_from_args
-from hfsampler.plan import build_run
-from hfsampler.recording import Recording
-from hfsampler.sources.sim import SimSource
+from hfsampler.cli.main import build_parser
+from hfsampler.config.flags import config_from_args
+from hfsampler.profiling.recording import Recording
+from hfsampler.sampling.plan import build_run
+from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[1]
 POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
@@ -150,7 +150,7 @@ def test_record_takes_max_ring_bytes_from_its_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The cap `run` honours: rings over it are refused (exit 2) before anything is sampled."""
-    from hfsampler.cli import main
+    from hfsampler.cli.main import main
 
     cfg = tmp_path / "c.yml"
     cfg.write_text("max_ring_bytes: 1MiB\n")

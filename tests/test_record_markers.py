@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from hfsampler import fields as F
-from hfsampler.recording import Recording
-from hfsampler.sources.sim import SimSource
+from hfsampler.profiling.recording import Recording
+from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,12 +9,12 @@ import pytest
 import v1_rows
 
 from hfsampler.fields import BY_NAME
-from hfsampler.recording import Recording, RecordingError, RecordingWriter
-from hfsampler.replay import window_snapshots
-from hfsampler.ring import RingRows
-from hfsampler.sampler import GroupPlan
-from hfsampler.sources import DeviceInfo
-from hfsampler.window import LAST, MAX, MEAN, MIN, P99, reduce
+from hfsampler.profiling.recording import Recording, RecordingError, RecordingWriter
+from hfsampler.profiling.replay import window_snapshots
+from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.window import LAST, MAX, MEAN, MIN, P99, reduce
+from hfsampler.sources.base import DeviceInfo
 
 FIELDS = (
     BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"],
@@ -126,7 +126,7 @@ def test_reads_a_recording_written_by_format_1() -> None:
 
 
 def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:
-    from hfsampler.recording import Marker
+    from hfsampler.profiling.recording import Marker
 
     path = tmp_path / "m.hfs"
     w = RecordingWriter(path, {"start_ns": 0}, [], [])
@@ -139,7 +139,7 @@ def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:
 
 
 def test_marker_kind_is_checked() -> None:
-    from hfsampler.recording import Marker
+    from hfsampler.profiling.recording import Marker
 
     with pytest.raises(ValueError, match="marker kind"):
         Marker(0, "pause", "x")

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hfsampler.recording import Recording
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay_labels
 from hfsampler.remote_write.arrays import sample_bytes, timeseries
 from hfsampler.remote_write.encoder import Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
-from hfsampler.replay import RawBatches, raw_snapshots, replay_labels
 from hfsampler.series import STALE_NAN, SeriesRegistry
 
 REPO = Path(__file__).resolve().parents[1]

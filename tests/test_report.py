@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from sim_recordings import start_for, synthesize
 
-from hfsampler.recording import Marker, Recording
-from hfsampler.sources.sim import SimSource
+from hfsampler.profiling.recording import Marker, Recording
+from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM_FLAGS = (
@@ -338,7 +338,7 @@ def test_compare_two_runs(marked: tuple[Path, int], tmp_path: Path) -> None:
 @pytest.mark.parametrize("case", ["missing", "not a recording", "three files", "empty"])
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, case: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    from hfsampler.cli import main
+    from hfsampler.cli.main import main
 
     junk = tmp_path / "notes.hfs"
     junk.write_text("not a recording\n")

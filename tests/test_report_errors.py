@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sim_recordings import synthesize
 
-from hfsampler import report
-from hfsampler.cli import main
+from hfsampler.cli.main import main
+from hfsampler.profiling import report
 
 REPO = Path(__file__).resolve().parents[1]
 S = 1_700_000_000 * 10**9

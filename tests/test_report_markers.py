@@ -10,8 +10,8 @@ import pytest
 from sim_recordings import synthesize
 from test_report import report, report_json
 
-from hfsampler import phases
-from hfsampler.recording import Marker
+from hfsampler.profiling import phases
+from hfsampler.profiling.recording import Marker
 
 S = 1_700_000_000 * 10**9  # a whole-second start
 MS = 10**6
@@ -108,7 +108,7 @@ def test_steps_are_read_without_a_marker_object_each(
     """The report reads steps chunk by chunk into arrays (1M steps: 329 MB peak, 523 MB with a
     Marker each): the same timeline as from ``Recording.markers``, a ``Marker`` per other
     marker only."""
-    from hfsampler.recording import Recording
+    from hfsampler.profiling.recording import Recording
 
     mk = [Marker(S + k * MS, "step", "s", k, "api", 7) for k in range(3000)]
     mk += [Marker(S + 5 * MS, "begin", "a"), Marker(S + 900 * MS, "end", "a")]

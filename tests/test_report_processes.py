@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_report import CONSOLE_ERROR, chromium, run_chromium
 
-from hfsampler.recording import Recording, RecordingWriter
-from hfsampler.report_processes import MAX_POINTS, tracks
-from hfsampler.sources import DeviceInfo
+from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.profiling.report_processes import MAX_POINTS, tracks
+from hfsampler.sources.base import DeviceInfo
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1 << 30

@@ -13,8 +13,8 @@ import sim_recordings
 from sim_recordings import synthesize
 from test_report import report, report_json
 
-from hfsampler.recording import Recording, RecordingWriter
-from hfsampler.ring import RingRows
+from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.sampling.ring import RingRows
 
 S = 1_700_000_000 * 10**9
 LIMIT = "DCGM_FI_DEV_POWER_MGMT_LIMIT"

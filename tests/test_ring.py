@@ -11,7 +11,7 @@ import pytest
 import shm_dirs
 
 from hfsampler.errors import ConfigError
-from hfsampler.ring import Ring, SharedInts, check_room
+from hfsampler.sampling.ring import Ring, SharedInts, check_room
 
 
 def _write(ring: Ring, n: int, start: int = 0) -> None:
@@ -121,11 +121,11 @@ def test_blocks_of_a_dead_creator_are_swept() -> None:
     import subprocess
     import sys
 
-    from hfsampler.ring import sweep_orphans
+    from hfsampler.sampling.ring import sweep_orphans
 
     # a process that creates a ring and dies by SIGKILL together with its resource tracker
     script = (
-        "import os, signal; from hfsampler.ring import Ring; r = Ring.create(4, 1, 1); "
+        "import os, signal; from hfsampler.sampling.ring import Ring; r = Ring.create(4, 1, 1); "
         "print(r.name, flush=True); os.killpg(0, signal.SIGKILL)"
     )
     with subprocess.Popen(

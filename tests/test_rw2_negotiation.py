@@ -10,9 +10,10 @@ from pathlib import Path
 from conformance import ConformanceReceiver, Reply
 from test_rw_sender import FAST, eventually, labels_of, make_series, snap
 
-from hfsampler.remote_write import EndpointConfig, RemoteWriter
+from hfsampler import selfmetrics as sm
+from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.relabel import parse_rules
-from hfsampler.remote_write.sender import DROPPED, PROTOCOL_FALLBACKS, SAMPLES
+from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, SeriesRegistry, Snapshot
 
@@ -37,12 +38,12 @@ async def test_unparsable_written_header_is_no_fallback_and_no_duplicate() -> No
         writer = RemoteWriter(v2_endpoint(rx.url), metrics)
         await writer.start()
         writer.push(snap(make_series(3), NOW + 1000))
-        await eventually(lambda: metrics.total(SAMPLES) >= 3)
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) >= 3)
         writer.push(snap(make_series(3), NOW + 2000))
-        await eventually(lambda: metrics.total(SAMPLES) >= 6)
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) >= 6)
         await writer.close(5)
-    assert metrics.total(PROTOCOL_FALLBACKS) == 0
-    assert metrics.total(DROPPED) == 0
+    assert metrics.total(sm.RW_PROTOCOL_FALLBACKS) == 0
+    assert metrics.total(sm.RW_DROPPED) == 0
     assert rx.protocols == ["2.0", "2.0"]
 
 
@@ -58,11 +59,11 @@ async def test_400_with_written_headers_is_a_refusal_not_a_fallback() -> None:
         writer = RemoteWriter(cfg, metrics)
         await writer.start()
         writer.push(snap(make_series(3), NOW + 1000))
-        await eventually(lambda: metrics.total(SAMPLES) + metrics.total(DROPPED) >= 3)
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) + metrics.total(sm.RW_DROPPED) >= 3)
         await writer.close(5)
-    assert metrics.total(PROTOCOL_FALLBACKS) == 0
-    assert metrics.get(SAMPLES, labels_of(cfg)) == 2  # the partial write
-    assert metrics.get(DROPPED, labels_of(cfg, reason="rejected")) == 1
+    assert metrics.total(sm.RW_PROTOCOL_FALLBACKS) == 0
+    assert metrics.get(sm.RW_SAMPLES, labels_of(cfg)) == 2  # the partial write
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 1
     assert rx.requests == 1  # not resent as 1.0
 
 
@@ -74,14 +75,14 @@ async def test_415_to_1_0_after_a_fallback_tries_2_0_at_once() -> None:
         writer = RemoteWriter(v2_endpoint(url), metrics, families={FAMILY.name: FAMILY})
         await writer.start()
         writer.push(snap(make_series(2), NOW + 1000))
-        await eventually(lambda: metrics.total(SAMPLES) >= 2)
-    assert metrics.total(PROTOCOL_FALLBACKS) == 1
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) >= 2)
+    assert metrics.total(sm.RW_PROTOCOL_FALLBACKS) == 1
     port = int(url.split(":")[2].split("/")[0])
     async with ConformanceReceiver(port=port, accept=(V2,)) as new:
         writer.push(snap(make_series(2), NOW + 2000))
         await eventually(lambda: stored(new) >= 2)
         await writer.close(5)
-    assert metrics.total(DROPPED) == 0
+    assert metrics.total(sm.RW_DROPPED) == 0
     assert new.protocols[-1] == "2.0"
     new.assert_conformant()
 

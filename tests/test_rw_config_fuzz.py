@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hfsampler.cli import main
+from hfsampler.cli.main import main
 
 SECRET = "fuzz-Secret-4d2"
 ENDPOINT_KEYS = [

@@ -16,8 +16,9 @@ from aiohttp.test_utils import TestServer
 from certs import make_pki
 from test_rw_sender import FAST, Receiver, Reply, eventually, labels_of, make_series, snap
 
-from hfsampler.remote_write import EndpointConfig, RemoteWriter, parse_remote_write
-from hfsampler.remote_write.sender import DROPPED, QUEUE_DISK_BYTES, REQUESTS, RETRIES, SAMPLES
+from hfsampler import selfmetrics as sm
+from hfsampler.remote_write.config import EndpointConfig, parse_remote_write
+from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
@@ -44,9 +45,9 @@ async def test_spooled_outage_replays_in_order_exactly_once(tmp_path: Path) -> N
     await writer.start()
     for t in range(1, 31):
         writer.push(snap(series, 1000 * t, base=t))
-    await eventually(lambda: m.get(REQUESTS, labels_of(cfg, status="error")) >= 2)
+    await eventually(lambda: m.get(sm.RW_REQUESTS, labels_of(cfg, status="error")) >= 2)
     await writer.close(0.2)
-    assert m.total(DROPPED) == 0  # nothing lost: it is all on disk
+    assert m.total(sm.RW_DROPPED) == 0  # nothing lost: it is all on disk
     assert segment_files(tmp_path)
     port = int(url.split(":")[2].split("/")[0])
     async with Receiver(port=port) as rx:
@@ -63,8 +64,8 @@ async def test_spooled_outage_replays_in_order_exactly_once(tmp_path: Path) -> N
     assert len(per_series) == 6
     for stamps in per_series.values():
         assert stamps == [1000 * t for t in range(1, 32)]
-    assert m2.get(QUEUE_DISK_BYTES, labels_of(cfg)) >= 0
-    assert m2.total(DROPPED) == 0
+    assert m2.get(sm.RW_QUEUE_DISK_BYTES, labels_of(cfg)) >= 0
+    assert m2.total(sm.RW_DROPPED) == 0
 
 
 @pytest.mark.parametrize(
@@ -91,7 +92,7 @@ async def test_tenant_flavours_set_path_and_header(flavor: str, path: str, heade
         writer = RemoteWriter(replace(cfg, queue=FAST), m)
         await writer.start()
         writer.push(snap(make_series(2), 1000))
-        await eventually(lambda: m.total(SAMPLES) == 2)
+        await eventually(lambda: m.total(sm.RW_SAMPLES) == 2)
         await writer.close(5)
     assert seen == [(path, "team-a")]
 
@@ -103,13 +104,13 @@ async def test_thanos_409_is_never_retried_mimir_529_is() -> None:
         writer = RemoteWriter(cfg, m)
         await writer.start()
         writer.push(snap(make_series(2), 1000))
-        await eventually(lambda: m.total(DROPPED) == 2)
+        await eventually(lambda: m.total(sm.RW_DROPPED) == 2)
         writer.push(snap(make_series(2), 2000))
-        await eventually(lambda: m.total(SAMPLES) == 2)
+        await eventually(lambda: m.total(sm.RW_SAMPLES) == 2)
         await writer.close(5)
     assert [r.status for r in rx.received] == [409, 529, 204]
-    assert m.get(DROPPED, labels_of(cfg, reason="rejected")) == 2
-    assert m.total(RETRIES) == 1
+    assert m.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2
+    assert m.total(sm.RW_RETRIES) == 1
 
 
 async def test_basic_auth_and_rotated_bearer_file(
@@ -131,7 +132,7 @@ async def test_basic_auth_and_rotated_bearer_file(
             await w1.start()
             w1.push(snap(make_series(1), 1000))
             await eventually(lambda: len(rx.received) == 1)  # 401: dropped, not retried
-            await eventually(lambda: m.total(DROPPED) == 1)
+            await eventually(lambda: m.total(sm.RW_DROPPED) == 1)
             w1.push(snap(make_series(1), 2000))
             await eventually(lambda: len(rx.received) == 2)
             await w2.start()
@@ -227,7 +228,7 @@ async def test_tls_ca_mtls_and_untrusted(tmp_path: Path, caplog: pytest.LogCaptu
             for w in writers:
                 await w.start()
                 w.push(snap(make_series(2), 1000))
-            await eventually(lambda: m.get(SAMPLES, labels_of(good)) == 2)
+            await eventually(lambda: m.get(sm.RW_SAMPLES, labels_of(good)) == 2)
             await asyncio.sleep(1.0)
             for w in writers:
                 await w.close(0.1)
@@ -235,11 +236,11 @@ async def test_tls_ca_mtls_and_untrusted(tmp_path: Path, caplog: pytest.LogCaptu
         await server.close()
     assert len(seen) == 1
     # An untrusted server is retried, but no faster than max_backoff: no retry storm.
-    errors = m.get(REQUESTS, labels_of(untrusted, status="error"))
+    errors = m.get(sm.RW_REQUESTS, labels_of(untrusted, status="error"))
     assert 1 <= errors <= 5, errors
     # Python's TLS server resets a client without a certificate (Go's sends an alert: see the
     # Prometheus test); either way nothing gets through.
-    assert m.get(SAMPLES, labels_of(no_client)) == 0
+    assert m.get(sm.RW_SAMPLES, labels_of(no_client)) == 0
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "TLS certificate not trusted" in text
 
@@ -258,8 +259,9 @@ def test_insecure_skip_verify_and_bad_files_are_config_errors(tmp_path: Path) ->
 
 
 def test_queue_dir_in_config_and_flag(tmp_path: Path) -> None:
-    from hfsampler.cli import build_parser, config_from_args
-    from hfsampler.config import from_mapping
+    from hfsampler.cli.main import build_parser
+    from hfsampler.config.flags import config_from_args
+    from hfsampler.config.settings import from_mapping
     from hfsampler.errors import ConfigError
 
     assert from_mapping({"queue_dir": str(tmp_path / "q")}).queue_dir == str(tmp_path / "q")

@@ -9,13 +9,7 @@ import snappy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfsampler.remote_write.encoder import (
-    Encoder,
-    QueuedSample,
-    compress,
-    encode_metadata,
-    varint,
-)
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata, varint
 from hfsampler.remote_write.prompb import remote_pb2, types_pb2
 from hfsampler.series import STALE_NAN, Family, SeriesRegistry, Snapshot, is_stale
 

@@ -18,11 +18,12 @@ import pytest
 import yaml
 from test_rw_sender import FAST, Receiver, Reply, eventually, labels_of, make_series, snap
 
-from hfsampler.cli import main
+from hfsampler import selfmetrics as sm
+from hfsampler.cli.main import main
 from hfsampler.errors import ConfigError
-from hfsampler.remote_write import EndpointConfig, QueueConfig, RemoteWriter, parse_remote_write
+from hfsampler.remote_write.config import EndpointConfig, QueueConfig, parse_remote_write
 from hfsampler.remote_write.retry import Backoff
-from hfsampler.remote_write.sender import REQUESTS, RETRIES, SAMPLES
+from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 
 TOKEN = "tok-8f3a1c-SECRET"
@@ -71,7 +72,7 @@ async def test_huge_retry_after_is_capped() -> None:
         waited = time.monotonic() - started
         await writer.close(5)
     assert 0.25 <= waited < 5
-    assert metrics.total(RETRIES) == 1
+    assert metrics.total(sm.RW_RETRIES) == 1
 
 
 async def test_receiver_text_is_one_escaped_line_without_secrets(
@@ -141,10 +142,10 @@ async def test_connection_closed_mid_answer_counts_once() -> None:
     writer = RemoteWriter(cfg, metrics)
     await writer.start()
     writer.push(snap(make_series(1), 1000))
-    await eventually(lambda: metrics.total(REQUESTS) >= 2)
+    await eventually(lambda: metrics.total(sm.RW_REQUESTS) >= 2)
     await writer.close(0.1)
     server.close()
     await server.wait_closed()
-    assert metrics.get(REQUESTS, labels_of(cfg, status="200")) == 0
-    assert metrics.get(REQUESTS, labels_of(cfg, status="error")) >= 2
-    assert metrics.total(SAMPLES) == 0
+    assert metrics.get(sm.RW_REQUESTS, labels_of(cfg, status="200")) == 0
+    assert metrics.get(sm.RW_REQUESTS, labels_of(cfg, status="error")) >= 2
+    assert metrics.total(sm.RW_SAMPLES) == 0

@@ -16,16 +16,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import hfsampler
-from hfsampler.remote_write import EndpointConfig, QueueConfig, RemoteWriter
+from hfsampler import selfmetrics as sm
+from hfsampler.remote_write.config import EndpointConfig, QueueConfig
 from hfsampler.remote_write.prompb import remote_pb2
-from hfsampler.remote_write.sender import (
-    DROPPED,
-    QUEUE_SAMPLES,
-    REQUESTS,
-    RETRIES,
-    SAMPLES,
-    parse_retry_after,
-)
+from hfsampler.remote_write.retry import parse_retry_after
+from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot, is_stale
 
@@ -154,11 +149,11 @@ async def test_503_then_204_resends_the_same_samples() -> None:
         await writer.close(5)
     assert [r.status for r in rx.received] == [503, 204]
     assert rx.received[0].request == rx.received[1].request
-    assert m.get(RETRIES, labels_of(cfg)) == 1
-    assert m.get(REQUESTS, labels_of(cfg, status="503")) == 1
-    assert m.get(REQUESTS, labels_of(cfg, status="204")) == 1
-    assert m.get(SAMPLES, labels_of(cfg)) == 3
-    assert m.total(DROPPED) == 0
+    assert m.get(sm.RW_RETRIES, labels_of(cfg)) == 1
+    assert m.get(sm.RW_REQUESTS, labels_of(cfg, status="503")) == 1
+    assert m.get(sm.RW_REQUESTS, labels_of(cfg, status="204")) == 1
+    assert m.get(sm.RW_SAMPLES, labels_of(cfg)) == 3
+    assert m.total(sm.RW_DROPPED) == 0
 
 
 async def test_an_outage_is_logged_when_it_starts_changes_and_ends(
@@ -175,7 +170,7 @@ async def test_an_outage_is_logged_when_it_starts_changes_and_ends(
         await eventually(lambda: len(rx.accepted()) == 2)
         await writer.close(5)
     retries = [r for r in caplog.records if "retrying in" in r.getMessage()]
-    assert len(retries) == 10 == m.total(RETRIES)
+    assert len(retries) == 10 == m.total(sm.RW_RETRIES)
     loud = [r.getMessage() for r in retries if r.levelno == logging.WARNING]
     assert len(loud) == 2
     assert "HTTP 503" in loud[0]
@@ -196,7 +191,7 @@ async def test_429_retry_after_is_honoured() -> None:
         await writer.close(5)
     first, second = rx.received
     assert second.at - first.at >= 1.0
-    assert m.total(RETRIES) == 1
+    assert m.total(sm.RW_RETRIES) == 1
 
 
 async def test_429_not_retried_when_disabled() -> None:
@@ -204,9 +199,9 @@ async def test_429_not_retried_when_disabled() -> None:
         cfg = EndpointConfig(rx.url, queue=replace(FAST, retry_on_http_429=False))
         writer, m = await running(cfg)
         writer.push(snap(make_series(2), 1000))
-        await eventually(lambda: m.total(DROPPED) == 2)
+        await eventually(lambda: m.total(sm.RW_DROPPED) == 2)
         await writer.close(5)
-    assert m.get(DROPPED, labels_of(cfg, reason="rejected")) == 2
+    assert m.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2
     assert len(rx.received) == 1
 
 
@@ -218,14 +213,14 @@ async def test_400_drops_batch_logs_body_and_continues(caplog: pytest.LogCapture
         series = make_series(2)
         with caplog.at_level(logging.ERROR, "hfsampler.remote_write"):
             writer.push(snap(series, 1000))
-            await eventually(lambda: m.get(DROPPED, labels_of(cfg, reason="rejected")) == 2)
+            await eventually(lambda: m.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2)
         writer.push(snap(series, 2000))
         await eventually(lambda: len(rx.accepted()) == 2)
         await writer.close(5)
     assert [r.status for r in rx.received] == [400, 204]
     assert {ts for _, ts, _ in rx.accepted()} == {2000}
-    assert m.total(RETRIES) == 0
-    assert m.get(REQUESTS, labels_of(cfg, status="400")) == 1
+    assert m.total(sm.RW_RETRIES) == 0
+    assert m.get(sm.RW_REQUESTS, labels_of(cfg, status="400")) == 1
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "HTTP 400: out of order sample xxx" in logged
     assert "x" * 600 not in logged
@@ -246,8 +241,8 @@ async def test_connection_refused_is_retried_and_secrets_stay_out_of_logs(
     with caplog.at_level(logging.DEBUG):
         writer, m = await running(cfg)
         writer.push(snap(make_series(2), 1000))
-        await eventually(lambda: m.get(REQUESTS, labels_of(cfg, status="error")) >= 2)
-        assert m.total(RETRIES) >= 2
+        await eventually(lambda: m.get(sm.RW_REQUESTS, labels_of(cfg, status="error")) >= 2)
+        assert m.total(sm.RW_RETRIES) >= 2
         async with Receiver(port=port) as rx:
             await eventually(lambda: len(rx.accepted()) == 2)
             assert rx.received[0].headers["Authorization"].startswith("Basic ")
@@ -270,8 +265,8 @@ async def test_receiver_slower_than_remote_timeout_is_retried() -> None:
         writer.push(snap(make_series(2), 1000))
         await eventually(lambda: len(rx.accepted()) == 2)
         await writer.close(5)
-    assert m.get(REQUESTS, labels_of(cfg, status="timeout")) == 1
-    assert m.total(RETRIES) == 1
+    assert m.get(sm.RW_REQUESTS, labels_of(cfg, status="timeout")) == 1
+    assert m.total(sm.RW_RETRIES) == 1
 
 
 async def test_protocol_headers_present_and_not_overridable() -> None:
@@ -311,7 +306,7 @@ async def test_per_series_order_kept_across_shards_and_retries() -> None:
     assert len(by_series) == 16
     for stamps in by_series.values():
         assert stamps == [1000 * (t + 1) for t in range(20)]
-    assert m.total(DROPPED) == 0
+    assert m.total(sm.RW_DROPPED) == 0
 
 
 async def test_queue_full_drops_oldest_and_counts() -> None:
@@ -321,8 +316,8 @@ async def test_queue_full_drops_oldest_and_counts() -> None:
     series = make_series(5)
     for t in range(5):
         writer.push(snap(series, 1000 + t))
-    assert m.get(DROPPED, labels_of(cfg, reason="queue_full")) == 15
-    assert m.get(QUEUE_SAMPLES, labels_of(cfg)) == 10
+    assert m.get(sm.RW_DROPPED, labels_of(cfg, reason="queue_full")) == 15
+    assert m.get(sm.RW_QUEUE_SAMPLES, labels_of(cfg)) == 10
     async with Receiver() as rx:
         object.__setattr__(cfg, "url", rx.url)
         await writer.start()
@@ -338,10 +333,10 @@ async def test_close_flushes_before_batch_deadline() -> None:
         writer.push(snap(make_series(5), 1000))
         await writer.close(5)
         assert len(rx.accepted()) == 5
-    assert m.total(DROPPED) == 0
-    assert m.get(QUEUE_SAMPLES, labels_of(cfg)) == 0
+    assert m.total(sm.RW_DROPPED) == 0
+    assert m.get(sm.RW_QUEUE_SAMPLES, labels_of(cfg)) == 0
     writer.push(snap(make_series(2), 2000))
-    assert m.get(DROPPED, labels_of(cfg, reason="shutdown")) == 2
+    assert m.get(sm.RW_DROPPED, labels_of(cfg, reason="shutdown")) == 2
 
 
 async def test_close_counts_unsent_as_shutdown_drops() -> None:
@@ -353,8 +348,8 @@ async def test_close_counts_unsent_as_shutdown_drops() -> None:
         started = time.monotonic()
         await writer.close(0.2)
         assert time.monotonic() - started < 2.0
-    assert m.get(DROPPED, labels_of(cfg, reason="shutdown")) == 7
-    assert m.total(SAMPLES) == 0
+    assert m.get(sm.RW_DROPPED, labels_of(cfg, reason="shutdown")) == 7
+    assert m.total(sm.RW_SAMPLES) == 0
 
 
 async def test_metadata_and_stale_markers() -> None:

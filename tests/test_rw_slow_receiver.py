@@ -11,8 +11,10 @@ from pathlib import Path
 from aiohttp import web
 from test_rw_sender import FAST, Receiver, labels_of
 
-from hfsampler.remote_write import EndpointConfig, RemoteWriter, SpoolQueue
-from hfsampler.remote_write.sender import DROPPED, SAMPLES
+from hfsampler import selfmetrics as sm
+from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
@@ -60,12 +62,12 @@ async def test_slow_receiver_bounded_memory_and_disk_drops_counted(tmp_path: Pat
         elapsed = time.monotonic() - started
         await writer.close(0.5)
     delivered = len(rx.accepted())
-    dropped = m.get(DROPPED, labels_of(cfg, reason="disk_full"))
+    dropped = m.get(sm.RW_DROPPED, labels_of(cfg, reason="disk_full"))
     reopened = SpoolQueue(tmp_path / "slow" / "shard-0", CAPACITY, MAX_DISK)
     left = len(reopened)
     await reopened.close()
     pushed = WINDOWS * len(series)
-    assert delivered == m.get(SAMPLES, labels_of(cfg))
+    assert delivered == m.get(sm.RW_SAMPLES, labels_of(cfg))
     assert delivered < pushed / 2, "the receiver was not slower than the input"
     assert dropped > 0
     assert delivered + dropped + left == pushed

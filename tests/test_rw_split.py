@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from test_rw_sender import FAST, Receiver, eventually, labels_of, make_series, snap
 
+from hfsampler import selfmetrics as sm
 from hfsampler.errors import ConfigError
-from hfsampler.remote_write import EndpointConfig, RemoteWriter, parse_remote_write
-from hfsampler.remote_write.sender import BYTES, DROPPED, REQUESTS, SAMPLES
+from hfsampler.remote_write.config import EndpointConfig, parse_remote_write
+from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
@@ -49,7 +50,9 @@ async def push_windows(
     series = make_series(SERIES)
     for t in range(WINDOWS):
         writer.push(snap(series, 1000 * (t + 1)))
-    await eventually(lambda: metrics.total(SAMPLES) + metrics.total(DROPPED) >= SERIES * WINDOWS)
+    await eventually(
+        lambda: metrics.total(sm.RW_SAMPLES) + metrics.total(sm.RW_DROPPED) >= SERIES * WINDOWS
+    )
     await writer.close(5)
     return metrics
 
@@ -63,8 +66,8 @@ async def test_batches_over_max_request_bytes_go_as_several_requests() -> None:
     assert max(r.size for r in rx.received) <= 16 << 10
     got = delivered(rx)
     assert sorted(got) == sorted(expected(SERIES, WINDOWS))  # every sample exactly once
-    assert m.get(SAMPLES, labels_of(cfg)) == SERIES * WINDOWS
-    assert m.get(BYTES, labels_of(cfg)) == sum(r.size for r in rx.received)
+    assert m.get(sm.RW_SAMPLES, labels_of(cfg)) == SERIES * WINDOWS
+    assert m.get(sm.RW_BYTES, labels_of(cfg)) == sum(r.size for r in rx.received)
 
 
 @pytest.mark.parametrize("spooled", [False, True], ids=["memory", "spool"])
@@ -81,9 +84,9 @@ async def test_413_splits_until_the_receiver_takes_every_sample(
     statuses = [r.status for r in rx.received]
     assert 413 in statuses
     assert statuses.count(204) > statuses.count(413)
-    assert m.total(DROPPED) == 0
-    assert m.get(REQUESTS, labels_of(cfg, status="413")) == statuses.count(413)
-    assert m.get(SAMPLES, labels_of(cfg)) == SERIES * WINDOWS
+    assert m.total(sm.RW_DROPPED) == 0
+    assert m.get(sm.RW_REQUESTS, labels_of(cfg, status="413")) == statuses.count(413)
+    assert m.get(sm.RW_SAMPLES, labels_of(cfg)) == SERIES * WINDOWS
 
 
 async def test_single_series_over_the_limit_is_dropped_as_too_large(
@@ -98,11 +101,11 @@ async def test_single_series_over_the_limit_is_dropped_as_too_large(
         writer = RemoteWriter(cfg, metrics)
         await writer.start()
         writer.push(Snapshot(1000, [*small, big], [1.0, 2.0, 3.0, 4.0]))
-        await eventually(lambda: metrics.total(SAMPLES) + metrics.total(DROPPED) >= 4)
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) + metrics.total(sm.RW_DROPPED) >= 4)
         await writer.close(5)
     assert sorted(delivered(rx)) == [(f"GPU-{i}", 1000) for i in range(3)]
-    assert metrics.get(DROPPED, labels_of(cfg, reason="too_large")) == 1
-    assert metrics.total(DROPPED) == 1
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="too_large")) == 1
+    assert metrics.total(sm.RW_DROPPED) == 1
     assert any("too large" in r.getMessage() for r in caplog.records)
 
 
@@ -127,7 +130,7 @@ async def test_prometheus3_400_for_a_decoded_body_too_large_splits_like_413() ->
         m = await push_windows(cfg, rx)
     assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))
     assert 400 in [r.status for r in rx.received]
-    assert m.total(DROPPED) == 0
+    assert m.total(sm.RW_DROPPED) == 0
 
 
 async def test_after_a_413_later_batches_fit_at_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -141,7 +144,7 @@ async def test_after_a_413_later_batches_fit_at_once(caplog: pytest.LogCaptureFi
         series = make_series(SERIES)
         for t in range(WINDOWS):
             writer.push(snap(series, 1000 * (t + 1)))
-            await eventually(lambda t=t: metrics.total(SAMPLES) >= SERIES * (t + 1))  # type: ignore[misc]
+            await eventually(lambda t=t: metrics.total(sm.RW_SAMPLES) >= SERIES * (t + 1))  # type: ignore[misc]
         await writer.close(5)
     statuses = [r.status for r in rx.received]
     first_window_413s = statuses.count(413)
@@ -162,10 +165,10 @@ async def test_a_receiver_refusing_everything_as_too_large_costs_one_line_per_ba
         series = make_series(20)
         for t in range(3):
             writer.push(snap(series, 1000 * (t + 1)))
-        await eventually(lambda: metrics.total(DROPPED) >= 60)
+        await eventually(lambda: metrics.total(sm.RW_DROPPED) >= 60)
         await writer.close(5)
-    assert metrics.get(DROPPED, labels_of(cfg, reason="too_large")) == 60
-    assert metrics.total(SAMPLES) == 0
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="too_large")) == 60
+    assert metrics.total(sm.RW_SAMPLES) == 0
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) <= 3, [r.getMessage() for r in errors]  # one per batch, not per series
     counts = [re.search(r"refused \d+ series \((\d+) samples\)", r.getMessage()) for r in errors]
@@ -185,12 +188,14 @@ async def test_shutdown_during_a_split_batch_counts_each_sample_once() -> None:
         series = make_series(SERIES)
         for t in range(WINDOWS):
             writer.push(snap(series, 1000 * (t + 1)))
-        await eventually(lambda: metrics.total(SAMPLES) > 0)
+        await eventually(lambda: metrics.total(sm.RW_SAMPLES) > 0)
         await writer.close(0.2)
     sent = len(delivered(rx))
-    counted = metrics.get(SAMPLES, labels_of(cfg))
+    counted = metrics.get(sm.RW_SAMPLES, labels_of(cfg))
     assert 0 < counted < SERIES * WINDOWS
-    assert counted + metrics.get(DROPPED, labels_of(cfg, reason="shutdown")) == SERIES * WINDOWS
+    assert (
+        counted + metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="shutdown")) == SERIES * WINDOWS
+    )
     # the request cut off by the shutdown may have reached the receiver, unanswered
     assert counted <= sent <= counted + SERIES
 
@@ -201,7 +206,7 @@ async def test_a_backlog_batch_carries_each_series_once() -> None:
         queue = replace(FAST, max_samples_per_send=SERIES * WINDOWS, batch_send_deadline_s=0.5)
         cfg = EndpointConfig(rx.url, name="t", queue=queue)
         m = await push_windows(cfg, rx)
-    assert m.total(DROPPED) == 0
+    assert m.total(sm.RW_DROPPED) == 0
     for r in rx.received:
         uuids = [
             next(lb.value for lb in ts.labels if lb.name == "UUID") for ts in r.request.timeseries

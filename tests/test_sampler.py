@@ -14,15 +14,11 @@ import shm_dirs
 
 from hfsampler import fields
 from hfsampler.errors import ConfigError, SourceError
-from hfsampler.plan import discover, plan_groups
-from hfsampler.sampler import (
-    GroupPlan,
-    Sampler,
-    calibrate_spin_ns,
-    ring_capacity,
-    shared_bytes_needed,
-)
-from hfsampler.sources import SourceSpec
+from hfsampler.sampling.groups import GroupPlan, plan_groups
+from hfsampler.sampling.lanes import calibrate_spin_ns
+from hfsampler.sampling.plan import discover
+from hfsampler.sampling.sampler import Sampler, ring_capacity, shared_bytes_needed
+from hfsampler.sources.base import SourceSpec
 
 SPEC = SourceSpec("sim", gpus=2, seed=1)
 
@@ -122,9 +118,9 @@ def test_sampler_dies_with_its_parent(tmp_path: object) -> None:
         """
         import sys, time
         from hfsampler import fields
-        from hfsampler.sampler import Sampler
-        from hfsampler.plan import discover, plan_groups
-        from hfsampler.sources import SourceSpec
+        from hfsampler.sampling.sampler import Sampler
+        from hfsampler.sampling.plan import discover, plan_groups
+        from hfsampler.sources.base import SourceSpec
 
         if __name__ == "__main__":
             spec = SourceSpec("sim", gpus=1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from hfsampler import fields
-from hfsampler.sources import sim
-from hfsampler.sources.sim import SW_POWER_CAP_BIT, SimSource
+from hfsampler.sources.sim import source as sim
+from hfsampler.sources.sim.source import SW_POWER_CAP_BIT, SimSource
 
 SEC = 1_000_000_000
 T0 = 1_800_000_000 * SEC  # a fixed instant: the sim is a function of time
@@ -113,7 +113,7 @@ def test_inventory_labels_are_stable() -> None:
 
 
 def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:
-    from hfsampler.sources import sim
+    from hfsampler.sources.sim import source as sim
 
     assert set(sim._PROFILES) <= set(fields.BY_NAME)  # a renamed field would fall to the default
     counters = [f for f in fields.CATALOGUE if f.kind is fields.Kind.COUNTER and f.nvml_readable]

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 
 from hfsampler import fields as F
-from hfsampler.cli import main
+from hfsampler.cli.main import main
 from hfsampler.errors import ConfigError
-from hfsampler.probe import probe
-from hfsampler.record import choose, visible_gpus
-from hfsampler.recording import Recording, RecordingWriter
-from hfsampler.replay import RawBatches, raw_snapshots, window_snapshots
-from hfsampler.ring import RingRows
-from hfsampler.sources import SourceSpec, physical
-from hfsampler.sources.sim import SimSource
-from hfsampler.sources.sim_mig import parse_layout
-from hfsampler.summary import summarize
-from hfsampler.window import reduce
+from hfsampler.profiling.record import choose, visible_gpus
+from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.profiling.replay import RawBatches, raw_snapshots, window_snapshots
+from hfsampler.profiling.summary import summarize
+from hfsampler.sampling.probe import probe
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.window import reduce
+from hfsampler.sources.base import SourceSpec, physical
+from hfsampler.sources.sim.mig import parse_layout
+from hfsampler.sources.sim.source import SimSource
 
 FIELDS = F.expand_mig(F.CATALOGUE, F.DEFAULT_GROUP_INTERVALS_S)
 
@@ -182,7 +182,7 @@ def test_a_layout_is_placed_largest_first_and_one_that_cannot_be_is_refused() ->
     """``3g,4g`` is a layout a GPU holds (the 4g first, as the driver places it); a layout that
     has no place for an instance is a ConfigError naming the flag, never a traceback."""
     from hfsampler.errors import ConfigError
-    from hfsampler.sources.sim_mig import instances, parse_layout
+    from hfsampler.sources.sim.mig import instances, parse_layout
 
     assert parse_layout("3g,4g") == ("3g", "4g")
     found = instances(("3g", "4g"), 0, 0)

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from hfsampler import fields
-from hfsampler.ring import Ring, RingRows
-from hfsampler.window import (
+from hfsampler.sampling.ring import Ring, RingRows
+from hfsampler.sampling.window import (
     LAST,
     MAX,
     MEAN,

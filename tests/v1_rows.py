@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from hfsampler.fields import BY_NAME
-from hfsampler.ring import RingRows
-from hfsampler.sampler import GroupPlan
-from hfsampler.sources import DeviceInfo
+from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sources.base import DeviceInfo
 
 START_NS = 1_800_000_000 * 10**9
 WINDOW_NS = 100_000_000

@@ -38,13 +38,18 @@ from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, Requ
 from hfsampler.remote_write import wire
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
-from hfsampler.remote_write.encoder import Block, BlockEncoder, QueuedSample, compress, wait_done
-from hfsampler.remote_write.encoder import encode_metadata as encode_metadata
+from hfsampler.remote_write.encoder import (
+    Block,
+    BlockEncoder,
+    QueuedSample,
+    compress,
+    encode_metadata,
+    wait_done,
+)
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
 from hfsampler.remote_write.retry import Backoff
-from hfsampler.remote_write.retry import parse_retry_after as parse_retry_after
 from hfsampler.remote_write.security import TLSSendError
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
@@ -53,18 +58,6 @@ from hfsampler.series import Family, Series, Snapshot, is_stale
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-# The self-metrics this module counts, by their short names (tests and tools import them).
-SAMPLES = sm.RW_SAMPLES
-BYTES = sm.RW_BYTES
-COMPRESSED_BYTES = sm.RW_COMPRESSED_BYTES
-REQUESTS = sm.RW_REQUESTS
-RETRIES = sm.RW_RETRIES
-DROPPED = sm.RW_DROPPED
-SEND_DURATION = sm.RW_SEND_DURATION
-QUEUE_SAMPLES = sm.RW_QUEUE_SAMPLES
-QUEUE_DISK_BYTES = sm.RW_QUEUE_DISK_BYTES
-PROTOCOL_FALLBACKS = sm.RW_PROTOCOL_FALLBACKS
-PARTIAL_WRITES = sm.RW_PARTIAL_WRITES
 
 # Above this many samples a batch is concatenated and compressed in a thread, off the event loop.
 EXECUTOR_THRESHOLD_SAMPLES = 10_000
@@ -320,7 +313,7 @@ class RemoteWriter:
                 dropped += queue.put(block)
         if dropped:
             self._drop(dropped, "queue_full")
-        self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+        self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
 
     def _new_families(self, families: Mapping[str, Family]) -> list[Family]:
         """The families whose metadata has not gone out yet (none when metadata is off)."""
@@ -357,7 +350,7 @@ class RemoteWriter:
         dropped = self._queues[shard].put(Block.ready(data, samples))
         if dropped:
             self._drop(dropped, "queue_full")
-        self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
+        self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
 
     async def close(
         self,
@@ -401,7 +394,7 @@ class RemoteWriter:
                 drop_reason,
             )
             self._drop(left, drop_reason)
-        self._metrics.set(QUEUE_SAMPLES, 0, self._labels)
+        self._metrics.set(sm.RW_QUEUE_SAMPLES, 0, self._labels)
         if self.disk_bytes():
             log.info(
                 "remote write %s: %d bytes stay spooled for the next start",
@@ -413,15 +406,15 @@ class RemoteWriter:
         self._tasks = []
 
     def _drop(self, count: int, reason: str) -> None:
-        self._metrics.inc(DROPPED, count, {**self._labels, "reason": reason})
+        self._metrics.inc(sm.RW_DROPPED, count, {**self._labels, "reason": reason})
 
     async def _run_shard(self, index: int) -> None:
         queue = self._queues[index]
         qc = self.config.queue
         while True:
             batch = await queue.get_batch(qc.max_samples_per_send, qc.batch_send_deadline_s)
-            self._metrics.set(QUEUE_SAMPLES, self.queued(), self._labels)
-            self._metrics.set(QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
+            self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
+            self._metrics.set(sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
             if not batch.blocks:
                 return
             flight = self._inflight[index] = _Flight(batch)
@@ -540,7 +533,7 @@ class RemoteWriter:
                 written = await self._client.post(body, request.samples, v2)
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
-                self._metrics.inc(RETRIES, 1, self._labels)
+                self._metrics.inc(sm.RW_RETRIES, 1, self._labels)
                 note = self._outage.failed(err)
                 log.log(
                     logging.DEBUG if note is None else logging.WARNING,
@@ -596,15 +589,17 @@ class RemoteWriter:
                     self.config.display_url,
                     *ended,
                 )
-            self._metrics.inc(SAMPLES, stored, self._labels)
-            self._metrics.inc(BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels)
-            self._metrics.inc(COMPRESSED_BYTES, len(body), self._labels)
+            self._metrics.inc(sm.RW_SAMPLES, stored, self._labels)
+            self._metrics.inc(
+                sm.RW_BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels
+            )
+            self._metrics.inc(sm.RW_COMPRESSED_BYTES, len(body), self._labels)
             flight.settled += request.samples
             return
 
     def _partial(self, request: _Request, written: int, answer: str) -> None:
         """A 2.0 receiver wrote fewer samples than sent: the rest are counted as not written."""
-        self._metrics.inc(PARTIAL_WRITES, 1, self._labels)
+        self._metrics.inc(sm.RW_PARTIAL_WRITES, 1, self._labels)
         self._drop(request.samples - written, "not_written")
         log.warning(
             "remote write %s (%s): a partial write: %d of %d samples written (%s)",
@@ -629,8 +624,8 @@ class RemoteWriter:
             f" ({written} of {request.samples} written: a partial write)" if written else "",
         )
         if written:
-            self._metrics.inc(SAMPLES, written, self._labels)
-            self._metrics.inc(PARTIAL_WRITES, 1, self._labels)
+            self._metrics.inc(sm.RW_SAMPLES, written, self._labels)
+            self._metrics.inc(sm.RW_PARTIAL_WRITES, 1, self._labels)
         self._drop(request.samples - written, "rejected")
 
     def _fall_back(self, why: str) -> None:
@@ -638,7 +633,7 @@ class RemoteWriter:
         if not self._negotiation.v2:
             return  # another shard's request found out first: once per endpoint
         self._negotiation.fall_back()
-        self._metrics.inc(PROTOCOL_FALLBACKS, 1, self._labels)
+        self._metrics.inc(sm.RW_PROTOCOL_FALLBACKS, 1, self._labels)
         log.warning(
             "remote write %s (%s) does not take Remote-Write 2.0 (%s): sending 1.0, trying 2.0 "
             "again in %.0f s",

@@ -26,7 +26,7 @@ import numpy as np
 
 from hfsampler.errors import DriverNotFoundError, SourceError
 from hfsampler.fields import Field
-from hfsampler.sources import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
+from hfsampler.sources.base import BoolArray, DeviceInfo, FloatArray, IntArray, Inventory
 
 log = logging.getLogger(__name__)
 

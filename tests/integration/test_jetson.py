@@ -76,10 +76,10 @@ def jetson_run(
 def _expected(r: JetsonRun) -> list[tuple[str, dict[str, str]]]:
     """Every (series name, own labels) a default run on this tree exports: what discovery
     keeps, but a zone that reads nothing (kept, and retried) has no sample to export."""
-    from hfsampler.config import Config
-    from hfsampler.plan import discover
-    from hfsampler.sources import SourceSpec
-    from hfsampler.window import exported_names
+    from hfsampler.config.settings import Config
+    from hfsampler.sampling.plan import discover
+    from hfsampler.sampling.window import exported_names
+    from hfsampler.sources.base import SourceSpec
 
     inv = discover(SourceSpec("jetson", jetson_root=str(r.root)), Config().selected_fields())
     silent = {v for f in inv.fields for v in dict(f.labels).values()

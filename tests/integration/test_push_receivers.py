@@ -22,7 +22,7 @@ import receivers as rx
 
 if TYPE_CHECKING:
     from hfsampler.fields import Field
-    from hfsampler.sources.sim import SimSource
+    from hfsampler.sources.sim.source import SimSource
 
 pytestmark = pytest.mark.integration
 
@@ -149,8 +149,8 @@ def sim_push(receivers: dict[str, rx.Receiver]) -> SimPush:
 
 def _sim() -> SimSource:
     """The ground truth: the same seeded source the run sampled (the CLI's default seed)."""
-    from hfsampler.config import Config
-    from hfsampler.sources.sim import SimSource
+    from hfsampler.config.settings import Config
+    from hfsampler.sources.sim.source import SimSource
 
     return SimSource(gpus=GPUS, seed=Config().seed)
 
@@ -163,7 +163,7 @@ def _group(metric: str) -> str:
 
 
 def _default_fields() -> tuple[Field, ...]:
-    from hfsampler.config import Config
+    from hfsampler.config.settings import Config
 
     # what a sim run samples by default: the catalogue less what only a Jetson's sysfs has
     return tuple(f for f in Config().selected_fields() if f.nvml_readable)
@@ -171,7 +171,7 @@ def _default_fields() -> tuple[Field, ...]:
 
 def _expected_names() -> list[str]:
     """Every series name a default run exports: each default field's name and siblings."""
-    from hfsampler.window import exported_names
+    from hfsampler.sampling.window import exported_names
 
     return [name for f in _default_fields() for name in exported_names(f)]
 
@@ -396,7 +396,7 @@ def test_nvlink_per_link(receivers: dict[str, rx.Receiver], sim_push: SimPush, n
     """Every link is a series of one family told apart by ``link``, queried per link: the sim's
     18 links on GPU 0, 17 on GPU 1 (its last one is down); each window's mean is the sim's for
     that link; the error counters are counters, rate() per link their rate."""
-    from hfsampler.sources.sim import NVLINKS, nvlink_up
+    from hfsampler.sources.sim.source import NVLINKS, nvlink_up
 
     receiver, sim = receivers[name], _sim()
     start_s, end_s = _span(sim_push)

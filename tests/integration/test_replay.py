@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import receivers as rx
 
-from hfsampler.recording import Recording
-from hfsampler.window import MAX
+from hfsampler.profiling.recording import Recording
+from hfsampler.sampling.window import MAX
 
 pytestmark = pytest.mark.integration
 

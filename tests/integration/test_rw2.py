@@ -56,8 +56,8 @@ def pushed(receivers: dict[str, rx.Receiver], tmp_path_factory: pytest.TempPathF
 
 
 def _expected_names() -> list[str]:
-    from hfsampler.config import Config
-    from hfsampler.window import exported_names
+    from hfsampler.config.settings import Config
+    from hfsampler.sampling.window import exported_names
 
     return [n for f in Config().selected_fields() if f.nvml_readable for n in exported_names(f)]
 

@@ -107,7 +107,7 @@ def secure_prometheus(
 
 
 def _endpoint(prom: SecurePrometheus, pki: Pki, name: str, **tls_and_auth: object):  # type: ignore[no-untyped-def]
-    from hfsampler.remote_write import parse_remote_write
+    from hfsampler.remote_write.config import parse_remote_write
 
     entry = {
         "url": prom.write_url,
@@ -120,7 +120,7 @@ def _endpoint(prom: SecurePrometheus, pki: Pki, name: str, **tls_and_auth: objec
 
 
 async def _push(endpoints, seconds: float, metric: str):  # type: ignore[no-untyped-def]
-    from hfsampler.remote_write import RemoteWriter
+    from hfsampler.remote_write.sender import RemoteWriter
     from hfsampler.selfmetrics import SelfMetrics
     from hfsampler.series import SeriesRegistry, Snapshot
 
@@ -142,10 +142,10 @@ async def _push(endpoints, seconds: float, metric: str):  # type: ignore[no-unty
 
 
 def _requests(metrics, ep, status: str) -> float:  # type: ignore[no-untyped-def]
-    from hfsampler.remote_write.sender import REQUESTS
+    from hfsampler import selfmetrics as sm
 
     return metrics.get(
-        REQUESTS, {"remote_name": ep.remote_name, "url": ep.display_url, "status": status}
+        sm.RW_REQUESTS, {"remote_name": ep.remote_name, "url": ep.display_url, "status": status}
     )
 
 

@@ -1,0 +1,315 @@
+"""The metric model: window statistics and self-metrics become one ``Snapshot`` of named series.
+
+GPU series take dcgm-exporter's names and labels, one series per statistic of
+``sampling.window.STATS`` that the field's kind exports (a gauge's mean keeps the name, the others
+are siblings such as ``_max``), plus a field's own labels where it has several instances
+(``rail``, ``zone``); counters, states and bitmasks export one value. Counters and
+states carry their last value into windows without a fresh sample; a gauge without samples for
+``stale_after_windows`` windows, every series of a GPU that went down, and everything at shutdown
+gets Prometheus's stale marker once.
+
+A MIG instance's series are its slot row's (``DeviceInfo.mig``): dcgm-exporter's labels plus
+``GPU_I_ID``, ``GPU_I_PROFILE`` and ``MIG_UUID``, with the parent GPU's ``UUID``. A slot carries
+the per-instance fields (``Field.mig_instance``); GPU-level fields stay on the GPU's own row,
+once, unless ``copy_device_fields`` copies them onto every instance as dcgm-exporter does. When
+a slot's instance changes (``set_devices``), its old series end with stale markers and the new
+instance's begin, as when a pod's labels change.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
+from hfsampler.sampling.window import STATS, Stat, WindowStats
+from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot
+from hfsampler.sources.base import DeviceInfo
+
+ObjArray = npt.NDArray[np.object_]
+
+REFRESH_METRIC = "hfsampler_field_refresh_seconds"
+REFRESH_HELP = (
+    "Seconds between distinct samples of the field in the window (window length / distinct "
+    "samples): the real resolution of its series."
+)
+
+SELF_PREFIX = "hfsampler_"  # hfsampler's own families, beside dcgm-exporter's DCGM_FI_*
+
+
+def host_labels(
+    hostname: str | None = None,
+    host_label: str = "Hostname",
+    instance: str | None = None,
+    instance_port: int = DEFAULT_INSTANCE_PORT,
+) -> dict[str, str]:
+    """The labels naming this host on every series: the host label and ``instance``.
+
+    A scrape adds ``instance``, a push does not, and dcgm-exporter's dashboards and many alert
+    rules select on it: by default it is ``<host>:<port>`` as a scrape would have made it.
+    ``instance=""`` leaves it off.
+    """
+    host = hostname or socket.gethostname() or "localhost"
+    labels = {host_label: host}
+    if instance is None:
+        instance = f"{host}:{instance_port}"
+    if instance:
+        labels["instance"] = instance
+    return labels
+
+
+def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
+    """dcgm-exporter's per-GPU labels, with the host's (``host_labels``); a MIG instance's too."""
+    labels = {
+        "gpu": str(device.index),
+        "UUID": device.uuid,
+        "device": device.device,
+        "modelName": device.model_name,
+        **host,
+        "pci_bus_id": device.pci_bus_id,
+        "DCGM_FI_DRIVER_VERSION": device.driver_version,
+    }
+    m = device.mig
+    if m is not None:
+        labels.update(GPU_I_ID=str(m.gpu_instance_id), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
+    return labels
+
+
+@dataclass(slots=True)
+class _GroupSeries:
+    """A group's series per statistic, as ``[gpu, field]`` object arrays (None: not exported)."""
+
+    fields: tuple[Field, ...]
+    by_stat: list[tuple[Stat, ObjArray]]
+    carried: npt.NDArray[np.bool_]  # [field]: counters, states, bitmasks carry forward
+    held: npt.NDArray[np.float64]  # [stat, gpu, field]: last exported value of carried fields
+    empty_windows: npt.NDArray[np.int64]  # [gpu, field]: consecutive windows without a sample
+    seen: npt.NDArray[np.bool_]  # [gpu, field]: had a sample once (else nothing to mark stale)
+    refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
+    copied: npt.NDArray[np.int64]  # columns copied from a GPU onto its MIG instances
+
+
+class MetricModel:
+    """Builds each window's snapshot; one per service, reused for every window."""
+
+    def __init__(
+        self,
+        devices: Sequence[DeviceInfo],
+        groups: Mapping[str, Sequence[Field]],
+        self_metrics: SelfMetrics,
+        external_labels: Mapping[str, str] | None = None,
+        hostname: str | None = None,
+        stale_after_windows: int = 5,
+        *,
+        host_label: str = "Hostname",
+        instance: str | None = None,
+        instance_port: int = DEFAULT_INSTANCE_PORT,
+        copy_device_fields: bool = False,
+    ) -> None:
+        self.devices = tuple(devices)
+        self.copy_device_fields = copy_device_fields
+        # per MIG slot row, the row of its GPU (whose fields a copy takes)
+        first_row = {d.index: r for r, d in reversed(list(enumerate(self.devices))) if d.is_gpu}
+        self._slots = np.array([r for r, d in enumerate(self.devices) if not d.is_gpu], np.int64)
+        self._parents = np.array([first_row[self.devices[r].index] for r in self._slots], np.int64)
+        twins = {f.name for fs in groups.values() for f in fs if f.mig_instance}
+        self._twinned = twins  # names a MIG instance has its own series of: never copied
+        self._extra: list[Mapping[str, str]] = [{} for _ in self.devices]
+        self.host = host_labels(hostname, host_label, instance, instance_port)
+        self.external = dict(external_labels or {})
+        self.self_metrics = self_metrics
+        self.registry = SeriesRegistry()
+        self.stale_after_windows = stale_after_windows
+        self._groups: dict[str, _GroupSeries] = {}
+        self._live: dict[int, Series] = {}
+        self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
+        for name, fields in groups.items():
+            self._groups[name] = self._build_group(tuple(fields))
+        for d in self_metrics.definitions():  # known before any window: senders read them
+            self.registry.family(d.name, d.help, d.type)
+
+    @property
+    def families(self) -> Mapping[str, Family]:
+        return self.registry.families
+
+    def set_extra_labels(self, extra: Sequence[Mapping[str, str]]) -> None:
+        """Attribution labels per GPU (``export.attribution``), given before each snapshot.
+
+        A GPU whose labels changed (a pod ended, another started) gets new series from here on;
+        the old ones drop out of the next snapshot and get stale markers like any ended series.
+        """
+        for i, labels in enumerate(extra):
+            self._extra[i] = labels
+            self._relabel(i)
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        """The rows' devices now (the sampler's source found a new MIG layout).
+
+        A slot whose instance changed gets the new instance's series from here on; the old
+        ones drop out of the next snapshot and get stale markers.
+        """
+        for i, d in enumerate(devices):
+            if d != self.devices[i]:
+                self.devices = (*self.devices[:i], d, *self.devices[i + 1 :])
+                self._relabel(i)
+
+    def _relabel(self, i: int) -> None:
+        base = gpu_labels(self.devices[i], self.host)
+        # external labels win, as with Prometheus's own external_labels
+        wanted = {**base, **self._extra[i], **self.external}
+        previous = self._base_labels[i]
+        if wanted == previous:
+            return
+        self._base_labels[i] = wanted
+        for group in self._groups.values():
+            for arr in [a for _, a in group.by_stat] + [group.refresh]:
+                for j in range(arr.shape[1]):
+                    old = arr[i, j]
+                    if old is not None:
+                        # keep a series' own labels (e.g. `field`), swap the GPU's
+                        own = {k: v for k, v in old.labels if k not in previous}
+                        arr[i, j] = self.registry.series(old.name, {**wanted, **own})
+
+    def _has(self, row: int, f: Field) -> bool:
+        """Whether row ``row`` can have series of ``f``: a GPU its fields, a MIG slot its own
+        per-instance fields (and, copying, the GPU's fields an instance has no own series of)."""
+        if self.devices[row].is_gpu:
+            return not f.mig_instance
+        if f.mig_instance:
+            return True
+        return self._copied(f) and f.name not in self._twinned
+
+    def _copied(self, f: Field) -> bool:
+        """Whether ``f`` is copied from a MIG GPU onto its instances (mig.copy_device_fields).
+
+        dcgm-exporter's copying is of its fields: hfsampler's own per-GPU counters (XIDs by
+        code) stay the GPU's, or one event would count once per instance.
+        """
+        return self.copy_device_fields and not f.mig_instance and not f.name.startswith(SELF_PREFIX)
+
+    def _build_group(self, fields: tuple[Field, ...]) -> _GroupSeries:
+        g = len(self.devices)
+        own = [dict(f.labels) for f in fields]
+        has = np.array([[self._has(i, f) for f in fields] for i in range(g)], dtype=np.bool_)
+        has = has.reshape(g, len(fields))
+        by_stat: list[tuple[Stat, ObjArray]] = []
+        for stat in STATS:
+            arr: ObjArray = np.empty((g, len(fields)), dtype=object)
+            for j, f in enumerate(fields):
+                if not stat.exports(f.kind):
+                    continue
+                name = f.name + stat.suffix
+                help_text = f"{f.help.rstrip('.')}; {stat.help[f.kind]}."
+                self.registry.family(name, help_text, f.prometheus_type, f.unit)
+                for i in np.flatnonzero(has[:, j]):
+                    # a per-instance field (a rail, a zone) adds its own label to the GPU's
+                    arr[i, j] = self.registry.series(name, {**self._base_labels[i], **own[j]})
+            by_stat.append((stat, arr))
+        refresh: ObjArray = np.empty((g, len(fields)), dtype=object)
+        self.registry.family(REFRESH_METRIC, REFRESH_HELP, "gauge", "seconds")
+        for j, f in enumerate(fields):
+            for i in np.flatnonzero(has[:, j]):
+                labels = {**self._base_labels[i], **own[j], "field": f.name}
+                refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
+        carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
+        return _GroupSeries(
+            fields,
+            by_stat,
+            carried,
+            np.full((len(by_stat), g, len(fields)), np.nan),
+            np.zeros((g, len(fields)), dtype=np.int64),
+            np.zeros((g, len(fields)), dtype=np.bool_),
+            refresh,
+            np.array(
+                [j for j, f in enumerate(fields) if self._copied(f)] if self._slots.size else [],
+                dtype=np.int64,
+            ),
+        )
+
+    def _copy_to_instances(self, group: _GroupSeries, stats: WindowStats) -> WindowStats:
+        """``stats`` with each MIG slot's copied columns taken from its GPU's row."""
+        if not group.copied.size:
+            return stats
+        to = np.ix_(self._slots, group.copied)
+        at = np.ix_(self._parents, group.copied)
+        values = {}
+        for name, v in stats.values.items():
+            v = v.copy()
+            v[to] = v[at]
+            values[name] = v
+        count = stats.count.copy()
+        count[to] = count[at]
+        return replace(stats, values=values, count=count)
+
+    def snapshot(
+        self,
+        windows: Mapping[str, WindowStats],
+        gpu_up: npt.NDArray[np.bool_],
+        t1_ns: int,
+    ) -> Snapshot:
+        """The snapshot for the window ending at ``t1_ns``."""
+        series: list[Series] = []
+        values: list[float] = []
+        alive: dict[int, Series] = {}
+        for name, stats in windows.items():
+            group = self._groups[name]
+            stats = self._copy_to_instances(group, stats)
+            has = stats.count > 0
+            group.empty_windows = np.where(has, 0, group.empty_windows + 1)
+            group.seen |= has
+            # a gauge stays live through a few windows without samples; carried fields while known;
+            # one never sampled on a GPU (a link down there) is no series, not even a stale marker
+            recent = (group.empty_windows < self.stale_after_windows) & group.seen
+            for k, (stat, arr) in enumerate(group.by_stat):
+                fresh = stats.values.get(stat.name)
+                if fresh is None:  # a recording from before this statistic existed
+                    continue
+                held = group.held[k] = np.where(has & group.carried, fresh, group.held[k])
+                data = np.where(group.carried, held, fresh)
+                emit = np.where(group.carried, ~np.isnan(held), has)
+                present = gpu_up[:, None] & (arr != None)  # noqa: E711
+                emit = emit & present
+                live = emit | (present & ~group.carried & recent)
+                for s in arr[live]:
+                    alive[s.id] = s
+                idx = np.nonzero(emit)
+                series.extend(arr[idx])
+                values.extend(data[idx].tolist())
+            # the series' real resolution: the window over its distinct samples, so a dashboard
+            # can tell a 1 ms field from one the driver refreshes every 100 ms
+            idx = np.nonzero(has & gpu_up[:, None] & (group.refresh != None))  # noqa: E711
+            window_s = (stats.t1_ns - stats.t0_ns) / 1e9
+            for s, n in zip(group.refresh[idx], stats.count[idx].tolist(), strict=True):
+                alive[s.id] = s
+                series.append(s)
+                values.append(window_s / n)
+        self._self_series(series, values, alive)
+        ended = [s for sid, s in self._live.items() if sid not in alive]
+        self.registry.forget(ended)
+        series.extend(ended)
+        values.extend([STALE_NAN] * len(ended))
+        self._live = alive
+        return Snapshot(t1_ns // 1_000_000, series, values, self.registry.families)
+
+    def final_snapshot(self, t_ns: int) -> Snapshot:
+        """Stale markers for every live series: the last thing sent at shutdown."""
+        ended = list(self._live.values())
+        self._live = {}
+        return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families)
+
+    def _self_series(
+        self, series: list[Series], values: list[float], alive: dict[int, Series]
+    ) -> None:
+        base = {**self.host, **self.external}
+        for d in self.self_metrics.definitions():
+            self.registry.family(d.name, d.help, d.type)
+        for d, key, value in self.self_metrics.samples():
+            s = self.registry.series(d.name, {**base, **dict(key)})
+            series.append(s)
+            values.append(value)
+            alive[s.id] = s

@@ -1,0 +1,501 @@
+"""The service: wires source, sampler, windows, metrics, /metrics and Remote-Write under uvloop.
+
+It runs the window clock (``WindowClock``: windows end on wall-clock multiples of the window
+length), turns each window into one snapshot, serves the latest on /metrics, hands it to every
+remote writer, and on a signal or at the end of ``--duration`` sends stale markers, flushes, and
+frees shared memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+from aiohttp import web
+
+from hfsampler import logs
+from hfsampler import selfmetrics as sm
+from hfsampler.config.reload import plan_reload
+from hfsampler.config.settings import Config, parse_listen
+from hfsampler.errors import ConfigError
+from hfsampler.export import exposition
+from hfsampler.export.attribution import Labeller, build_labeller
+from hfsampler.export.metrics import MetricModel
+from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
+from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.dirlock import DirLock
+from hfsampler.remote_write.sender import RemoteWriter, orphan_spools
+from hfsampler.sampling.groups import GroupPlan, plan_groups
+from hfsampler.sampling.sampler import Sampler
+from hfsampler.sampling.window import (
+    MAX,
+    MEAN,
+    TickStats,
+    WindowClock,
+    WindowReader,
+    WindowStats,
+    reduce,
+)
+from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import Snapshot
+from hfsampler.sources.base import DeviceInfo, Inventory, SourceSpec, physical
+
+log = logging.getLogger(__name__)
+
+FLUSH_DEADLINE_S = 5.0
+# A group that has not ticked for this many of its intervals (and STALL_MIN_S at least) is stalled:
+# a read stuck in the driver, or a stopped sampler. Said once, and /healthz answers 503 meanwhile.
+STALL_INTERVALS = 20
+STALL_MIN_S = 3.0
+
+
+@dataclass(slots=True)
+class _Group:
+    plan: GroupPlan
+    index: int
+    reader: WindowReader
+    rows: list[int]  # the GPU rows with a field of the group (not a MIG slot's, mostly)
+    ticks: int = 0
+    late: int = 0
+    missed: int = 0
+    progressed_ns: int | None = None  # when its tick count last grew (wall clock)
+    stalled_s: float = 0.0  # > 0 while stalled: how long it had not ticked when it was said
+
+    def watch(self, ticks: int, now_ns: int) -> None:
+        """Notices a group that stopped ticking, and one that ticks again; logs each once."""
+        if ticks > self.ticks or self.progressed_ns is None:
+            if self.stalled_s:
+                log.info(
+                    "sampler group %s ticks again after %.0f s",
+                    self.plan.name,
+                    (now_ns - (self.progressed_ns or now_ns)) / 1e9,
+                )
+            self.progressed_ns, self.stalled_s = now_ns, 0.0
+            return
+        idle_s = (now_ns - self.progressed_ns) / 1e9
+        if not self.stalled_s and idle_s >= max(
+            STALL_MIN_S, STALL_INTERVALS * self.plan.interval_s
+        ):
+            self.stalled_s = idle_s
+            log.warning(
+                "sampler group %s has not ticked for %.0f s (every %g s expected): a read stuck "
+                "in the driver, or the sampler process stopped; its series go stale and /healthz "
+                "answers 503 until it ticks again",
+                self.plan.name,
+                idle_s,
+                self.plan.interval_s,
+            )
+
+
+class Service:
+    """One running hfsampler: built from a validated config and a discovered inventory."""
+
+    def __init__(
+        self,
+        config: Config,
+        spec: SourceSpec,
+        inventory: Inventory,
+        *,
+        out: TextIO | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        loader: Callable[[], Config] | None = None,
+    ) -> None:
+        """``loader`` builds the configuration again from its files and flags (SIGHUP)."""
+        self.config = config
+        self.spec = spec
+        self.inventory = inventory
+        self.metrics = SelfMetrics()
+        self.plans = plan_groups(inventory.fields, dict(config.intervals_s))
+        self.model = self._build_model(config)
+        self.latest: Snapshot | None = None
+        self.windows = 0
+        self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
+        self._clock_ns = clock_ns
+        self._stop = asyncio.Event()
+        self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
+        # One process per queue_dir, refused here (exit 2) before anything is read or sampled.
+        self._queue_lock = DirLock.acquire(self._queue_dir) if self._queue_dir is not None else None
+        self._writers = [self._writer(ep) for ep in config.remote_write]
+        self._loader = loader
+        self._reloading: asyncio.Task[None] | None = None
+        self._reload_again = False
+        self._held: dict[str, list[Snapshot]] = {}
+        self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
+        self._sampler: Sampler | None = None
+        self._mixed = np.zeros(len(inventory.devices), dtype=np.bool_)  # see _apply_layout
+        self._groups: list[_Group] = []
+        self._labeller: Labeller | None = build_labeller(
+            inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _build_model(self, config: Config) -> MetricModel:
+        return MetricModel(
+            self.inventory.devices,
+            {p.name: p.fields for p in self.plans},
+            self.metrics,
+            config.external_labels,
+            hostname=config.hostname,
+            stale_after_windows=config.stale_after_windows,
+            host_label=config.host_label,
+            instance=config.instance,
+            instance_port=config.instance_port,
+            copy_device_fields=config.mig_copy_device_fields,
+        )
+
+    def _warn_orphan_spools(self) -> None:
+        if self._queue_dir is None:
+            return
+        for name, size in orphan_spools(self._queue_dir, self.config.remote_write):
+            log.warning(
+                "queue_dir %s: %d bytes are spooled for an endpoint named %r that is not "
+                "configured (removed, or renamed; an unnamed one is named by its URL's hash): "
+                "nothing sends them; configure it again with that name, or delete %s",
+                self._queue_dir,
+                size,
+                name,
+                self._queue_dir / name,
+            )
+
+    def _writer(self, endpoint: EndpointConfig) -> RemoteWriter:
+        # the model's families from the start: a spool replayed before the first window goes
+        # out as 2.0 with its series' metadata
+        return RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families)
+
+    def request_reload(self) -> None:
+        """SIGHUP: load the configuration again and apply it; one during a reload runs after it."""
+        if self._loader is None:
+            log.warning("SIGHUP: this run has no configuration to reload; ignored")
+            return
+        if self._reloading is not None and not self._reloading.done():
+            self._reload_again = True
+            return
+        self._reloading = asyncio.get_running_loop().create_task(self._reload_all(self._loader))
+
+    async def _reload_all(self, loader: Callable[[], Config]) -> None:
+        while True:
+            self._reload_again = False
+            try:
+                await self._reload(loader)
+            except Exception as err:  # never a traceback from a reload, and never half applied
+                log.error("configuration reload failed, the running one stays: %s", err)
+                self.metrics.set(sm.CONFIG_RELOAD_OK, 0.0)
+            if not self._reload_again:
+                return
+
+    async def _reload(self, loader: Callable[[], Config]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            new = await loop.run_in_executor(None, loader)
+        except (ConfigError, OSError) as err:
+            log.error("configuration reload refused, the running one stays: %s", err)
+            self.metrics.set(sm.CONFIG_RELOAD_OK, 0.0)
+            return
+        plan = plan_reload(self.config, new)
+        if plan.needs_restart:
+            log.warning(
+                "configuration reload: %s changed, which takes a restart; running with the old "
+                "values of those",
+                ", ".join(plan.needs_restart),
+            )
+        stopping = {ep.remote_name for ep in plan.stop}
+        restarting = stopping & {ep.remote_name for ep in plan.start}
+        leaving = [w for w in self._writers if w.config.remote_name in stopping]
+        self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
+        # windows made while a changed endpoint's writer is replaced wait for the new one
+        self._held = {name: [] for name in restarting}
+        try:
+            if plan.labels_changed:
+                # the old series end here, the new ones start with the next window
+                final = self.model.final_snapshot(self._clock_ns())
+                for w in [*self._writers, *leaving]:
+                    w.push(final)
+                self.model = self._build_model(plan.config)
+            # a spooled queue stays on disk for the new writer (which opens the same spool once
+            # the old one has let go of it); a memory queue is flushed for a while first
+            await asyncio.gather(
+                *(
+                    w.close(0.0 if self._queue_dir else FLUSH_DEADLINE_S, drop_reason="reload")
+                    for w in leaving
+                )
+            )
+            started: list[RemoteWriter] = []
+            try:
+                for ep in plan.start:
+                    w = self._writer(ep)
+                    started.append(w)
+                    await w.start()
+            except Exception:
+                await asyncio.gather(*(w.close(0.0, drop_reason="reload") for w in started))
+                # put the endpoints back as they ran: the old configuration stays in force
+                for w in leaving:
+                    back = self._writer(w.config)
+                    await back.start()
+                    self._writers.append(back)
+                raise
+            for w in started:
+                for snapshot in self._held.get(w.config.remote_name, ()):
+                    w.push(snapshot)
+            self._writers += started
+        finally:
+            self._held = {}
+        self.config = plan.config
+        logs.set_level(plan.config.log_level)
+        self._warn_orphan_spools()
+        self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
+        self.metrics.set(sm.CONFIG_RELOAD_TIME, time.time())
+        log.info(
+            "configuration reloaded: %d endpoint(s) started, %d stopped%s",
+            len(started),
+            len(leaving),
+            "; labels changed" if plan.labels_changed else "",
+        )
+
+    async def run(self) -> int:
+        """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""
+        for warning in self.config.warnings():
+            log.warning("%s", warning)
+        self._warn_orphan_spools()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        sampler = Sampler(
+            self.spec,
+            self.inventory,
+            self.plans,
+            self.config.window_s,
+            realtime_priority=self.config.realtime_priority,
+            max_ring_bytes=self.config.max_ring_bytes,
+        )
+        self._sampler = sampler
+        runner: web.AppRunner | None = None
+        try:
+            await loop.run_in_executor(None, sampler.start)
+            self._groups = [
+                _Group(p, i, WindowReader(sampler.rings[p.name]), self._rows_of(p))
+                for i, p in enumerate(self.plans)
+            ]
+            log.info(
+                "sampling %d GPU(s)%s from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
+                len(physical(self.inventory.devices)),
+                _mig_text(self.inventory.devices),
+                self.spec.kind,
+                ", ".join(f"{p.name} {len(p.fields)} fields every {p.interval_s * 1e3:g} ms"
+                          for p in self.plans),
+                self.config.window_s,
+                sampler.shared_bytes // 1024,
+                sampler.spin_s * 1e6,
+                f"SCHED_FIFO {sampler.realtime_priority}"
+                if sampler.realtime_priority
+                else "normal scheduling",
+            )  # fmt: skip
+            log.debug("shared memory: %s", " ".join(r.name for r in sampler.rings.values()))
+            runner = await self._serve()
+            for w in self._writers:
+                await w.start()
+            return await self._window_loop(sampler)
+        finally:
+            await self._shutdown(runner)
+            sampler.close()
+            if self._queue_lock is not None:
+                self._queue_lock.release()
+
+    async def _window_loop(self, sampler: Sampler) -> int:
+        clock = WindowClock(self.config.window_s, clock_ns=self._clock_ns)
+        duration_s = self.config.duration_s
+        end_ns = clock.t0_ns + int(duration_s * 1e9) if duration_s else None
+        loop = asyncio.get_running_loop()
+        while True:
+            t0, t1 = clock.t0_ns, clock.t1_ns
+            if end_ns is not None and t1 > end_ns:
+                await self._sleep_until(end_ns)
+                return 0
+            if await self._sleep_until(clock.due_ns):
+                return 0
+            if not sampler.alive():
+                log.error("the sampler process died (%s); stopping", sampler.exit_reason())
+                return 1
+            stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
+            self._apply_layout(sampler, t0, t1)
+            if self._labeller is not None:  # a kubelet call or file reads: off the loop
+                extra = await loop.run_in_executor(None, self._labeller.labels)
+                self.model.set_extra_labels(extra)
+            self._export(stats, ticks, t1)
+            clock.advance()
+            skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
+            if skipped:
+                log.warning("window loop fell %d window(s) behind; catching up", skipped)
+
+    def _rows_of(self, plan: GroupPlan) -> list[int]:
+        inv, wanted = self.inventory, set(plan.fields)
+        cols = [k for k, f in enumerate(inv.fields) if f in wanted]
+        return [int(r) for r in np.flatnonzero(inv.supported[:, cols].any(axis=1))]
+
+    def _apply_layout(self, sampler: Sampler, t0: int, t1: int) -> None:
+        """The window's devices (a MIG slot's instance may have changed) to the model and the
+        labeller, before the window's labels are asked for."""
+        devices, self._mixed = sampler.layout(t0, t1)
+        if devices != self.model.devices:
+            self.model.set_devices(devices)
+            if self._labeller is not None:
+                self._labeller.set_devices(devices)
+
+    async def _sleep_until(self, t_ns: int) -> bool:
+        """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""
+        delay = (t_ns - self._clock_ns()) / 1e9
+        if delay > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+        return self._stop.is_set()
+
+    def _reduce_all(self, t0: int, t1: int) -> tuple[dict[str, WindowStats], dict[str, TickStats]]:
+        stats, ticks = {}, {}
+        for g in self._groups:
+            rows = g.reader.take(t1)
+            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1, only=g.rows)
+            ticks[g.plan.name] = TickStats.of(rows)
+        return stats, ticks
+
+    def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
+        assert self._sampler is not None
+        # a MIG slot whose instance changed in the window: its samples are two instances'
+        gpu_up = self._sampler.gpu_up() & ~self._mixed
+        self._update_self_metrics(stats, ticks, gpu_up)
+        snapshot = self.model.snapshot(stats, gpu_up, t1)
+        self.latest = snapshot
+        self.windows += 1
+        for w in self._writers:
+            w.push(snapshot)
+        for held in self._held.values():  # endpoints being replaced by a reload
+            held.append(snapshot)
+        if self.out is not None:
+            self.out.write(status_line(self.inventory, stats, t1) + "\n")
+            self.out.flush()
+
+    def _update_self_metrics(
+        self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], gpu_up: np.ndarray
+    ) -> None:
+        assert self._sampler is not None
+        m = self.metrics
+        for g in self._groups:
+            labels = {"group": g.plan.name}
+            c = self._sampler.counters(g.index)
+            g.watch(c.ticks, self._clock_ns())
+            m.set(sm.GROUP_STALLED, 1.0 if g.stalled_s else 0.0, labels)
+            m.inc(sm.TICKS, c.ticks - g.ticks, labels)
+            m.inc(sm.LATE_TICKS, c.late - g.late, labels)
+            m.inc(sm.MISSED_TICKS, c.missed - g.missed, labels)
+            g.ticks, g.late, g.missed = c.ticks, c.late, c.missed
+            w, t = stats[g.plan.name], ticks[g.plan.name]
+            m.set(sm.TICK_LATENESS_P99, t.lateness_p99_ns / 1e9, labels)
+            m.set(sm.TICK_LATENESS_MAX, t.lateness_max_ns / 1e9, labels)
+            m.inc(sm.SAMPLES, t.ticks * w.count.size, labels)
+            m.inc(sm.DISTINCT_SAMPLES, int(w.count.sum()), labels)
+            m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
+            g.reader.lost_rows = 0
+        for d, up in zip(self.inventory.devices, gpu_up, strict=True):
+            if not d.is_gpu:
+                continue  # a MIG slot is down while empty: that is no lost GPU
+            m.set(sm.GPU_UP, 1.0 if up else 0.0, {"gpu": str(d.index), "UUID": d.uuid})
+        m.inc(sm.WINDOWS)
+
+    async def _serve(self) -> web.AppRunner | None:
+        if not self.config.listen:
+            return None
+        host, port = parse_listen(self.config.listen)
+        app = web.Application()
+        app.router.add_get("/metrics", self._handle_metrics)
+        app.router.add_get("/healthz", self._handle_health)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(f"cannot listen on {self.config.listen}: {exc.strerror}") from None
+        log.info("serving /metrics and /healthz on http://%s:%d", host, port)
+        return runner
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        body = exposition.render(self.latest)
+        return web.Response(body=body.encode(), headers={"Content-Type": exposition.CONTENT_TYPE})
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        if self._sampler is None or not self._sampler.alive():
+            return web.Response(status=503, text="sampler down\n")
+        stalled = [g.plan.name for g in self._groups if g.stalled_s]
+        if stalled:
+            return web.Response(status=503, text=f"sampler group stalled: {', '.join(stalled)}\n")
+        return web.Response(status=200, text="ok\n")
+
+    async def _shutdown(self, runner: web.AppRunner | None) -> None:
+        if self._reloading is not None and not self._reloading.done():
+            # let a reload finish (bounded by its flush deadline) so no endpoint is half replaced
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._reloading), FLUSH_DEADLINE_S * 2)
+        if self._labeller is not None:
+            self._labeller.close()
+        if self._writers:
+            final = self.model.final_snapshot(self._clock_ns())
+            for w in self._writers:
+                if len(final):
+                    w.push(final)
+            await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in self._writers))
+        if runner is not None:
+            await runner.cleanup()
+
+
+def _mig_text(devices: Sequence[DeviceInfo]) -> str:
+    slots = [d for d in devices if not d.is_gpu]
+    if not slots:
+        return ""
+    held = sum(d.mig is not None for d in slots)
+    return f" and {held} MIG instance(s) in {len(slots)} slot(s)"
+
+
+def status_line(inventory: Inventory, stats: dict[str, WindowStats], t1_ns: int) -> str:
+    """One compact terminal line per window: per GPU power mean/max, util, memory, temperature."""
+    windows = list(stats.values())
+
+    def cell(role: Role) -> tuple[np.ndarray, np.ndarray] | None:
+        at = locate(role, [w.fields for w in windows])
+        if at is None:
+            return None
+        w, j = windows[at[0]], at[1]
+        return w[MEAN][:, j], w[MAX][:, j]
+
+    power, util, mem, temp = cell(POWER), cell(GPU_UTIL), cell(FB_USED), cell(GPU_TEMP)
+    stamp = time.strftime("%H:%M:%S", time.localtime(t1_ns / 1e9))
+    parts = [stamp]
+    for i, d in enumerate(inventory.devices):
+        if not d.is_gpu:
+            continue  # one line per GPU; its instances are in the series
+        text = [f"gpu{d.index}"]
+        if power is not None:
+            text.append(f"P {_fmt(power[0][i])}/{_fmt(power[1][i])}W")
+        if util is not None:
+            text.append(f"U {_fmt(util[0][i])}%")
+        if mem is not None:
+            text.append(f"M {_fmt(mem[0][i] / 1024, 1)}GiB")
+        if temp is not None:
+            text.append(f"T {_fmt(temp[0][i])}C")
+        parts.append(" ".join(text))
+    return " | ".join(parts)
+
+
+def _fmt(value: float, digits: int = 0) -> str:
+    return "-" if np.isnan(value) else f"{value:.{digits}f}"

@@ -1,0 +1,1 @@
+"""Profiling a job: the recording file, ``record``, the report, the comparison, ``replay``."""

@@ -1,0 +1,449 @@
+"""`hfsampler record`: sample the GPUs for exactly one command's life and keep it all in a file.
+
+It builds its run as `run` does (``sampling.plan.build_run``: the same source, fields and groups
+from the same config and flags) and reuses the service's pieces (``Sampler`` in its own process,
+its rings, ``WindowClock``, ``WindowReader``, ``reduce``); only the ending differs: each window's
+distinct raw samples and its statistics go to a ``RecordingWriter`` instead of Remote-Write. The
+command runs as a child in the same process group (so it keeps the terminal); signals sent to the
+recorder are passed on to it, and the recorder exits with the child's exit code (128 + N when a
+signal N ended it).
+
+Markers: the child finds a socket in ``HFSAMPLER_MARKER_SOCKET`` (``hfsampler.markers`` sends
+to it); with ``--mark-pattern`` its stdout and stderr go through pipes (``OutputTap``), copied
+to ours as they come, and matching lines become markers too. Both are read on threads of their
+own; the window loop takes what they found without waiting and stores it once per window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+import numpy as np
+
+import hfsampler
+from hfsampler.config.settings import Config
+from hfsampler.errors import ConfigError
+from hfsampler.fields import POWER, locate
+from hfsampler.markers import ENV as MARKER_ENV
+from hfsampler.profiling.job_markers import MarkerSocket, OutputTap
+from hfsampler.profiling.recording import Marker, RecordingWriter
+from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.plan import RunPlan
+from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.sampler import Sampler
+from hfsampler.sampling.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
+from hfsampler.sources.base import DeviceInfo, ProcessReader
+from hfsampler.sources.registry import open_processes
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
+PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
+# the sampler's rows up to the child's exit (or a window's end) are committed by then
+END_GRACE_S = 0.02
+# Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
+# already reaches the child, which shares our process group, and a second copy would interrupt
+# its clean-up.
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def job_context(env: Mapping[str, str]) -> dict[str, str]:
+    """Job identifiers from the environment, as label names: Slurm, Kubernetes."""
+    out: dict[str, str] = {}
+    for var in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_JOB_NAME"):
+        if env.get(var):
+            out[var.lower()] = env[var]
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        pod = env.get("POD_NAME") or env.get("HOSTNAME")
+        if pod:
+            out["pod"] = pod
+        namespace = env.get("POD_NAMESPACE")
+        ns_file = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        if not namespace and ns_file.exists():
+            namespace = ns_file.read_text().strip()
+        if namespace:
+            out["namespace"] = namespace
+    return out
+
+
+def visible_gpus(selection: str | None, env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs to record: ``--gpus``, else ``CUDA_VISIBLE_DEVICES``, else None (all)."""
+    text = selection if selection is not None else env.get("CUDA_VISIBLE_DEVICES")
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or items[0] == "-1":
+        if selection is not None:
+            raise ConfigError("--gpus", f"{text!r} selects no GPU", "e.g. --gpus 0,2")
+        log.warning("CUDA_VISIBLE_DEVICES=%r names no GPU: recording all GPUs", text)
+        return None
+    return items
+
+
+def choose(devices: Sequence[DeviceInfo], wanted: Sequence[str] | None) -> list[int]:
+    """Positions in ``devices`` of the wanted GPUs: indices, or UUIDs (a unique prefix will do).
+
+    A MIG UUID (``MIG-...``, as CUDA_VISIBLE_DEVICES names an instance) gives the instance's
+    slot and its GPU (whose power, clocks and temperature the instance shares); a whole GPU
+    gives its MIG slots too.
+    """
+    if wanted is None:
+        return list(range(len(devices)))
+    out: list[int] = []
+    gpus = [p for p, d in enumerate(devices) if d.is_gpu]
+    for item in wanted:
+        if item.startswith("MIG-"):
+            hits = [p for p, d in enumerate(devices) if d.mig and d.mig.uuid.startswith(item)]
+        elif item.isdigit():
+            hits = [p for p in gpus if devices[p].index == int(item)]
+        else:
+            hits = [p for p in gpus if devices[p].uuid.startswith(item)]
+        if len(hits) != 1:
+            have = ", ".join(str(devices[p].index) for p in gpus)
+            instances = [d.mig.uuid for d in devices if d.mig is not None]
+            if instances:
+                have += "; MIG instances " + ", ".join(instances)
+            raise ConfigError("--gpus", f"no single GPU {item!r}", f"this node has GPUs {have}")
+        d = devices[hits[0]]
+        if d.is_gpu:
+            hits += [p for p, s in enumerate(devices) if not s.is_gpu and s.index == d.index]
+        else:
+            hits = [p for p in gpus if devices[p].index == d.index] + hits
+        out.extend(p for p in hits if p not in out)
+    return out
+
+
+def store_window(
+    writer: RecordingWriter,
+    group: int,
+    plan: GroupPlan,
+    rows: RingRows,
+    t0_ns: int,
+    t1_ns: int,
+    keep: Sequence[int],
+) -> WindowStats:
+    """Write one group's window: its distinct raw samples and its statistics (kept GPUs only)."""
+    writer.add_rows(group, rows, keep)
+    stats = reduce(rows, plan.fields, t0_ns, t1_ns)
+    writer.add_window(group, stats, keep, ticks=len(rows))
+    return stats
+
+
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it, from /proc (empty where there is no /proc)."""
+    parents: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = {pid}, [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOptions:
+    """What one `hfsampler record` does, validated from the flags."""
+
+    output: Path
+    command: tuple[str, ...]
+    duration_s: float | None
+    config: Config
+    gpus: tuple[str, ...] | None
+    status: bool
+    mark_patterns: tuple[re.Pattern[str], ...] = ()
+
+
+class Recorder:
+    """Runs the sampler, the child and the window loop, and writes the recording."""
+
+    def __init__(self, opts: RecordOptions, plan: RunPlan, keep: Sequence[int],
+                 out: TextIO | None) -> None:  # fmt: skip
+        self.opts = replace(opts, config=plan.config)
+        self.spec = plan.spec
+        self.inventory = plan.inventory
+        self.keep = list(keep)
+        self.plans = list(plan.groups)
+        self.out = out
+        self.child: subprocess.Popen[bytes] | None = None
+        self._stop = False
+        self.inbox: MarkerSocket | None = None
+        self.tap: OutputTap | None = None
+        self._markers: list[Marker] = []
+        self.markers_not_stored = 0
+        self._last_processes: dict[int, list[dict[str, Any]]] = {}  # as last written
+        self._processes_written_ns = 0
+        self._power = locate(POWER, [p.fields for p in self.plans])
+        self.power_max = np.full(len(self.keep), np.nan)
+        self.power_now = np.full(len(self.keep), np.nan)
+
+    def header(self, start_ns: int) -> dict[str, Any]:
+        devices = [self.inventory.devices[p] for p in self.keep]
+        return {
+            "hfsampler_version": hfsampler.__version__,
+            "command": list(self.opts.command),
+            "command_line": shlex.join(self.opts.command),
+            "start_ns": start_ns,
+            "host": socket.gethostname(),
+            "source": self.spec.kind,
+            "window_s": self.opts.config.window_s,
+            "labels": dict(self.opts.config.external_labels),
+            "job": job_context(os.environ),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "driver_version": devices[0].driver_version if devices else "",
+            "pid": os.getpid(),
+        }
+
+    def run(self) -> int:
+        cfg = self.opts.config
+        sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s,
+                          max_ring_bytes=cfg.max_ring_bytes)  # fmt: skip
+        writer: RecordingWriter | None = None
+        side = self._process_reader()
+        code = 0
+        try:
+            sampler.start()
+            readers = [WindowReader(sampler.rings[p.name]) for p in self.plans]
+            start_ns = time.time_ns()
+            for r in readers:
+                r.take(start_ns)  # rows from before the child started are not the job's
+            devices = [self.inventory.devices[p] for p in self.keep]
+            writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
+            self._install_signals()
+            if self.opts.command:
+                self._start_child()
+            code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
+            self._finish_markers(writer, end_ns)
+            end: dict[str, Any] = {"end_ns": end_ns, "exit_code": code,
+                                   "samples": writer.samples_written}  # fmt: skip
+            if self.inbox is not None:
+                end["markers_dropped_by_job"] = self.inbox.dropped_by_job
+                end["marker_datagrams_rejected"] = self.inbox.rejected
+            if self.markers_not_stored:
+                end["markers_not_stored"] = self.markers_not_stored
+            writer.close(end)
+            self._status(writer, start_ns, end_ns, final=True)
+            return code
+        finally:
+            if self.child is not None and self.child.poll() is None:
+                self.child.kill()
+                self.child.wait()
+            if writer is not None:
+                writer.close()
+            if side is not None:
+                side.close()
+            if self.inbox is not None:
+                self.inbox.close()
+            sampler.close()
+
+    def _start_child(self) -> None:
+        env = dict(os.environ)
+        try:
+            self.inbox = MarkerSocket()
+            env[MARKER_ENV] = str(self.inbox.path)
+        except OSError as exc:  # markers are a nice-to-have: the job runs all the same
+            log.warning("no marker socket for the job (%s): hfsampler.markers calls are dropped",
+                        exc)  # fmt: skip
+            env.pop(MARKER_ENV, None)
+        if not self.opts.mark_patterns:
+            self.child = subprocess.Popen(list(self.opts.command), env=env)
+            return
+        # a pipe makes Python block-buffer its output: lines would arrive late, and so their marks
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.child = subprocess.Popen(list(self.opts.command), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)  # fmt: skip
+        self.tap = OutputTap(self.opts.mark_patterns, self.child.pid)
+        self.tap.attach(self.child.stdout, self.child.stderr)
+
+    def _collect_markers(self) -> None:
+        if self.inbox is not None:
+            self._markers += self.inbox.drain()
+        if self.tap is not None:
+            self._markers += self.tap.drain()
+
+    def _store_markers(self, writer: RecordingWriter) -> None:
+        """Store the markers found since the last window. A marker the file cannot take (a value
+        the encoder refuses) is dropped, counted and said once: markers never end the job."""
+        if not self._markers:
+            return
+        found, self._markers = sorted(self._markers, key=lambda m: m.t_ns), []
+        try:
+            writer.add_markers(found)
+            return
+        except Exception:  # whatever it is, the recording goes on
+            pass
+        for marker in found:  # one by one, so one bad marker costs only itself
+            try:
+                writer.add_markers([marker])
+            except Exception as exc:
+                self.markers_not_stored += 1
+                if self.markers_not_stored == 1:
+                    log.warning("could not store a marker (%s): %r; later ones are counted only",
+                                exc, marker)  # fmt: skip
+
+    def _finish_markers(self, writer: RecordingWriter, end_ns: int) -> None:
+        """The last markers: what waits in the socket, the output's last lines, an open phase."""
+        if self.tap is not None:
+            self._markers += self.tap.finish(end_ns)
+        if self.inbox is not None:
+            self.inbox.close()  # takes what is still queued: the job's last count of drops
+        self._collect_markers()
+        # lines read (or datagrams sent) after the child's exit belong to the recording's end
+        self._markers = [m if m.t_ns <= end_ns else replace(m, t_ns=end_ns) for m in self._markers]
+        self._store_markers(writer)
+        if self.inbox is not None and self.inbox.dropped_by_job:
+            log.warning("the job could not send %d markers (the socket's queue was full)",
+                        self.inbox.dropped_by_job)  # fmt: skip
+
+    def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
+              side: ProcessReader | None, start_ns: int) -> tuple[int, int]:  # fmt: skip
+        # every window is written, however late: no catch-up as `run` does
+        clock = WindowClock(self.opts.config.window_s, END_GRACE_S, start_ns=start_ns)
+        end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
+        next_poll = 0.0
+        sampling = True
+        while True:
+            code = self.child.poll() if self.child is not None else None
+            now = time.time_ns()
+            done = code is not None or self._stop or (end_at is not None and now >= end_at)
+            if done:
+                end_ns = min(now, end_at) if end_at is not None else now
+                time.sleep(END_GRACE_S)
+                if sampling:
+                    self._write(readers, writer, clock.t0_ns, end_ns)
+                if code is None:
+                    return 0, end_ns
+                return (128 - code if code < 0 else code), end_ns
+            if now >= clock.due_ns:
+                if sampling and not sampler.alive():
+                    # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
+                    log.error("the sampler process died (%s); the recording stops here",
+                              sampler.exit_reason())  # fmt: skip
+                    self._write(readers, writer, clock.t0_ns, now)
+                    sampling = False
+                if sampling:
+                    self._write(readers, writer, clock.t0_ns, clock.t1_ns)
+                self._store_markers(writer)
+                self._status(writer, start_ns, clock.t1_ns)
+                clock.advance()
+            if side is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + PROCESS_POLL_S
+                self._processes(writer, side, time.time_ns())
+            self._collect_markers()
+            time.sleep(0.005)
+
+    def _write(self, readers: list[WindowReader], writer: RecordingWriter, t0: int,
+               t1: int) -> None:  # fmt: skip
+        for g, (plan, reader) in enumerate(zip(self.plans, readers, strict=True)):
+            stats = store_window(writer, g, plan, reader.take(t1), t0, t1, self.keep)
+            if self._power is not None and self._power[0] == g:
+                j = self._power[1]
+                now = stats[MEAN][self.keep, j]
+                self.power_now = np.where(np.isnan(now), self.power_now, now)
+                self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
+
+    def _process_reader(self) -> ProcessReader | None:
+        """The compute-process list, here in the parent (once a second is no load to share)."""
+        indices = [self.inventory.devices[p].index for p in self.keep]
+        try:
+            return open_processes(self.spec, indices)
+        except Exception as exc:  # the list of processes is a nice-to-have, never a failure
+            log.warning("cannot list GPU processes: %s", exc)
+            return None
+
+    def _processes(self, writer: RecordingWriter, reader: ProcessReader, now: int) -> None:
+        """One look at the recorded GPUs' processes at ``now``; the job's own (the child's
+        descendants) are marked ``in_job``."""
+        job = descendants(self.child.pid) if self.child is not None else set()
+        try:
+            found = reader.read_processes(job, now)
+        except Exception as exc:
+            log.debug("listing GPU processes failed: %s", exc)
+            return
+        kept = {self.inventory.devices[p].index for p in self.keep}
+        snapshot = {
+            gpu: [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
+                   "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job} for p in procs]
+            for gpu, procs in found.items() if gpu in kept
+        }  # fmt: skip
+        seen = any(snapshot.values())
+        # a snapshot goes to the file when it says something new (the first empty one says
+        # that they have gone), and every PROCESS_KEEP_S while there are processes, so a long
+        # steady job does not grow the file and the report by a chunk a second
+        changed = snapshot != self._last_processes
+        due = seen and now - self._processes_written_ns >= PROCESS_KEEP_S * 1e9
+        if (seen or self._last_processes) and (changed or due):
+            writer.add_processes(now, snapshot)
+            self._processes_written_ns = now
+        self._last_processes = snapshot if seen else {}
+
+    def _install_signals(self) -> None:
+        def forward(signum: int, frame: FrameType | None) -> None:
+            if self.child is not None and self.child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    self.child.send_signal(signum)
+            elif self.child is None and signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                self._stop = True
+
+        for sig in FORWARDED:
+            signal.signal(sig, forward)
+        interactive = sys.stdin is not None and sys.stdin.isatty()
+        if self.opts.command and interactive:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child has its own Ctrl-C
+        else:
+            signal.signal(signal.SIGINT, forward)
+
+    def _status(
+        self, writer: RecordingWriter, start_ns: int, t_ns: int, final: bool = False
+    ) -> None:
+        if self.out is None:
+            return
+        power = " ".join(
+            f"gpu{self.inventory.devices[p].index} {_w(self.power_now[i])}/{_w(self.power_max[i])}W"
+            for i, p in enumerate(self.keep)
+            if self.inventory.devices[p].is_gpu  # an instance's power is its GPU's
+        )
+        text = (
+            f"record {(t_ns - start_ns) / 1e9:7.1f}s  {writer.samples_written:,} samples  "
+            f"{writer.bytes_written / 1e6:.1f} MB  {power}"
+        )
+        tty = self.out.isatty()
+        if final:
+            self.out.write(("\r\x1b[K" if tty else "") + text + f"  -> {writer.path}\n")
+        elif tty:
+            self.out.write("\r\x1b[K" + text)
+        elif int((t_ns - start_ns) / 1e9) % 10 == 0:  # a log file gets a line every ~10 s
+            self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _w(value: float) -> str:
+    return "-" if np.isnan(value) else f"{value:.0f}"
+
+
+# -- the command line ----------------------------------------------------------------------------

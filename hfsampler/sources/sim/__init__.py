@@ -1,0 +1,1 @@
+"""The simulated source: seeded synthetic GPUs with spikes, leaks and throttling episodes."""

@@ -1,7 +1,7 @@
 """Benchmark: the jetson source's fast tick on the AGX Orin fixture, and CPU at default intervals.
 
 1. One fast tick (``JetsonSource.read`` of the fast group: GPU load and clock, every rail's power,
-   voltage and current, memory, EMC), on the AGX Orin fixture tree (tests/jetson_trees.py):
+   voltage and current, memory, EMC), on the AGX Orin fixture tree (tests/support/jetson_trees.py):
    - ``every file due``: each file re-read (ticks 50 ms apart), the worst case a 1 ms tick
      must fit; once a second of that clock the read also checks every file's inode (a stat
      each), which a run does on a slow group's read, so it shows in the p99;
@@ -43,7 +43,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 import jetson_trees as jt  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`replay --raw` throughput into a real VictoriaMetrics: the array path against the snapshot path.
 
 Synthesizes a recording of ``--gpus`` sim GPUs for ``--seconds``
-(``tests/sim_recordings.synthesize``, the recorder's own writer, at virtual time), starts
+(``tests/support/sim_recordings.synthesize``, the recorder's own writer, at virtual time), starts
 VictoriaMetrics (the integration tests' harness), then replays every raw sample twice, each
 under its own ``bench`` label:
 
@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 import receivers as rx  # noqa: E402 (the integration tests' receiver harness)
 from sim_recordings import synthesize  # noqa: E402  (the tests' offline sim recordings)

@@ -1,6 +1,6 @@
 """Every path by which series leave hfsampler, against the strict conformance receiver.
 
-``tests/conformance.py`` refuses what the Remote-Write spec, Thanos Receive or Mimir refuse
+``tests/support/conformance.py`` refuses what the Remote-Write spec, Thanos Receive or Mimir refuse
 (label order, duplicates, limits, sample order across requests, timestamps, headers); Prometheus
 and VictoriaMetrics would repair most of it silently. Each path must reach it with zero
 violations: ``run`` with external labels, ``--label``, job attribution that changes mid-run and

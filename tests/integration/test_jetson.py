@@ -1,5 +1,5 @@
 """End to end on Jetson trees: ``hfsampler run --source jetson`` against each fixture board's
-sysfs (tests/jetson_trees.py, rewritten in place as the clock moves) pushes to a real Prometheus,
+sysfs (tests/support/jetson_trees.py, rewritten in place as the clock moves) pushes to a real Prometheus,
 and Prometheus's API is checked as the NVML path's is: the series and their labels (one per rail
 and zone), each field's real refresh period, and the spike planted on the GPU rail every second
 as that window's ``_max``.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import receivers as rx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 import jetson_trees as jt  # tests/, beside fake_nvml
 
 pytestmark = pytest.mark.integration

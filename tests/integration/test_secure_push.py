@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import receivers as rx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from certs import Pki, make_pki
 
 pytestmark = pytest.mark.integration

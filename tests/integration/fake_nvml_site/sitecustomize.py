@@ -19,7 +19,7 @@ from pathlib import Path
 _SCENARIO = os.environ.get("HFSAMPLER_FAKE_NVML")
 
 if _SCENARIO:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for fake_nvml
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "support"))  # for fake_nvml
     import fake_nvml as _fake
     import pynvml as _pynvml
 

@@ -16,7 +16,7 @@ from hfsampler.sources.base import SourceSpec
 from hfsampler.sources.dcgm import DcgmSource
 from hfsampler.sources.registry import open_source
 
-FAKE_PATH = str(Path(__file__).resolve().parent / "fake_dcgm")
+FAKE_PATH = str(Path(__file__).resolve().parents[1] / "support" / "fake_dcgm")
 ACTIVITY = tuple(f for f in F.CATALOGUE if f.group == F.GPM)
 SM = F.BY_NAME["DCGM_FI_PROF_SM_ACTIVE"]
 

@@ -20,7 +20,7 @@ from hfsampler.profiling.recording import Recording
 from hfsampler.sampling.plan import build_run
 from hfsampler.sources.sim.source import SimSource
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
 
 

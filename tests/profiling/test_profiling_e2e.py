@@ -19,7 +19,7 @@ from test_report import CONSOLE_ERROR, FIGURE, chromium, run_chromium, truth_ene
 from hfsampler.profiling.recording import Recording
 from hfsampler.sources.sim.source import SimSource
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 
 JOB = """

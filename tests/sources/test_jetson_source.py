@@ -1,4 +1,4 @@
-"""The jetson source against real files: three boards' sysfs trees (tests/jetson_trees.py).
+"""The jetson source against real files: three boards' sysfs trees (tests/support/jetson_trees.py).
 
 Nothing inside hfsampler is faked: the source opens and preads files under a fixture root, and
 the tests change those files in place, as the kernel does, to drive it.
@@ -484,7 +484,7 @@ def test_probe_and_record_take_the_config_s_sysfs_root(
     import json
 
     from hfsampler.cli.main import build_parser, main
-    from hfsampler.profiling.record import options
+    from hfsampler.cli.record import options
 
     board = jt.BOARDS["xavier-nx-jp4"]
     root = jt.build(board, tmp_path / "nx")

@@ -5,7 +5,7 @@ sender broke.
 Every rule applies in both flavours; ``flavour`` only picks the answers (Thanos: 409 Conflict for
 label-set and sample conflicts; Mimir: 400 with Mimir's message for the first bad series). As both
 real receivers do, the valid series of a partly bad request are stored. Rules, ids and sources:
-tests/CONFORMANCE.md. A hand-written wire parser decodes the body, not the prompb classes: it sees
+tests/support/CONFORMANCE.md. A hand-written wire parser decodes the body, not the prompb classes: it sees
 what a protobuf runtime hides (a field sent twice, unknown fields, invalid UTF-8 in one label) and
 keeps each value's bits, so stale markers stay distinguishable.
 
@@ -17,7 +17,7 @@ once their refs are resolved, and share the per-series timestamp order with 1.0 
 
 Use: ``async with ConformanceReceiver() as rx`` on the test's loop; ``with ConformanceReceiver() as
 rx`` on its own thread and loop (tests that run hfsampler as a subprocess); or standalone,
-``python tests/conformance.py --port N``, which prints a report on SIGINT.
+``python tests/support/conformance.py --port N``, which prints a report on SIGINT.
 """
 
 from __future__ import annotations

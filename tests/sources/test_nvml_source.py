@@ -585,7 +585,7 @@ def test_the_sampler_processs_reopen_logs_what_open_finds_at_debug_only(
             s.open(fields)
         finally:
             s.close()
-        return [r for r in caplog.records if r.name.startswith("hfsampler.sources.base")]
+        return [r for r in caplog.records if r.name.startswith("hfsampler.sources")]
 
     first = opened(SourceSpec("nvml"))
     said = {r.getMessage() for r in first if r.levelno >= logging.INFO}

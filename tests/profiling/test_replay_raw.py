@@ -19,7 +19,7 @@ from hfsampler.remote_write.encoder import Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.series import STALE_NAN, SeriesRegistry
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_array_bytes_equal_the_sample_encoder() -> None:

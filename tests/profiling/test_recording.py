@@ -104,7 +104,7 @@ def test_per_instance_fields_keep_their_labels(tmp_path: Path) -> None:
 
 def test_reads_a_recording_written_by_format_1() -> None:
     """A file from before the header named its statistics reads as it did, window by window."""
-    rec = Recording(Path(__file__).parent / "data" / "recording-v1.hfs")
+    rec = Recording(Path(__file__).resolve().parents[1] / "support" / "data" / "recording-v1.hfs")
     assert rec.complete
     assert [g.fields for g in rec.groups] == [g.fields for g in v1_rows.GROUPS]
     assert [d.uuid for d in rec.devices] == [d.uuid for d in v1_rows.DEVICES]

@@ -26,7 +26,7 @@ from sim_recordings import start_for, synthesize
 from hfsampler.profiling.recording import Marker, Recording
 from hfsampler.sources.sim.source import SimSource
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -129,7 +129,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     assert coloured > 0.002, f"only {coloured:.4%} coloured pixels: the plots did not render"
 
 
-# -- phases, steps, comparison, bad input: on sim recordings made offline (tests/sim_recordings) --
+# -- phases, steps, comparison, bad input: on sim recordings made offline (tests/support/sim_recordings) --
 
 MS = 1_000_000
 SECONDS = 20

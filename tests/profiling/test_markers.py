@@ -29,7 +29,7 @@ from hfsampler.profiling.job_markers import (
 )
 from hfsampler.profiling.recording import Marker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

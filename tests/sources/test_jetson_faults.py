@@ -1,8 +1,8 @@
 """The jetson source where the tree is not as it should be: permissions, odd file types, files
 that vanish, fail, come back or are replaced, readings out of range.
 
-As in tests/test_jetson_source.py, nothing inside hfsampler is faked: the source reads real files
-under a fixture root (tests/jetson_trees.py), and the tests damage that tree.
+As in tests/sources/test_jetson_source.py, nothing inside hfsampler is faked: the source reads real files
+under a fixture root (tests/support/jetson_trees.py), and the tests damage that tree.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from hfsampler import fields as F
 from hfsampler.profiling.recording import Recording
 from hfsampler.sources.sim.source import SimSource
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 JOB = """
 import os, sys, time

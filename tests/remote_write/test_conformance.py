@@ -54,7 +54,7 @@ GOOD = (
 )
 # What a naive encoder sends: __name__ first, then the other labels sorted.
 NAIVE = (GOOD[3], *GOOD[:3], *GOOD[4:])
-CONFORMANCE = Path(__file__).with_name("conformance.py")
+CONFORMANCE = Path(__file__).resolve().parents[1] / "support" / "conformance.py"
 
 Series = tuple[Sequence[tuple[str, str]], Sequence[tuple[int, float]]]
 

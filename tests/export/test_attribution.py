@@ -33,7 +33,7 @@ from hfsampler.sources.sim.source import SimSource
 grpc = pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for pod attribution")
 from hfsampler.export.attribution_pb import podresources_pb2 as pb  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OWNER = Path("hfsampler/sources/nvml_calls.py")
+ROOT = Path(__file__).resolve().parents[2]
+OWNER = Path("hfsampler/sources/nvml/calls.py")
 
 
 def _imports_pynvml(tree: ast.AST) -> list[int]:
@@ -52,6 +52,6 @@ def test_the_scan_sees_every_way_of_importing() -> None:
     source = (
         "import os\nimport pynvml\nimport pynvml as nv\nfrom pynvml import nvmlInit\n"
         "def f():\n    import importlib\n    return importlib.import_module('pynvml')\n"
-        "from hfsampler.sources.base import nvml_calls\n"
+        "from hfsampler.sources.nvml import calls\n"
     )
     assert _imports_pynvml(ast.parse(source)) == [2, 3, 4, 7]

@@ -12,9 +12,10 @@ import pytest
 from sim_recordings import synthesize
 
 from hfsampler.cli.main import main
-from hfsampler.profiling import report
+from hfsampler.cli import report
+from hfsampler.profiling import report as report_library
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 S = 1_700_000_000 * 10**9
 
 
@@ -57,7 +58,7 @@ def test_unreadable_input_is_one_line(recording: Path, capsys: pytest.CaptureFix
     def denied(path: str) -> None:  # as open() says it to a user without read permission
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(report, "Recording", denied)
+    monkeypatch.setattr(report_library, "Recording", denied)
     assert main(["report", str(recording)]) == 2
     err = one_line_error(capsys)
     assert f"{recording}: cannot read it: Permission denied" in err

@@ -16,7 +16,7 @@ from hfsampler.profiling.recording import Recording, RecordingWriter
 from hfsampler.profiling.report_processes import MAX_POINTS, tracks
 from hfsampler.sources.base import DeviceInfo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 
 

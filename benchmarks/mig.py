@@ -1,7 +1,8 @@
 """Benchmark: what a MIG GPU's ticks cost against a GPU without MIG, on the fake NVML, per instance.
 
 The nvml source reads one GPU through the real pynvml over the fake libnvidia-ml of the tests
-(``tests/support/fake_nvml.py``), with the catalogue's fields and their per-instance twins in the default
+(``tests/support/fake_nvml.py``), with the
+catalogue's fields and their per-instance twins in the default
 groups (fast 1 ms, slow and gpm 100 ms). Scenarios: MIG off (the peer, in the same run), MIG on
 with 1, 3 and 7 instances. Per group, the mean time of one ``read`` (the tick's source work) over
 many reads at the group's interval (so the slow group's mean includes the layout look one slow

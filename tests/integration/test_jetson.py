@@ -1,5 +1,6 @@
 """End to end on Jetson trees: ``hfsampler run --source jetson`` against each fixture board's
-sysfs (tests/support/jetson_trees.py, rewritten in place as the clock moves) pushes to a real Prometheus,
+sysfs (tests/support/jetson_trees.py, rewritten in place as the clock moves) pushes to a real
+Prometheus,
 and Prometheus's API is checked as the NVML path's is: the series and their labels (one per rail
 and zone), each field's real refresh period, and the spike planted on the GPU rail every second
 as that window's ``_max``.

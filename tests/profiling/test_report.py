@@ -129,7 +129,7 @@ def test_report_renders_in_chromium(tmp_path: Path) -> None:
     assert coloured > 0.002, f"only {coloured:.4%} coloured pixels: the plots did not render"
 
 
-# -- phases, steps, comparison, bad input: on sim recordings made offline (tests/support/sim_recordings) --
+# -- phases, steps, comparison, bad input: on sim recordings made offline (sim_recordings) --
 
 MS = 1_000_000
 SECONDS = 20

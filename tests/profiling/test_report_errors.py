@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sim_recordings import synthesize
 
-from hfsampler.cli.main import main
 from hfsampler.cli import report
+from hfsampler.cli.main import main
 from hfsampler.profiling import report as report_library
 
 REPO = Path(__file__).resolve().parents[2]

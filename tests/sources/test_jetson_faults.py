@@ -1,7 +1,8 @@
 """The jetson source where the tree is not as it should be: permissions, odd file types, files
 that vanish, fail, come back or are replaced, readings out of range.
 
-As in tests/sources/test_jetson_source.py, nothing inside hfsampler is faked: the source reads real files
+As in tests/sources/test_jetson_source.py, nothing inside hfsampler is faked: the source reads real
+files
 under a fixture root (tests/support/jetson_trees.py), and the tests damage that tree.
 """
 

@@ -5,9 +5,9 @@ sender broke.
 Every rule applies in both flavours; ``flavour`` only picks the answers (Thanos: 409 Conflict for
 label-set and sample conflicts; Mimir: 400 with Mimir's message for the first bad series). As both
 real receivers do, the valid series of a partly bad request are stored. Rules, ids and sources:
-tests/support/CONFORMANCE.md. A hand-written wire parser decodes the body, not the prompb classes: it sees
-what a protobuf runtime hides (a field sent twice, unknown fields, invalid UTF-8 in one label) and
-keeps each value's bits, so stale markers stay distinguishable.
+tests/support/CONFORMANCE.md. A hand-written wire parser decodes the body, not the prompb classes:
+it sees what a protobuf runtime hides (a field sent twice, unknown fields, invalid UTF-8 in one
+label) and keeps each value's bits, so stale markers stay distinguishable.
 
 The Content-Type picks the message (no ``proto=`` or ``prometheus.WriteRequest``: 1.0;
 ``io.prometheus.write.v2.Request``: 2.0); ``accept`` narrows what is decoded (415 for the rest), and

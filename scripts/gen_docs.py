@@ -39,22 +39,18 @@ def _config_modules() -> tuple[Any, Any, Any]:
 
     When the settings become declarations under hfsampler/config/, point this at them.
     """
-    from hfsampler import config, flags
+    from hfsampler.config import flags
+    from hfsampler.config import settings as config
     from hfsampler.remote_write import config as rw_config
 
     return config, flags, rw_config
 
 
-def _nvml_calls() -> ModuleType | None:
-    """The nvml source's table of per-device calls, wherever the source keeps it."""
-    import importlib
+def _nvml_calls() -> ModuleType:
+    """The nvml source's table of per-device calls."""
+    from hfsampler.sources.nvml import calls
 
-    for name in ("hfsampler.sources.nvml.calls", "hfsampler.sources.nvml_calls"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    return None
+    return calls
 
 
 def top_level_config_keys() -> tuple[str, ...]:
@@ -130,8 +126,6 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 def _nvml_call_names(key: str) -> list[str]:
     """The NVML functions behind one of the nvml source's per-device calls, first choice first."""
     calls = _nvml_calls()
-    if calls is None:
-        return []
     spec = getattr(calls, "CALL_FIELDS", {}).get(key)
     reader = getattr(spec, "reader", key)
     out: list[str] = []

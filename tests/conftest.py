@@ -1,4 +1,5 @@
-"""Shared test settings: async tests run on asyncio and on uvloop; shared fixtures."""
+"""Shared test settings: async tests run on uvloop (as `run` does), and also on asyncio's own loop
+where the loop matters to what they test (``pytest.mark.both_loops``); shared fixtures."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    return LOOP_FACTORIES
+    if item.get_closest_marker("both_loops") is not None:
+        return LOOP_FACTORIES
+    return {"uvloop": LOOP_FACTORIES["uvloop"]}
 
 
 @pytest.fixture(scope="module")

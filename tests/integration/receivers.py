@@ -687,18 +687,17 @@ def stop_cli(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> int:
 
 def sim_run_args(
     write_urls: Sequence[str],
-    listen: str | None = None,
+    listen: str = "",
     gpus: int = 2,
     window: str = "1s",
     duration: str = "8s",
     labels: Mapping[str, str] | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """``run --source sim ...`` arguments for a push run (and /metrics on ``listen``)."""
+    """``run --source sim ...`` arguments for a push run (and /metrics on ``listen``; by default
+    none, so that runs in parallel never compete for dcgm-exporter's port)."""
     args = ["run", "--source", "sim", "--gpus", str(gpus), "--window", window]
-    args += ["--duration", duration]
-    if listen is not None:
-        args += ["--listen", listen]
+    args += ["--duration", duration, "--listen", listen]
     for url in write_urls:
         args += ["--remote-write", url]
     for key, value in (labels or {}).items():

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from conformance import ConformanceReceiver, Reply
 from test_rw_sender import FAST, eventually, labels_of, make_series, snap
 
@@ -16,6 +17,9 @@ from hfsampler.remote_write.relabel import parse_rules
 from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, SeriesRegistry, Snapshot
+
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
 
 V2 = "io.prometheus.write.v2.Request"
 NOW = int(time.time() * 1000)  # the conformance receiver refuses samples from long ago

@@ -22,6 +22,9 @@ from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
+
 SECRET = "s3cret-Pa55-e2e"
 
 

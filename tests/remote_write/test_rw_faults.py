@@ -26,6 +26,9 @@ from hfsampler.remote_write.retry import Backoff
 from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
+
 TOKEN = "tok-8f3a1c-SECRET"
 
 

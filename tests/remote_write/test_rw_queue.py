@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
+
 from hfsampler.remote_write.encoder import Block
 from hfsampler.remote_write.queue import MemoryQueue
+
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
 
 
 async def test_a_deadline_that_passes_between_two_looks_still_sends() -> None:

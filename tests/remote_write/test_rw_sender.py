@@ -24,6 +24,9 @@ from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot, is_stale
 
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
+
 FAST = QueueConfig(batch_send_deadline_s=0.02, min_backoff_s=0.005, max_backoff_s=0.02)
 WAIT_S = 30.0  # a loaded 2-core runner can stall a test's loop for seconds; a pass is quick
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from test_rw_sender import FAST, Receiver, labels_of
 
@@ -17,6 +18,9 @@ from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
+
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
 
 GPUS = 8
 PER_GPU = 100  # about what a default run exports per GPU per window

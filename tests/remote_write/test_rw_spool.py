@@ -17,6 +17,9 @@ from hfsampler.remote_write.segment import LEGACY_MAGIC, MAGIC, recover
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import Series, SeriesRegistry
 
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
+
 REG = SeriesRegistry()
 SERIES = [REG.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i)}) for i in range(10)]
 

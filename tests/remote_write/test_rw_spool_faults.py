@@ -24,6 +24,9 @@ from hfsampler.remote_write.segment import recover
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import SeriesRegistry
 
+# The sender, its queues and its client run on an event loop: both loops are tried.
+pytestmark = pytest.mark.both_loops
+
 REG = SeriesRegistry()
 WIDE = [
     REG.series("DCGM_FI_DEV_FB_USED", {"gpu": str(i), "UUID": f"GPU-{i:08x}"}) for i in range(50)

@@ -11,14 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from hfsampler.profiling.pages import (
-    figure_html,
-    fmt,
-    html_table,
-    page,
-    plotly_modules,
-    summary_html,
-)
+from hfsampler.profiling import pages
 from hfsampler.profiling.summary import Summary
 from hfsampler.profiling.tables import summary_dict
 
@@ -138,15 +131,15 @@ def _rows(entries: list[tuple[str, dict[str, Any]]], measures: Any) -> list[tupl
             d = entry[key]
             change = "-" if d["change"] is None else f"{d['change'] * 100:+.1f} %"
             sign = "" if d["delta"] is None or d["delta"] < 0 else "+"
-            cells = [fmt(d["base"], unit, digits), fmt(d["new"], unit, digits),
-                     sign + fmt(d["delta"], unit, digits), change]  # fmt: skip
+            cells = [pages.fmt(d["base"], unit, digits), pages.fmt(d["new"], unit, digits),
+                     sign + pages.fmt(d["delta"], unit, digits), change]  # fmt: skip
             rows.append((f"{prefix}{label}", cells))
     return rows
 
 
 def power_overlay(base: Summary, new: Summary) -> Any:
     """Per GPU pair, both runs' raw power envelopes on one axis from each job's start."""
-    go, make_subplots = plotly_modules()
+    go, make_subplots = pages.plotly_modules()
     pairs = list(zip(base.gpus, new.gpus, strict=False))
     fig = make_subplots(rows=max(1, len(pairs)), cols=1, shared_xaxes=True,
                         vertical_spacing=0.06,
@@ -173,9 +166,9 @@ def compare_html(base: Summary, new: Summary) -> str:
     gpu_entries = [(f"GPU {g['gpu_base']}/{g['gpu_new']}: ", g) for g in delta_["gpus"]]
     body = [
         "<h2>Compared</h2>",
-        html_table(_rows([("", delta_["job"])], JOB_MEASURES), heads),
+        pages.html_table(_rows([("", delta_["job"])], JOB_MEASURES), heads),
         "<h3>Per GPU</h3>",
-        html_table(_rows(gpu_entries, GPU_MEASURES), heads),
+        pages.html_table(_rows(gpu_entries, GPU_MEASURES), heads),
     ]
     for run, unpaired in d["gpus_not_compared"].items():
         if unpaired:
@@ -184,12 +177,13 @@ def compare_html(base: Summary, new: Summary) -> str:
                         "fewer GPUs; GPUs pair by position)</p>")  # fmt: skip
     if delta_["phases"]:
         entries = [(f"{p['label']}: ", p) for p in delta_["phases"]]
-        body += ["<h3 class='phase'>Phases</h3>", html_table(_rows(entries, PHASE_MEASURES), heads)]
+        table = pages.html_table(_rows(entries, PHASE_MEASURES), heads)
+        body += ["<h3 class='phase'>Phases</h3>", table]
     if delta_["steps"]:
         entries = [(f"{s['name']}: ", s) for s in delta_["steps"]]
-        body += ["<h3>Steps</h3>", html_table(_rows(entries, STEP_MEASURES), heads)]
-    body += figure_html([power_overlay(base, new)])
+        body += ["<h3>Steps</h3>", pages.html_table(_rows(entries, STEP_MEASURES), heads)]
+    body += pages.figure_html([power_overlay(base, new)])
     for name, s in (("Base", d["base"]), ("New", d["new"])):
-        body.append(f"<h2>{name}: {html.escape(str(s['command']))}</h2>{summary_html(s)}")
+        body.append(f"<h2>{name}: {html.escape(str(s['command']))}</h2>{pages.summary_html(s)}")
     title = f"hfsampler compare: {base.recording.path.name} vs {new.recording.path.name}"
-    return page(title, "".join(body))
+    return pages.page(title, "".join(body))

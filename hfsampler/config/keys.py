@@ -66,6 +66,7 @@ class Key:
     reload: Reload = "restart"
     also: tuple[str, ...] = ()  # other YAML names merged into the same field
     shown_default: str | None = None  # how the reference writes the default, where needed
+    spec: str | None = None  # the ``SourceSpec`` field it sets: the source's own settings
     field: str = ""  # the Config field: filled in by ``declared``
     default: object = None  # the field's default: filled in by ``declared``
 

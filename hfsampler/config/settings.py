@@ -114,16 +114,19 @@ class Config:
     )  # fmt: skip
     sim_gpus: int = key(
         2, yaml="gpus", type="whole number", example="2", parse=as_whole,
+        spec="gpus",
         doc="how many GPUs the sim source simulates",
         flag=Flag("--gpus", "simulated GPUs (sim source)", metavar="N", type=int),
     )  # fmt: skip
     seed: int = key(
         0, yaml="seed", type="whole number", example="0", parse=as_whole,
+        spec="seed",
         doc="the seed of every simulated signal",
         flag=Flag("--seed", "seed of the simulated GPUs", type=int),
     )  # fmt: skip
     sim_mig: tuple[str, ...] = key(
         (), yaml=None, type="MIG layout", doc="every simulated GPU's MIG layout, e.g. 3g,2g,1g,1g",
+        spec="sim_mig",
         flag=Flag("--sim-mig", "MIG layout of every simulated GPU, e.g. 3g,2g,1g,1g (H200 "
                   "profiles)", metavar="LAYOUT", convert=parse_layout),
     )  # fmt: skip
@@ -227,6 +230,7 @@ class Config:
     )  # fmt: skip
     devices: tuple[int, ...] | None = key(
         None, yaml="devices", type="list of indices", example="[0, 1]", parse=as_wholes,
+        spec="indices",
         shown_default="all", doc="the NVML indices of the GPUs to sample",
     )  # fmt: skip
     field_groups: Mapping[str, str] = key(
@@ -247,14 +251,17 @@ class Config:
     )  # fmt: skip
     dcgm_path: str | None = key(
         None, yaml="dcgm.path", type="path", example="/usr/local/dcgm/bindings/python3",
+        spec="dcgm_path",
         parse=as_text, shown_default="DCGM's places", doc="where DCGM's Python bindings are",
     )  # fmt: skip
     dcgm_host: str = key(
         "localhost", yaml="dcgm.host", type="string", example="localhost", parse=as_text,
+        spec="dcgm_host",
         doc="the DCGM host engine",
     )  # fmt: skip
     dcgm_interval_s: float = key(
         0.1, yaml="dcgm.interval", type="duration", parse=as_duration, shown_default="100ms",
+        spec="dcgm_interval_s",
         doc="how often DCGM samples the watched fields",
     )  # fmt: skip
     jetson_sysfs_root: str | None = key(

@@ -165,3 +165,16 @@ def test_the_lane_is_the_first_of_equally_fast_groups_everywhere() -> None:
     assert [g.name for g in plan_groups([fb, fa], intervals)] == ["a", "b"]
     twins = catalogue.expand_mig([fa, fb], intervals)[2:]
     assert [t.group for t in twins] == ["slow", "b"]  # b is on the slow lane already
+
+
+def test_the_source_settings_are_the_keys_that_declare_them() -> None:
+    from hfsampler.sampling.resolve import resolve_source
+    from hfsampler.sources.base import SourceSpec
+
+    spec = resolve_source(Config(source="sim", sim_gpus=3, seed=7, devices=(1,), dcgm_host="h"))
+    assert (spec.kind, spec.gpus, spec.seed, spec.indices, spec.dcgm_host) == (
+        "sim", 3, 7, (1,), "h"
+    )  # fmt: skip
+    own = {"kind", "jetson_root", "reopened", "sim_read_cost_s"}  # not a key's value as it is
+    spec_fields = {f.name for f in dataclasses.fields(SourceSpec)}
+    assert {k.spec for k in KEYS if k.spec} == spec_fields - own

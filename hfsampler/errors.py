@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class HfsamplerError(Exception):
     """Root of every error hfsampler raises on purpose."""
@@ -18,6 +20,13 @@ class ConfigError(HfsamplerError, ValueError):
         if fix:
             text += f" ({fix})"
         super().__init__(text)
+
+
+def one_error(errors: Sequence[ConfigError]) -> ConfigError:
+    """Several mistakes found in one pass as one error, naming each: fixed in one edit."""
+    if len(errors) == 1:
+        return errors[0]
+    return ConfigError("", f"{len(errors)} keys to fix: " + "; ".join(str(e) for e in errors), "")
 
 
 class QueueDirLockedError(ConfigError):

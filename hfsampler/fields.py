@@ -305,24 +305,37 @@ MIG_INSTANCE_FIELDS: frozenset[str] = frozenset(
 )
 
 
+def realtime_group(fields: Iterable[Field], intervals_s: Mapping[str, float]) -> str | None:
+    """The group that has the sampler's real-time lane to itself: of the groups that have
+    fields, the one with the shortest interval (of equally short ones, the first in
+    ``intervals_s``); None when no field has a group there.
+
+    The one statement of the lane rule: the planner (``plan_groups``), the config's checks and
+    warnings, and ``expand_mig`` all ask here.
+    """
+    used = {f.group for f in fields}
+    return min((g for g in intervals_s if g in used), key=intervals_s.__getitem__, default=None)
+
+
 def expand_mig(fields: Sequence[Field], intervals_s: Mapping[str, float]) -> tuple[Field, ...]:
     """``fields`` and, after them, the per-MIG-instance twin of each that NVML has per instance.
 
     The twins carry ``mig_instance`` and are read on MIG instance rows only (a source without
     MIG finds them unsupported everywhere, and discovery drops them). A twin never samples in
-    the fastest group: a MIG read belongs to the slow lane, so a twin of a fastest-group field
-    goes to the next faster group there is (``slow`` by default); with one group only, there is
-    no slow lane and it stays.
+    the real-time lane's group (``realtime_group``): a MIG read belongs to the slow lane, so a
+    twin of a lane field goes to the next slower group there is (``slow`` by default); with no
+    slower group, there is no slow lane and it stays.
     """
-    fastest = min(intervals_s.values(), default=0.0)
+    lane = realtime_group(fields, intervals_s)
+    lane_s = intervals_s[lane] if lane is not None else 0.0
     # of equally fast groups, `slow` (GPM has its own refresh and may be moved alone)
-    slower = sorted((iv, name != SLOW, name) for name, iv in intervals_s.items() if iv > fastest)
+    slower = sorted((iv, name != SLOW, name) for name, iv in intervals_s.items() if iv > lane_s)
     twins = []
     for f in fields:
         if f.name not in MIG_INSTANCE_FIELDS or f.mig_instance:
             continue
         group = f.group
-        if intervals_s.get(group) == fastest and slower:
+        if group == lane and slower:
             group = slower[0][2]
         twins.append(replace(f, mig_instance=True, group=group))
     return (*fields, *twins)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from hfsampler.config.settings import Config, load_file
+from hfsampler.config.loader import load_file
+from hfsampler.config.settings import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

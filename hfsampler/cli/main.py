@@ -17,7 +17,8 @@ from hfsampler import fields as catalogue
 from hfsampler.cli import probe, record, replay, report
 from hfsampler.cli.aio import run_async
 from hfsampler.config.flags import add_sampling_flags, config_from_args
-from hfsampler.config.settings import Config, load_file
+from hfsampler.config.loader import load_file
+from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError, HfsamplerError
 from hfsampler.sampling.plan import build_run
 
@@ -83,6 +84,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_async(lambda: Service(plan.config, plan.spec, plan.inventory, loader=reload).run())
 
 
+def _printable(text: str) -> str:
+    """``text`` on one line: a control character (a newline in a label value) shown escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_file(args.file)
     fields = config.selected_fields()
@@ -92,9 +98,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK")
     for warning in config.warnings():
         print(f"  warning: {warning}")
-    print(f"  source: {config.source}; window {config.window_s:g}s; listen {config.listen}")
+    listen = _printable(str(config.listen))
+    print(f"  source: {config.source}; window {config.window_s:g}s; listen {listen}")
     if config.jetson_sysfs_root:
-        print(f"  jetson.sysfs_root: {config.jetson_sysfs_root} (tests only: a Jetson reads /)")
+        root = _printable(config.jetson_sysfs_root)
+        print(f"  jetson.sysfs_root: {root} (tests only: a Jetson reads /)")
     groups = sorted({f.group for f in fields})
     for g in groups:
         n = sum(f.group == g for f in fields)
@@ -102,10 +110,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if jetson and any(f.per for f in fields):
         print("  (a per-rail or per-zone field becomes one field per rail or zone found)")
     if config.external_labels:
-        labels = ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
+        labels = _printable(
+            ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
+        )
         print(f"  external labels: {labels}")
     if config.queue_dir:
-        print(f"  queue_dir: {config.queue_dir}")
+        print(f"  queue_dir: {_printable(config.queue_dir)}")
     for ep in config.remote_write:
         print(f"  remote_write: {ep.display_url}")
         if ep.auth is not None:
@@ -142,8 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except ConfigError as exc:
         # One line, whatever the file held: control characters in a key are shown escaped.
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))
-        print(f"hfsampler: error: {text}", file=sys.stderr)
+        print(f"hfsampler: error: {_printable(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except (HfsamplerError, OSError) as exc:
         log.error("%s", exc)

@@ -9,7 +9,7 @@ import signal
 from typing import Any
 
 from hfsampler.cli.aio import run_async
-from hfsampler.config.settings import parse_label
+from hfsampler.config.labels import parse_label
 from hfsampler.durations import parse_duration
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.replay import TIMEOUT_S, replay

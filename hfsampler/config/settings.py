@@ -1,35 +1,60 @@
-"""Configuration: one YAML file plus command-line flags, validated once into a frozen ``Config``.
+"""The ``Config``: every key declared once, on its field, and validated once, at construction.
 
-Every mistake becomes a ``ConfigError`` that names the key and the fix; the CLI prints it on one
-line and exits 2. The ``remote_write`` block is parsed by ``hfsampler.remote_write.config`` with
-Prometheus's own key names.
+Each field's ``key(...)`` is the key's whole declaration: YAML name, flag, type and parser,
+default (the field's), reload rule and one line of doc; the loader (``config.loader``), the flags
+(``config.flags``), the reload (``config.reload``) and the reference (``config.reference``) read
+it back through ``KEYS``. Every mistake becomes a ``ConfigError`` that names the key and the fix;
+the CLI prints it on one line and exits 2.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from hfsampler import fields as catalogue
+from hfsampler.config.keys import (
+    Flag,
+    Key,
+    as_absolute_path,
+    as_bool,
+    as_duration,
+    as_instance,
+    as_listen,
+    as_lower,
+    as_names,
+    as_remote_write,
+    as_size,
+    as_str_map,
+    as_text,
+    as_text_or_none,
+    as_whole,
+    as_wholes,
+    declared,
+    key,
+    load_intervals,
+)
+from hfsampler.config.labels import (
+    MIMIR_MAX_LABEL_NAMES,
+    MIMIR_MAX_LABEL_VALUE_BYTES,
+    RESERVED_LABELS,
+    check_label,
+    check_utf8,
+    parse_label,
+)
 from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError
-from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
+from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES, realtime_group
 from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
     check_unique_names,
     endpoint_from_url,
-    parse_remote_write,
-    parse_size,
 )
 from hfsampler.series import LABEL_NAME_RE
+from hfsampler.sources.sim.mig import parse_layout
 
 # The most shared memory the sampler's rings may take unless ``max_ring_bytes`` says otherwise.
 DEFAULT_MAX_RING_BYTES = 256 << 20
@@ -46,95 +71,208 @@ SLOW_LANE_MIN_INTERVAL_S = 0.01
 MIN_MAX_RING_BYTES = 1 << 20
 
 
-def parse_label(text: str, key: str = "--label") -> tuple[str, str]:
-    """``k=v`` → (k, v), with Prometheus's rules for label names."""
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or not name:
-        raise ConfigError(key, f"{text!r} is not k=v", "write it as name=value, e.g. cluster=eu1")
-    _check_label(name, value, key)
-    return name, value
+def _blank_is_none(value: str, name: str) -> str | None:
+    return value or None  # '' turns the setting off
 
 
-def _check_label(name: str, value: str, key: str) -> None:
-    if not LABEL_NAME_RE.match(name) or name.startswith("__"):
-        raise ConfigError(
-            key, f"invalid label name {name!r}", "use letters, digits and _, not starting with __"
-        )
-    if value == "":
-        raise ConfigError(key, f"label {name!r} has an empty value", "give it a value or drop it")
-    _check_utf8(value, key)
+def _is_set(value: str, name: str) -> bool:
+    return True  # `--intervals auto`, its one choice
 
 
-def _check_utf8(value: str, key: str) -> None:
-    """Label values go out as UTF-8: bytes that are not (from argv, say) are refused here."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(key, "is not valid UTF-8 text", "use UTF-8 characters only") from None
+def _fast_interval(intervals_s: Mapping[str, float], text: str, name: str) -> dict[str, float]:
+    return {**intervals_s, catalogue.FAST: parse_duration(text, name)}
 
 
-# Labels hfsampler's own series and attribution add: a host label of one of these names would
-# be overwritten, or overwrite them.
-_RESERVED_LABELS = (
-    *GPU_LABEL_NAMES,
-    "instance",
-    "field",
-    "group",
-    "rail",
-    "zone",
-    "pod",
-    "namespace",
-    "container",
-    "hpc_job",
-    "remote_name",
-    "url",
-    "reason",
-    "status",
-)
-# Mimir's default limits, which refuse whole series: warn before a run finds out.
-MIMIR_MAX_LABEL_NAMES = 30
-MIMIR_MAX_LABEL_VALUE_BYTES = 2048
+def _add_labels(labels: Mapping[str, str], given: list[str], name: str) -> dict[str, str]:
+    return {**labels, **dict(parse_label(text, name) for text in given)}
+
+
+def _split_fields(given: list[str], name: str) -> tuple[str, ...]:
+    return tuple(t for item in given for t in item.split(",") if t.strip())
+
+
+def _add_endpoints(
+    endpoints: tuple[EndpointConfig, ...], urls: list[str], name: str
+) -> tuple[EndpointConfig, ...]:
+    return endpoints + tuple(endpoint_from_url(u) for u in urls)
+
+
+def _default_intervals() -> dict[str, float]:
+    return dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
 
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """Everything `hfsampler run` needs, validated."""
+    """Everything `hfsampler run` needs, validated. The fields with a flag come in `hfsampler run
+    --help` order."""
 
-    source: str = "auto"
-    sim_gpus: int = 2
-    sim_mig: tuple[str, ...] = ()  # `--sim-mig 3g,2g,1g,1g`: every sim GPU's MIG layout
-    seed: int = 0
-    devices: tuple[int, ...] | None = None
-    intervals_s: Mapping[str, float] = field(
-        default_factory=lambda: dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
-    )
-    field_groups: Mapping[str, str] = field(default_factory=dict)
-    fields: tuple[str, ...] | None = None
-    window_s: float = 1.0
-    listen: str | None = "127.0.0.1:9400"
-    duration_s: float | None = None
-    external_labels: Mapping[str, str] = field(default_factory=dict)
-    log_level: str = "info"
-    log_format: str = "text"
-    remote_write: tuple[EndpointConfig, ...] = ()
-    stale_after_windows: int = 5
-    realtime_priority: int = 1  # the sampler's SCHED_FIFO priority when allowed; 0: never ask
-    auto_intervals: bool = False  # `intervals: auto`: groups from `hfsampler probe` at start
-    dcgm_path: str | None = None  # `dcgm.path`: DCGM's Python bindings (None: DCGM's places)
-    dcgm_host: str = "localhost"  # `dcgm.host`: the DCGM host engine
-    dcgm_interval_s: float = 0.1  # `dcgm.interval`: how often DCGM samples watched fields
-    # `jetson.sysfs_root`: where the jetson source finds sys/, proc/ and etc/; for tests only
-    jetson_sysfs_root: str | None = None
-    pod_resources_socket: str | None = None  # the kubelet's, for pod/namespace/container labels
-    hpc_job_mapping_dir: str | None = None  # one file per GPU naming its jobs, for hpc_job
-    hostname: str | None = None  # Hostname label; None: the machine's (in a pod: not the node)
-    host_label: str = "Hostname"  # the host label's name: dcgm-exporter's, or newer `hostname`
-    instance: str | None = None  # `instance` label; None: <host>:<listen port or 9400>; "": none
-    queue_dir: str | None = None  # spool Remote-Write queues here (persistent); None: memory only
-    max_ring_bytes: int = DEFAULT_MAX_RING_BYTES  # the most shared memory the sample rings may take
-    # `mig.copy_device_fields`: GPU-level fields on every MIG instance too, as dcgm-exporter does
-    mig_copy_device_fields: bool = False
+    source: str = key(
+        "auto", yaml="source", type="string", example="sim", parse=as_text,
+        doc="where samples come from: " + ", ".join(SOURCES),
+        flag=Flag("--source", "default: auto (NVML; on a Jetson without NVML, jetson; else sim)",
+                  choices=SOURCES),
+    )  # fmt: skip
+    sim_gpus: int = key(
+        2, yaml="gpus", type="whole number", example="2", parse=as_whole,
+        spec="gpus",
+        doc="how many GPUs the sim source simulates",
+        flag=Flag("--gpus", "simulated GPUs (sim source)", metavar="N", type=int),
+    )  # fmt: skip
+    seed: int = key(
+        0, yaml="seed", type="whole number", example="0", parse=as_whole,
+        spec="seed",
+        doc="the seed of every simulated signal",
+        flag=Flag("--seed", "seed of the simulated GPUs", type=int),
+    )  # fmt: skip
+    sim_mig: tuple[str, ...] = key(
+        (), yaml=None, type="MIG layout", doc="every simulated GPU's MIG layout, e.g. 3g,2g,1g,1g",
+        spec="sim_mig",
+        flag=Flag("--sim-mig", "MIG layout of every simulated GPU, e.g. 3g,2g,1g,1g (H200 "
+                  "profiles)", metavar="LAYOUT", convert=parse_layout),
+    )  # fmt: skip
+    intervals_s: Mapping[str, float] = key(
+        factory=_default_intervals, yaml="intervals", type="group: duration, or auto",
+        load=load_intervals, shown_default="fast: 1ms, slow: 100ms, gpm: 100ms",
+        doc="each group's sampling interval; auto: groups from `hfsampler probe` at start",
+        flag=Flag("--interval", "the fast group's interval, e.g. 1ms", metavar="DUR",
+                  merge=_fast_interval),
+    )  # fmt: skip
+    auto_intervals: bool = key(
+        False, yaml=None, type="auto", doc="`intervals: auto`: measure refresh periods at start",
+        flag=Flag("--intervals", "auto: measure refresh periods at start (hfsampler probe) and "
+                  "group fields by them", choices=("auto",), convert=_is_set),
+    )  # fmt: skip
+    window_s: float = key(
+        1.0, yaml="window", type="duration", parse=as_duration, shown_default="1s",
+        doc="the window each statistic (min, max, mean, p99) is reduced over",
+        flag=Flag("--window", "window length, e.g. 1s (default)", metavar="DUR",
+                  convert=parse_duration),
+    )  # fmt: skip
+    listen: str | None = key(
+        "127.0.0.1:9400", yaml="listen", type="HOST:PORT", example=":9400", parse=as_listen,
+        doc="the /metrics address; empty: serve no /metrics",
+        flag=Flag("--listen", "/metrics address; '' turns it off", metavar="HOST:PORT",
+                  convert=_blank_is_none),
+    )  # fmt: skip
+    duration_s: float | None = key(
+        None, yaml="duration", type="duration", parse=as_duration,
+        doc="stop after this long; none: run until stopped",
+        flag=Flag("--duration", "stop after this long, e.g. 10s", metavar="DUR",
+                  convert=parse_duration),
+    )  # fmt: skip
+    external_labels: Mapping[str, str] = key(
+        factory=dict, yaml="external_labels", also=("global.external_labels",),
+        type="name: value", example="a mapping", parse=as_str_map, reload="labels",
+        doc="labels added to every series (as Prometheus's global.external_labels)",
+        flag=Flag("--label", "external label (repeatable)", metavar="K=V", repeat=True,
+                  merge=_add_labels),
+    )  # fmt: skip
+    fields: tuple[str, ...] | None = key(
+        None, yaml="fields", type="list of names", example="[fast]", parse=as_names,
+        shown_default="the default selection",
+        doc="field names or groups to sample (fast, slow, gpm; all: per-link NVLink too)",
+        flag=Flag("--fields", "comma-separated field names or groups (fast, slow, gpm; all: "
+                  "per-link NVLink too)", metavar="LIST", repeat=True, convert=_split_fields),
+    )  # fmt: skip
+    remote_write: tuple[EndpointConfig, ...] = key(
+        (), yaml="remote_write", type="list of endpoints", parse=as_remote_write,
+        reload="endpoints", doc="Remote-Write receivers, as Prometheus's remote_write block",
+        flag=Flag("--remote-write", "push to (repeatable)", metavar="URL", repeat=True,
+                  merge=_add_endpoints),
+    )  # fmt: skip
+    realtime_priority: int = key(
+        1, yaml="realtime_priority", type="0 to 99", example="1", parse=as_whole,
+        doc="the sampler's SCHED_FIFO priority when allowed; 0: never ask",
+        flag=Flag("--realtime-priority", "the sampler's SCHED_FIFO priority when allowed "
+                  "(default 1; 0: normal scheduler)", metavar="N", type=int),
+    )  # fmt: skip
+    pod_resources_socket: str | None = key(
+        None, yaml="pod_resources_socket", type="path",
+        example="/var/lib/kubelet/pod-resources/kubelet.sock", parse=as_text_or_none,
+        doc="the kubelet's pod-resources socket: pod, namespace and container labels",
+        flag=Flag("--pod-resources-socket", "kubelet pod-resources socket: add pod, namespace, "
+                  "container labels", metavar="PATH", convert=_blank_is_none),
+    )  # fmt: skip
+    hostname: str | None = key(
+        None, yaml="hostname", type="string", example="gpu-node-17", parse=as_text_or_none,
+        reload="labels", doc="the host label's value; none: the machine's (in a pod: not the node)",
+        flag=Flag("--hostname", "the Hostname label (in Kubernetes: the node's name)",
+                  metavar="NAME", convert=_blank_is_none),
+    )  # fmt: skip
+    instance: str | None = key(
+        None, yaml="instance", type="string", example="node17:9400", parse=as_instance,
+        reload="labels", shown_default="HOST:PORT",
+        doc="the instance label; none: <host>:<listen port or 9400>; empty: no instance label",
+        flag=Flag("--instance", "the instance label (default HOST:PORT, as a scrape would add; "
+                  "'' for none)", metavar="VALUE"),
+    )  # fmt: skip
+    hpc_job_mapping_dir: str | None = key(
+        None, yaml="hpc_job_mapping_dir", type="path", example="/var/run/hfsampler/jobs",
+        parse=as_text_or_none, doc="one file per GPU naming its jobs: the hpc_job label",
+        flag=Flag("--hpc-job-mapping-dir", "one file per GPU naming its jobs: hpc_job",
+                  metavar="DIR", convert=_blank_is_none),
+    )  # fmt: skip
+    queue_dir: str | None = key(
+        None, yaml="queue_dir", type="path", example="/var/lib/hfsampler/queue",
+        parse=as_text_or_none, doc="spool Remote-Write queues here (persistent); none: memory only",
+        flag=Flag("--queue-dir", "spool Remote-Write queues here (survives restarts)",
+                  metavar="DIR", convert=_blank_is_none),
+    )  # fmt: skip
+    log_level: str = key(
+        "info", yaml="log_level", type=", ".join(LOG_LEVELS), example="info", parse=as_lower,
+        reload="live", doc="the least severe log lines written",
+        flag=Flag("--log-level", choices=LOG_LEVELS),
+    )  # fmt: skip
+    log_format: str = key(
+        "text", yaml="log_format", type=", ".join(LOG_FORMATS), example="json", parse=as_lower,
+        doc="log lines as text or one JSON object each", flag=Flag("--log-format",
+                                                                    choices=LOG_FORMATS),
+    )  # fmt: skip
+    devices: tuple[int, ...] | None = key(
+        None, yaml="devices", type="list of indices", example="[0, 1]", parse=as_wholes,
+        spec="indices",
+        shown_default="all", doc="the NVML indices of the GPUs to sample",
+    )  # fmt: skip
+    field_groups: Mapping[str, str] = key(
+        factory=dict, yaml="field_groups", type="field: group", example="a mapping",
+        parse=as_str_map, doc="move fields into another interval group",
+    )  # fmt: skip
+    stale_after_windows: int = key(
+        5, yaml="stale_after_windows", type="whole number", example="5", parse=as_whole,
+        reload="labels", doc="windows without a sample before a series is marked stale",
+    )  # fmt: skip
+    max_ring_bytes: int = key(
+        DEFAULT_MAX_RING_BYTES, yaml="max_ring_bytes", type="size", parse=as_size,
+        shown_default="256MiB", doc="the most shared memory the sample rings may take",
+    )  # fmt: skip
+    host_label: str = key(
+        "Hostname", yaml="host_label", type="label name", example="hostname", parse=as_text,
+        reload="labels", doc="the host label's name: dcgm-exporter's Hostname, or hostname",
+    )  # fmt: skip
+    dcgm_path: str | None = key(
+        None, yaml="dcgm.path", type="path", example="/usr/local/dcgm/bindings/python3",
+        spec="dcgm_path",
+        parse=as_text, shown_default="DCGM's places", doc="where DCGM's Python bindings are",
+    )  # fmt: skip
+    dcgm_host: str = key(
+        "localhost", yaml="dcgm.host", type="string", example="localhost", parse=as_text,
+        spec="dcgm_host",
+        doc="the DCGM host engine",
+    )  # fmt: skip
+    dcgm_interval_s: float = key(
+        0.1, yaml="dcgm.interval", type="duration", parse=as_duration, shown_default="100ms",
+        spec="dcgm_interval_s",
+        doc="how often DCGM samples the watched fields",
+    )  # fmt: skip
+    jetson_sysfs_root: str | None = key(
+        None, yaml="jetson.sysfs_root", type="path", example="/tmp/orin-tree",
+        parse=as_absolute_path, shown_default="/",
+        doc="where the jetson source finds sys/, proc/ and etc/; for tests only",
+    )  # fmt: skip
+    mig_copy_device_fields: bool = key(
+        False, yaml="mig.copy_device_fields", type="bool", example="true", parse=as_bool,
+        doc="GPU-level fields on every MIG instance too, as dcgm-exporter does",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -168,7 +306,7 @@ class Config:
                 "log_format", f"unknown format {self.log_format!r}", _one_of(LOG_FORMATS)
             )
         for name, value in self.external_labels.items():
-            _check_label(name, value, f"external_labels.{name}")
+            check_label(name, value, f"external_labels.{name}")
         if not 0 <= self.realtime_priority <= 99:
             raise ConfigError(
                 "realtime_priority", f"{self.realtime_priority} is out of range", "use 0 to 99"
@@ -193,15 +331,15 @@ class Config:
                 f"{self.jetson_sysfs_root!r} is not a directory",
                 "give a fixture tree's root, or leave it out on a Jetson (it reads /)",
             )
-        for key in ("pod_resources_socket", "hpc_job_mapping_dir"):
-            path = getattr(self, key)
+        for name in ("pod_resources_socket", "hpc_job_mapping_dir"):
+            path = getattr(self, name)
             if path is not None and not path.startswith("/"):
-                raise ConfigError(key, f"{path!r} is not an absolute path", "start it with /")
+                raise ConfigError(name, f"{path!r} is not an absolute path", "start it with /")
         if not LABEL_NAME_RE.match(self.host_label) or self.host_label.startswith("__"):
             raise ConfigError(
                 "host_label", f"{self.host_label!r} is not a label name", "Hostname or hostname"
             )
-        if self.host_label in _RESERVED_LABELS:
+        if self.host_label in RESERVED_LABELS:
             raise ConfigError(
                 "host_label",
                 f"{self.host_label!r} is a label hfsampler sets itself",
@@ -210,7 +348,7 @@ class Config:
         if self.instance is not None:
             if "\n" in self.instance or "\r" in self.instance:
                 raise ConfigError("instance", "must be one line", "e.g. instance: node17:9400")
-            _check_utf8(self.instance, "instance")
+            check_utf8(self.instance, "instance")
         # unknown names fail here, at load time, and so does a field no group samples
         check_unique_names(self.remote_write)  # also across --remote-write URLs
         check_intervals(self.selected_fields(), self.intervals_s)
@@ -233,7 +371,7 @@ class Config:
         groups = [g for g in self.intervals_s if g in used]
         if len(groups) < 2:
             return []
-        lane = min(groups, key=self.intervals_s.__getitem__)  # as plan_groups picks it
+        lane = realtime_group(self.selected_fields(), self.intervals_s)
         out = []
         for g in groups:
             interval = self.intervals_s[g]
@@ -291,11 +429,9 @@ def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str,
                 "of fields",
             )
     # The fastest group has the sampler's real-time lane to itself (hfsampler.lanes); a per-link
-    # NVLink field asks each link's state there once a second, a stall that lane must not take.
-    # (the lane's group as plan_groups picks it: the first of the shortest interval); a lane of
-    # 100 ms or more has the time
-    used = {f.group for f in fields}
-    lane = min((g for g in intervals_s if g in used), key=intervals_s.__getitem__, default=None)
+    # NVLink field asks each link's state there once a second, a stall that lane must not take
+    # (a lane of 100 ms or more has the time).
+    lane = realtime_group(fields, intervals_s)
     if lane is not None and intervals_s[lane] < catalogue.DEFAULT_GROUP_INTERVALS_S["slow"]:
         for f in fields:
             if f.per == "link" and f.group == lane:
@@ -329,229 +465,4 @@ def _one_of(choices: Sequence[str] | Mapping[str, object]) -> str:
     return "one of " + ", ".join(choices)
 
 
-# -- the YAML file --------------------------------------------------------------------------------
-
-_FILE_KEYS = (
-    "source",
-    "gpus",
-    "seed",
-    "devices",
-    "intervals",
-    "field_groups",
-    "fields",
-    "window",
-    "listen",
-    "duration",
-    "external_labels",
-    "global",
-    "log_level",
-    "log_format",
-    "remote_write",
-    "stale_after_windows",
-    "queue_dir",
-    "max_ring_bytes",
-    "realtime_priority",
-    "dcgm",
-    "jetson",
-    "pod_resources_socket",
-    "hpc_job_mapping_dir",
-    "hostname",
-    "host_label",
-    "instance",
-    "mig",
-)
-
-
-def _unknown(key: str, allowed: Sequence[str], where: str = "") -> ConfigError:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    fix = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(allowed)
-    return ConfigError(f"{where}{key}", "unknown key", fix)
-
-
-def _expect(value: object, kind: type | tuple[type, ...], key: str, example: str) -> Any:
-    if isinstance(value, bool) and kind is not bool:
-        raise ConfigError(key, f"expected {example}, got {value!r}", f"e.g. {key}: {example}")
-    if not isinstance(value, kind):
-        raise ConfigError(key, f"expected {example}, got {value!r}", f"e.g. {key}: {example}")
-    return value
-
-
-def _str_map(value: object, key: str) -> dict[str, str]:
-    mapping = _expect(value, dict, key, "a mapping")
-    out = {}
-    for k, v in mapping.items():
-        if not isinstance(k, str) or isinstance(v, dict | list) or v is None:
-            raise ConfigError(f"{key}.{k}", f"expected a string value, got {v!r}", "quote it")
-        out[k] = str(v)
-    return out
-
-
-def from_mapping(data: object, base: Config | None = None) -> Config:
-    """Build a Config from the YAML file's top-level mapping."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError("", "the config file must be a YAML mapping", "see the README's example")
-    kw: dict[str, Any] = {}
-    for key, value in data.items():
-        if not isinstance(key, str) or key not in _FILE_KEYS:
-            raise _unknown(str(key), _FILE_KEYS)
-        if key == "source":
-            kw["source"] = _expect(value, str, key, "sim")
-        elif key == "gpus":
-            kw["sim_gpus"] = _expect(value, int, key, "2")
-        elif key == "seed":
-            kw["seed"] = _expect(value, int, key, "0")
-        elif key == "devices":
-            items = _expect(value, list, key, "[0, 1]")
-            kw["devices"] = tuple(_expect(i, int, f"{key}[]", "0") for i in items)
-        elif key == "intervals" and value == "auto":
-            kw["auto_intervals"] = True
-        elif key == "intervals":
-            intervals = _expect(value, dict, key, "{fast: 1ms, slow: 100ms}")
-            merged = dict(catalogue.DEFAULT_GROUP_INTERVALS_S)
-            for group, text in intervals.items():
-                if not isinstance(group, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", group):
-                    raise ConfigError(f"intervals.{group}", "bad group name", "use e.g. fast, slow")
-                merged[group] = parse_duration(text, f"intervals.{group}")
-            kw["intervals_s"] = merged
-        elif key == "field_groups":
-            kw["field_groups"] = _str_map(value, key)
-        elif key == "fields":
-            items = [value] if isinstance(value, str) else _expect(value, list, key, "[fast]")
-            kw["fields"] = tuple(str(_expect(i, str, f"{key}[]", "fast")) for i in items)
-        elif key in ("window", "duration"):
-            kw[f"{key}_s"] = parse_duration(value, key)
-        elif key == "listen":
-            kw["listen"] = None if value in (None, "", False) else _expect(value, str, key, ":9400")
-        elif key == "external_labels":
-            kw.setdefault("external_labels", {}).update(_str_map(value, key))
-        elif key == "global":
-            block = _expect(value, dict, key, "{external_labels: {cluster: eu1}}")
-            for sub, subvalue in block.items():
-                if sub != "external_labels":
-                    raise _unknown(str(sub), ["external_labels"], "global.")
-                labels = _str_map(subvalue, "global.external_labels")
-                kw.setdefault("external_labels", {}).update(labels)
-        elif key in ("log_level", "log_format"):
-            kw[key] = _expect(value, str, key, "info" if key == "log_level" else "json").lower()
-        elif key == "remote_write":
-            kw["remote_write"] = parse_remote_write(value, "remote_write")
-        elif key == "stale_after_windows":
-            kw["stale_after_windows"] = _expect(value, int, key, "5")
-        elif key == "max_ring_bytes":
-            kw[key] = parse_size(value, key)
-        elif key == "queue_dir":
-            kw[key] = _expect(value, str, key, "/var/lib/hfsampler/queue") or None
-        elif key == "dcgm":
-            block = _expect(value, dict, key, "{path: /usr/local/dcgm/bindings/python3}")
-            for sub, subvalue in block.items():
-                if sub == "path":
-                    kw["dcgm_path"] = _expect(subvalue, str, "dcgm.path", "/opt/dcgm/python3")
-                elif sub == "host":
-                    kw["dcgm_host"] = _expect(subvalue, str, "dcgm.host", "localhost")
-                elif sub == "interval":
-                    kw["dcgm_interval_s"] = parse_duration(subvalue, "dcgm.interval")
-                else:
-                    raise _unknown(str(sub), ["path", "host", "interval"], "dcgm.")
-        elif key == "jetson":
-            block = _expect(value, dict, key, "{sysfs_root: /tmp/orin-tree}")
-            for sub, subvalue in block.items():
-                if sub != "sysfs_root":
-                    raise _unknown(str(sub), ["sysfs_root"], "jetson.")
-                root = _expect(subvalue, str, "jetson.sysfs_root", "/tmp/orin-tree")
-                if not root.startswith("/"):
-                    raise ConfigError(
-                        "jetson.sysfs_root", f"{root!r} is not an absolute path", "start it with /"
-                    )
-                kw["jetson_sysfs_root"] = root
-        elif key == "realtime_priority":
-            kw["realtime_priority"] = _expect(value, int, key, "1")
-        elif key == "pod_resources_socket":
-            sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
-            kw[key] = _expect(value, str, key, sock) or None
-        elif key == "hostname":
-            kw[key] = _expect(value, str, key, "gpu-node-17") or None
-        elif key == "host_label":
-            kw[key] = _expect(value, str, key, "hostname")
-        elif key == "instance":
-            # `instance: ""` or `instance: false` leave the label off
-            kw[key] = "" if value in ("", False) else _expect(value, str, key, "node17:9400")
-        elif key == "mig":
-            block = _expect(value, dict, key, "{copy_device_fields: true}")
-            for sub, subvalue in block.items():
-                if sub != "copy_device_fields":
-                    raise _unknown(str(sub), ["copy_device_fields"], "mig.")
-                kw["mig_copy_device_fields"] = _expect(
-                    subvalue, bool, "mig.copy_device_fields", "true"
-                )
-        elif key == "hpc_job_mapping_dir":
-            kw[key] = _expect(value, str, key, "/var/run/hfsampler/jobs") or None
-    return replace(base or Config(), **kw)
-
-
-class _DuplicateKeyError(yaml.YAMLError):
-    def __init__(self, key: object, first_line: int, line: int) -> None:
-        super().__init__(f"{key}: given twice")
-        self.key = key
-        self.first_line = first_line
-        self.line = line
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping.
-
-    PyYAML keeps the last value without a word; Prometheus (Go's strict YAML) refuses the file,
-    so a block pasted between the two must mean the same in both. A merge key (``<<``) may still
-    be overridden: only keys written in the mapping itself count.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in seen:
-                    raise _DuplicateKeyError(key, seen[key], line)
-                seen[key] = line
-            except TypeError:
-                continue  # an unhashable key: the safe loader names that problem itself
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
-        return mapping
-
-
-def load_file(path: str | Path, base: Config | None = None) -> Config:
-    """Read and validate a config file; its keys replace those of ``base`` (an earlier file)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            "--config", f"cannot read {p}: {exc.strerror}", "check the path"
-        ) from None
-    except UnicodeDecodeError:
-        raise ConfigError("--config", f"{p} is not UTF-8 text", "save it as UTF-8") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
-    except _DuplicateKeyError as exc:
-        where = (
-            f"on line {exc.line}"
-            if exc.line == exc.first_line
-            else f"at lines {exc.first_line} and {exc.line}"
-        )
-        raise ConfigError(str(p), f"{exc.key}: given twice, {where}", "keep one") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(str(p), f"{problem}{where}", "fix the YAML syntax") from None
-    return from_mapping(data, base)
-
-
-def with_remote_write_urls(config: Config, urls: Sequence[str]) -> Config:
-    """Add ``--remote-write URL`` endpoints to those of the file."""
-    extra = tuple(endpoint_from_url(u) for u in urls)
-    return replace(config, remote_write=config.remote_write + extra) if extra else config
+KEYS: tuple[Key, ...] = declared(Config)

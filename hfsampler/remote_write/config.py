@@ -8,17 +8,18 @@ carry credentials (userinfo, a token in the query), so only ``redact_url`` outpu
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from types import MappingProxyType
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # a pasted remote_write block keeps Prometheus's duration grammar
 from hfsampler.durations import parse_prometheus_duration as parse_duration
-from hfsampler.errors import ConfigError
+from hfsampler.errors import ConfigError, one_error
+from hfsampler.remote_write.keys import unsupported_keys
 from hfsampler.remote_write.relabel import RelabelRule, parse_rules
 from hfsampler.remote_write.security import AuthConfig, TLSConfig, parse_auth, parse_tls
 
@@ -37,53 +38,6 @@ RESERVED_HEADERS = frozenset(
     )
 )
 
-_QUEUE_KEYS = (
-    "capacity",
-    "max_shards",
-    "min_shards",
-    "max_samples_per_send",
-    "batch_send_deadline",
-    "min_backoff",
-    "max_backoff",
-    "retry_on_http_429",
-    "max_disk_bytes",
-    "max_request_bytes",
-    "max_retry_after",
-)
-_QUEUE_UNSUPPORTED = ("sample_age_limit",)
-_ENDPOINT_KEYS = (
-    "url",
-    "name",
-    "remote_timeout",
-    "headers",
-    "queue_config",
-    "protobuf_message",
-    "flavor",
-    "tenant",
-    "basic_auth",
-    "authorization",
-    "bearer_token",
-    "bearer_token_file",
-    "tls_config",
-    "proxy_url",
-    "write_relabel_configs",
-)
-_ENDPOINT_UNSUPPORTED = (
-    "sigv4",
-    "azuread",
-    "google_iam",
-    "oauth2",
-    "metadata_config",
-    "send_exemplars",
-    "send_native_histograms",
-    "round_robin_dns",
-    "no_proxy",
-    "proxy_from_environment",
-    "proxy_connect_header",
-    "follow_redirects",
-    "enable_http2",
-    "http_headers",
-)
 
 # RFC 9110: a field name is a token; a value has no control characters but horizontal tab.
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
@@ -114,17 +68,12 @@ PROTOBUF_MESSAGES = (PROTOBUF_V1, PROTOBUF_V2)
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
 MIN_MAX_REQUEST_BYTES = 4 << 10
 MAX_MAX_REQUEST_BYTES = 32 << 20  # Prometheus 3 answers 400 (not 413) to bodies decoding larger
-_SIZE_RE = re.compile(r"(\d+)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\Z")
-_SIZE_UNITS = {
-    None: 1,
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "KiB": 1 << 10,
-    "MiB": 1 << 20,
-    "GiB": 1 << 30,
-}
+# Prometheus's and Kubernetes' spellings: decimal K, M, G, T (k too) with or without B; binary
+# Ki, Mi, Gi, Ti with or without B. A whole or decimal amount; whole bytes in the end.
+_SIZE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKMGT]i?B?|B)?\Z")
+_SIZE_POWERS = {"k": 1, "K": 1, "M": 2, "G": 3, "T": 4}
+# Larger than any disk or memory hfsampler could bound: a number this size is a typo.
+MAX_SIZE_BYTES = 1 << 50
 
 
 def redact_url(url: str) -> str:
@@ -145,12 +94,20 @@ def redact_url(url: str) -> str:
 
 
 def parse_size(value: object, key: str) -> int:
-    """Bytes from a whole number or a string such as ``512MiB`` or ``2GB``."""
+    """Bytes from a whole number or a string such as ``512MiB``, ``2GB``, ``10Ti`` or ``1.5G``."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and (m := _SIZE_RE.match(value.strip())):
-        return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    raise ConfigError(key, f"{value!r} is not a size", "write bytes or e.g. '512MiB', '2GB'")
+        size = value
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value.strip())):
+        unit = m.group(2) or "B"
+        base = 1024 if unit[1:2] == "i" else 1000
+        size = int(Decimal(m.group(1)) * base ** _SIZE_POWERS.get(unit[0], 0))
+    else:
+        raise ConfigError(
+            key, f"{value!r} is not a size", "write bytes or e.g. '512MiB', '2GB', '10Ti'"
+        )
+    if size > MAX_SIZE_BYTES:
+        raise ConfigError(key, f"{value!r} is more than the most, 1PiB", "give a smaller size")
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +330,9 @@ def parse_remote_write(entries: object, key: str = "remote_write") -> tuple[Endp
         return ()
     if not isinstance(entries, list):
         raise ConfigError(key, "must be a list of endpoints", "start each endpoint with '- url:'")
+    problems = unsupported_keys(entries, key)
+    if problems:
+        raise one_error(problems)
     out = [_parse_endpoint(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
     check_unique_names(out, key)
     return tuple(out)
@@ -401,29 +361,9 @@ def check_unique_names(endpoints: Sequence[EndpointConfig], key: str = "remote_w
         spools[ep.spool_name] = i
 
 
-def _check_keys(
-    raw: Mapping[object, object], path: str, known: tuple[str, ...], unsupported: tuple[str, ...]
-) -> None:
-    for k in raw:
-        if not isinstance(k, str):
-            raise ConfigError(f"{path}", f"has a non-string key {k!r}")
-        if k in known:
-            continue
-        if k in unsupported:
-            raise ConfigError(
-                f"{path}.{k}",
-                "is not supported yet",
-                "remove it or push through a Prometheus agent",
-            )
-        close = difflib.get_close_matches(k, known + unsupported, n=1)
-        fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-        raise ConfigError(f"{path}.{k}", "is not a known key", fix)
-
-
 def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError(path, "must be a mapping", "each endpoint needs at least 'url:'")
-    _check_keys(raw, path, _ENDPOINT_KEYS, _ENDPOINT_UNSUPPORTED)
     if "url" not in raw:
         raise ConfigError(f"{path}.url", "is required")
     url = raw["url"]
@@ -458,6 +398,8 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
         )
     if "queue_config" in raw:
         kwargs["queue"] = _parse_queue(raw["queue_config"], f"{path}.queue_config")
+    if "metadata_config" in raw:
+        kwargs["send_metadata"] = _parse_metadata(raw["metadata_config"], f"{path}.metadata_config")
     try:
         return EndpointConfig(**kwargs)  # type: ignore[arg-type]
     except ConfigError as err:
@@ -489,9 +431,10 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
         return QueueConfig()
     if not isinstance(raw, Mapping):
         raise ConfigError(path, "must be a mapping")
-    _check_keys(raw, path, _QUEUE_KEYS, _QUEUE_UNSUPPORTED)
     kwargs: dict[str, object] = {}
     for k, v in raw.items():
+        if k == "sample_age_limit":
+            continue  # its value means what hfsampler does (unsupported_keys checked it)
         if k in ("batch_send_deadline", "min_backoff", "max_backoff", "max_retry_after"):
             kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
         elif k in ("max_disk_bytes", "max_request_bytes"):
@@ -502,3 +445,15 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
         return QueueConfig(**kwargs)  # type: ignore[arg-type]
     except ConfigError as err:
         raise ConfigError(f"{path}.{err.key}", err.problem, err.fix) from None
+
+
+def _parse_metadata(raw: object, path: str) -> bool:
+    """``metadata_config``: whether to send metadata (its other keys are refused before)."""
+    if raw is None:
+        return True
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "must be a mapping", "e.g. metadata_config: {send: false}")
+    send = raw.get("send", True)
+    if not isinstance(send, bool):
+        raise ConfigError(f"{path}.send", "must be true or false")
+    return send

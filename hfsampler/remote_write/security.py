@@ -23,8 +23,8 @@ from hfsampler.errors import ConfigError, RecoverableSendError
 
 _BASIC_KEYS = ("username", "password", "password_file")
 _AUTHZ_KEYS = ("type", "credentials", "credentials_file")
-_TLS_KEYS = ("ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify")
-_TLS_UNSUPPORTED = ("ca", "cert", "key", "min_version", "max_version")
+TLS_KEYS = ("ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify")
+TLS_UNSUPPORTED = ("ca", "cert", "key", "min_version", "max_version")
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -178,9 +178,9 @@ def parse_tls(raw: object, path: str) -> TLSConfig:
         return TLSConfig()
     if isinstance(raw, Mapping):
         for k in raw:
-            if k in _TLS_UNSUPPORTED:
+            if k in TLS_UNSUPPORTED:
                 raise ConfigError(f"{path}.{k}", "is not supported yet", "use the *_file keys")
-    block = _mapping(raw, path, _TLS_KEYS + _TLS_UNSUPPORTED)
+    block = _mapping(raw, path, TLS_KEYS + TLS_UNSUPPORTED)
     files = {k: _string(block, k, path) for k in ("ca_file", "cert_file", "key_file")}
     server_name = _string(block, "server_name", path)
     skip = block.get("insecure_skip_verify", False)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hfsampler.config.settings import check_intervals
-from hfsampler.fields import Field
+from hfsampler.fields import Field, realtime_group
 from hfsampler.sources.base import SourceSpec
 
 
@@ -41,13 +41,15 @@ class SamplerPlan:
 
 
 def plan_groups(fields: Sequence[Field], intervals_s: Mapping[str, float]) -> list[GroupPlan]:
-    """One group per interval name that has fields, fastest first.
+    """One group per interval name that has fields: the real-time lane's first
+    (``realtime_group``), then the others fastest first.
 
     A field whose group has no interval is a ``ConfigError``: it is never left out unsaid.
     """
     check_intervals(fields, intervals_s)
+    lane = realtime_group(fields, intervals_s)
     groups = [
         GroupPlan(name, interval, tuple(f for f in fields if f.group == name))
         for name, interval in intervals_s.items()
     ]
-    return sorted((g for g in groups if g.fields), key=lambda g: g.interval_s)
+    return sorted((g for g in groups if g.fields), key=lambda g: (g.name != lane, g.interval_s))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from hfsampler.config.settings import Config
+from hfsampler.config.settings import KEYS, Config
 from hfsampler.errors import ConfigError
 from hfsampler.sources.base import SourceSpec
 
@@ -44,17 +44,8 @@ def resolve_source(config: Config) -> SourceSpec:
             kind = "sim"
     elif kind == "jetson":
         _check_jetson(root)
-    return SourceSpec(
-        kind=kind,
-        gpus=config.sim_gpus,
-        seed=config.seed,
-        sim_mig=config.sim_mig,
-        indices=config.devices,
-        dcgm_path=config.dcgm_path,
-        dcgm_host=config.dcgm_host,
-        dcgm_interval_s=config.dcgm_interval_s,
-        jetson_root=root,
-    )
+    settings = {k.spec: getattr(config, k.field) for k in KEYS if k.spec is not None}
+    return SourceSpec(kind=kind, jetson_root=root, **settings)
 
 
 def _check_jetson(root: str) -> None:

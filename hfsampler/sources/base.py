@@ -76,7 +76,8 @@ class Inventory:
 
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
-    """How to build a source in another process: picklable, no handles."""
+    """How to build a source in another process: picklable, no handles. The settings that come
+    from the config are those its keys declare with ``spec=`` (``resolve_source``)."""
 
     kind: str  # "nvml", "sim", "dcgm" or "jetson"
     gpus: int = 2  # sim: how many GPUs

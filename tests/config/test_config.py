@@ -11,7 +11,9 @@ import pytest
 from hfsampler import fields as catalogue
 from hfsampler.cli.main import build_parser, main
 from hfsampler.config.flags import config_from_args
-from hfsampler.config.settings import Config, from_mapping, load_file, parse_label
+from hfsampler.config.labels import parse_label
+from hfsampler.config.loader import from_mapping, load_file
+from hfsampler.config.settings import Config
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 
@@ -91,7 +93,8 @@ remote_write:
         ("listen: 9400", r"^listen: expected :9400"),
         ("listen: 'localhost'", r"^listen: 'localhost' is not HOST:PORT"),
         ("external_labels: {'bad-name': x}", r"^external_labels.bad-name: invalid label name"),
-        ("global: {scrape_interval: 15s}", r"^global.scrape_interval: unknown key"),
+        # a pasted Prometheus global block: scrape_interval is accepted (test_pasted_prometheus_*)
+        ("global: {scrape_intervl: 15s}", r"^global.scrape_intervl: unknown key \(did you mean"),
         ("- a\n- b", r"must be a YAML mapping"),
         ("log_level: loud", r"^log_level: unknown level 'loud'"),
     ],

@@ -8,14 +8,14 @@ import pytest
 
 from hfsampler.cli.main import build_parser
 from hfsampler.cli.record import options
-from hfsampler.config.flags import FLAGS, config_from_args
+from hfsampler.config.flags import FLAGGED, FLAGS, config_from_args
 from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 
 
 def test_every_keyed_flag_names_a_config_field() -> None:
     fields = {f.name for f in dataclasses.fields(Config)}
-    assert {f.key for f in FLAGS if f.key is not None} <= fields
+    assert {k.field for _, k in FLAGGED} <= fields
     assert len({f.name for f in FLAGS}) == len(FLAGS)
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from conformance import ConformanceReceiver
 
+from hfsampler.config.loader import from_mapping
 from hfsampler.config.reload import plan_reload
-from hfsampler.config.settings import from_mapping
 
 REPO = Path(__file__).resolve().parents[2]
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"

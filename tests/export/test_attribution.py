@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 
 from hfsampler import fields
-from hfsampler.config.settings import Config, from_mapping
+from hfsampler.config.loader import from_mapping
+from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 from hfsampler.export import attribution
 from hfsampler.export.metrics import MetricModel

@@ -112,7 +112,7 @@ def test_typo_in_endpoint_suggests() -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["sigv4", "oauth2", "metadata_config", "send_exemplars", "no_proxy", "azuread"],
+    ["sigv4", "oauth2", "azuread", "google_iam"],
 )
 def test_unsupported_prometheus_keys(key: str) -> None:
     err = error(f"remote_write:\n  - url: http://a/\n    {key}: {{}}\n")
@@ -125,7 +125,7 @@ def test_unsupported_queue_key() -> None:
         "remote_write:\n  - url: http://a/\n    queue_config:\n      sample_age_limit: 5m\n"
     )
     assert err.key == "remote_write[0].queue_config.sample_age_limit"
-    assert "not supported yet" in err.problem
+    assert "0s only" in err.problem  # Prometheus's default, no age limit, is what hfsampler does
 
 
 @pytest.mark.parametrize(
@@ -327,3 +327,50 @@ def test_endpoints_that_would_share_a_spool_or_an_authorization_are_refused() ->
     err = error("remote_write:\n  - url: http://u:p@a/\n    bearer_token: t0k3n-xyz\n")
     assert err.key == "remote_write[0].url"
     assert "t0k3n-xyz" not in str(err)
+
+
+HARMLESS = """
+remote_write:
+  - url: http://a/
+    send_exemplars: false
+    send_native_histograms: false
+    follow_redirects: false
+    enable_http2: true
+    round_robin_dns: false
+    proxy_from_environment: false
+    no_proxy: ""
+    metadata_config: {send: false}
+    queue_config: {sample_age_limit: 0s}
+"""
+
+
+def test_a_pasted_block_with_values_that_mean_what_hfsampler_does_parses() -> None:
+    (ep,) = parse(HARMLESS)
+    assert ep.send_metadata is False
+    assert parse("remote_write:\n  - url: http://a/\n    metadata_config: {}\n")[0].send_metadata
+
+
+def test_every_key_hfsampler_does_not_take_is_named_in_one_message() -> None:
+    err = error(
+        "remote_write:\n  - url: http://a/\n    follow_redirects: true\n    sigv4: {}\n"
+        "    metadata_config: {send_interval: 1m}\n  - url: http://b/\n    remote_timout: 5s\n"
+        "    queue_config: {sample_age_limit: 5m}\n    tls_config: {min_version: TLS13}\n"
+    )
+    text = str(err)
+    for key in (
+        "remote_write[0].follow_redirects: True: takes false only: hfsampler does not follow",
+        "remote_write[0].sigv4: is not supported yet",
+        "remote_write[0].metadata_config.send_interval: is not supported",
+        "remote_write[1].remote_timout: is not a known key (did you mean 'remote_timeout'?)",
+        "remote_write[1].queue_config.sample_age_limit",
+        "remote_write[1].tls_config.min_version",
+    ):
+        assert key in text
+    assert text.startswith("6 keys to fix: ")
+    assert "\n" not in text
+
+
+def test_a_value_that_asks_for_what_hfsampler_does_not_do_is_refused() -> None:
+    err = error("remote_write:\n  - url: http://a/\n    proxy_from_environment: true\n")
+    assert err.key == "remote_write[0].proxy_from_environment"
+    assert "proxy_url" in err.fix

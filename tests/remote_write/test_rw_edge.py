@@ -264,7 +264,7 @@ def test_insecure_skip_verify_and_bad_files_are_config_errors(tmp_path: Path) ->
 def test_queue_dir_in_config_and_flag(tmp_path: Path) -> None:
     from hfsampler.cli.main import build_parser
     from hfsampler.config.flags import config_from_args
-    from hfsampler.config.settings import from_mapping
+    from hfsampler.config.loader import from_mapping
     from hfsampler.errors import ConfigError
 
     assert from_mapping({"queue_dir": str(tmp_path / "q")}).queue_dir == str(tmp_path / "q")

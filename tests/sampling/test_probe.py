@@ -149,7 +149,8 @@ def test_sim_probe_and_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_intervals_auto_applies_the_recommendation() -> None:
-    from hfsampler.config.settings import Config, from_mapping
+    from hfsampler.config.loader import from_mapping
+    from hfsampler.config.settings import Config
 
     assert from_mapping({"intervals": "auto"}).auto_intervals
     args = cli.build_parser()[0].parse_args(["run", "--intervals", "auto", "--source", "sim"])

@@ -102,7 +102,7 @@ def test_missing_bindings_say_how_to_fix(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_config_dcgm_block_reaches_the_source_spec() -> None:
-    from hfsampler.config.settings import from_mapping
+    from hfsampler.config.loader import from_mapping
     from hfsampler.errors import ConfigError
     from hfsampler.sampling.resolve import resolve_source
 

@@ -19,7 +19,8 @@ import pytest
 from fake_nvml import install, make_fake, remove_library
 
 from hfsampler import fields as F
-from hfsampler.config.settings import Config, from_mapping
+from hfsampler.config.loader import from_mapping
+from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import Field
 from hfsampler.sampling.plan import discover

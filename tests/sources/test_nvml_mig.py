@@ -21,7 +21,7 @@ import pytest
 from fake_nvml import FakeNvml, enable_mig, install, make_fake, mig_instance
 
 from hfsampler import fields as F
-from hfsampler.config.settings import from_mapping
+from hfsampler.config.loader import from_mapping
 from hfsampler.errors import ConfigError
 from hfsampler.export import attribution
 from hfsampler.export.attribution_pb import podresources_pb2 as pb

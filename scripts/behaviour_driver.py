@@ -11,8 +11,8 @@ real rings at injected tick times, and drives every stage after it for real:
 - ``<scenario>.rw1.json``, ``<scenario>.rw2.json``: those snapshots pushed by a ``RemoteWriter``
   (1.0, 2.0) one window at a time, as the service pushes, to a capture receiver on loopback
   (``behaviour_capture``); every request decoded (headers, series, samples with a NaN's bits,
-  metadata, symbols) in the order sent. ``*_batched.json``: all of them queued before the writer starts, so its batches
-  merge windows.
+  metadata, symbols) in the order sent. ``*_batched.json``: all of them queued before the writer
+  starts, so its batches merge windows.
 - ``recording.hfs``: ``sim_recordings.synthesize`` (the recorder's writer and window code) at a
   fixed start, with markers; ``report.json``: ``hfsampler report --format json`` on it.
 - ``replay.json``: ``hfsampler replay`` of it to the capture receiver, decoded;

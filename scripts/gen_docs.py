@@ -34,18 +34,6 @@ REGENERATE = "python scripts/gen_docs.py"
 # -- where the facts live: the only imports of hfsampler in this script ---------------------------
 
 
-def _config_modules() -> tuple[Any, Any, Any]:
-    """The config loader, the flags and the remote_write parser (imported when asked).
-
-    When the settings become declarations under hfsampler/config/, point this at them.
-    """
-    from hfsampler.config import flags
-    from hfsampler.config import settings as config
-    from hfsampler.remote_write import config as rw_config
-
-    return config, flags, rw_config
-
-
 def _nvml_calls() -> ModuleType:
     """The nvml source's table of per-device calls."""
     from hfsampler.sources.nvml import calls
@@ -55,8 +43,9 @@ def _nvml_calls() -> ModuleType:
 
 def top_level_config_keys() -> tuple[str, ...]:
     """Every top-level key the config file loader accepts."""
-    config, _, _ = _config_modules()
-    return tuple(config._FILE_KEYS)
+    from hfsampler.config.loader import TOP_LEVEL_KEYS
+
+    return tuple(TOP_LEVEL_KEYS)
 
 
 # -- formatting ----------------------------------------------------------------------------------
@@ -223,70 +212,12 @@ def selfmetrics_reference() -> str:
 # -- the configuration reference -----------------------------------------------------------------
 
 
-def _file_key(name: str, file_keys: tuple[str, ...]) -> str | None:
-    """The YAML key of a ``Config`` field: its name, less ``_s``, or ``block.key``."""
-    renamed = {"sim_gpus": "gpus", "auto_intervals": "intervals: auto"}
-    if name in renamed:
-        return renamed[name]
-    bare = name.removesuffix("_s")
-    if bare in file_keys:
-        return bare
-    block, _, sub = bare.partition("_")
-    if block in file_keys and sub:
-        return f"{block}.{sub}"
-    return None
-
-
 def config_reference() -> str:
-    config, flags, rw = _config_modules()
-    file_keys = tuple(config._FILE_KEYS)
-    by_key = {f.key: f for f in flags.FLAGS if f.key}
-    by_dest = {f.dest: f for f in flags.FLAGS if not f.key}
-    used: set[str] = set()
-    rows = []
-    for f in dataclasses.fields(config.Config):
-        flag = by_key.get(f.name) or by_dest.get(f.name)
-        if flag is not None:
-            used.add(flag.name)
-        key = _file_key(f.name, file_keys)
-        rows.append(
-            (
-                f"`{key}`" if key else "(flag only)",
-                f"`{flag.name}`" if flag else "",
-                f"`{f.type}`",
-                _value(f.name, _default(f)),
-                (flag.help or "") if flag else "",
-            )
-        )
-    out = ["### Top-level settings", ""]
-    out += _table(("YAML key", "flag", "type", "default", "flag's help"), rows)
-    out += ["", "Flags that set more than one thing, or a part of one:", ""]
-    out += [f"- `{fl.name}`: {fl.help}" for fl in flags.FLAGS if fl.name not in used]
-    out += ["", "Every top-level key the file may have: " + ", ".join(f"`{k}`" for k in file_keys)]
+    """Every key, from the config declarations (hfsampler/config/keys.py and the remote_write
+    key sets): the one place a key is spelled."""
+    from hfsampler.config.reference import reference_markdown
 
-    endpoint = {f.name: f for f in dataclasses.fields(rw.EndpointConfig)}
-    rows = []
-    for k in rw._ENDPOINT_KEYS:
-        f = endpoint.get(k) or endpoint.get(k + "_s")
-        default = "below" if k == "queue_config" else "unset"
-        rows.append((f"`{k}`", _value(f.name, _default(f)) if f else default))
-    out += ["", "### `remote_write` endpoint keys", ""]
-    out += _table(("key", "default"), rows)
-    queue = {f.name: f for f in dataclasses.fields(rw.QueueConfig)}
-    rows = []
-    for k in rw._QUEUE_KEYS:
-        f = queue.get(k) or queue.get(k + "_s")
-        rows.append((f"`{k}`", _value(f.name, _default(f)) if f else ""))
-    out += ["", "### `queue_config` keys", ""]
-    out += _table(("key", "default"), rows)
-    refused = (*rw._ENDPOINT_UNSUPPORTED, *rw._QUEUE_UNSUPPORTED)
-    out += [
-        "",
-        'Prometheus keys refused with "is not supported yet": '
-        + ", ".join(f"`{k}`" for k in refused)
-        + ".",
-    ]
-    return "\n".join(out)
+    return reference_markdown().rstrip("\n")
 
 
 # -- the pages -----------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def _names() -> tuple[dict[str, Key], dict[str, dict[str, Key]]]:
 
 
 _TOP, _BLOCKS = _names()
-_TOP_NAMES = (*_TOP, *_BLOCKS)
+TOP_LEVEL_KEYS = (*_TOP, *_BLOCKS)  # every key the file may have at its top level
 
 
 def _unknown(key: str, allowed: Sequence[str], where: str = "") -> ConfigError:
@@ -73,8 +73,8 @@ def _check_names(data: Mapping[object, object]) -> None:
     """Every key the file names is one hfsampler takes: else one error naming them all."""
     problems: list[ConfigError] = []
     for name, value in data.items():
-        if not isinstance(name, str) or name not in _TOP_NAMES:
-            problems.append(_unknown(str(name), _TOP_NAMES))
+        if not isinstance(name, str) or name not in TOP_LEVEL_KEYS:
+            problems.append(_unknown(str(name), TOP_LEVEL_KEYS))
         elif name in _BLOCKS and isinstance(value, dict):
             known = tuple(_BLOCKS[name])
             problems += [_unknown(str(s), known, f"{name}.") for s in value if s not in known]

@@ -4,6 +4,7 @@ say it, rendered as one markdown table (``docs/configuration.md`` is generated f
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import fields
 
 from hfsampler.config.keys import Key, show_default
 from hfsampler.config.loader import PASTED_KEYS
@@ -17,7 +18,7 @@ from hfsampler.remote_write.keys import (
     Accepted,
     KeyDoc,
 )
-from hfsampler.remote_write.security import TLS_KEYS
+from hfsampler.remote_write.security import TLS_KEYS, TLSConfig
 
 Row = tuple[str, str, str, str, str]  # key, type, default, flag, meaning
 _HEADER = ("Key", "Type", "Default", "Flag", "Meaning")
@@ -55,6 +56,19 @@ def _endpoint_rows(
     return rows
 
 
+def _tls_rows(prefix: str) -> list[Row]:
+    """``tls_config``'s keys with their types and defaults, read from ``TLSConfig``."""
+    defaults = {f.name: f.default for f in fields(TLSConfig)}
+    rows: list[Row] = []
+    for name in TLS_KEYS:
+        default = defaults[name]
+        is_bool = isinstance(default, bool)
+        kind = "bool" if is_bool else "path" if name.endswith("_file") else "string"
+        shown = str(default).lower() if is_bool else str(default or "none")
+        rows.append((_code(prefix + name), kind, shown, "", "as Prometheus's tls_config"))
+    return rows
+
+
 def reference_rows() -> list[Row]:
     """Every key hfsampler takes: its own (top-level and nested), those of a pasted Prometheus
     config it accepts, and each ``remote_write`` endpoint's."""
@@ -65,12 +79,8 @@ def reference_rows() -> list[Row]:
         *_endpoint_rows(rw, ENDPOINT_KEYS, ENDPOINT_ACCEPTED),
         *_endpoint_rows(rw + "queue_config.", QUEUE_KEYS, QUEUE_ACCEPTED),
         *_endpoint_rows(rw + "metadata_config.", METADATA_KEYS, {}),
-        *(
-            (_code(f"{rw}tls_config.{name}"), "path" if name.endswith("_file") else "string",
-             "none", "", "as Prometheus's tls_config")
-            for name in TLS_KEYS
-        ),
-    ]  # fmt: skip
+        *_tls_rows(rw + "tls_config."),
+    ]
 
 
 def reference_markdown() -> str:

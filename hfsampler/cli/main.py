@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     def reload() -> Config:
         return config_from_args(args)  # the same files and flags, read again (SIGHUP)
 
-    return run_async(lambda: Service(plan.config, plan.spec, plan.inventory, loader=reload).run())
+    return run_async(lambda: Service(plan, loader=reload).run())
 
 
 def _printable(text: str) -> str:

@@ -6,12 +6,13 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 from typing import Any
 
 from hfsampler.cli.aio import run_async
 from hfsampler.config.labels import parse_label
 from hfsampler.durations import parse_duration
-from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording import Recording, RecordingError
 from hfsampler.profiling.replay import TIMEOUT_S, replay
 
 
@@ -32,7 +33,11 @@ def register(sub: Any) -> dict[str, Any]:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    rec = Recording(args.recording)
+    try:
+        rec = Recording(args.recording)
+    except RecordingError as exc:  # not a recording, or one of another format: the user's input
+        print(f"hfsampler: error: {exc}", file=sys.stderr)
+        return 2
     extra = dict(parse_label(t) for t in args.label)
     timeout_s = parse_duration(args.timeout, "--timeout")
 

@@ -1,9 +1,9 @@
-"""The service: wires source, sampler, windows, metrics, /metrics and Remote-Write under uvloop.
+"""The service: wires a window pipeline to its sinks, /metrics and Remote-Write, under uvloop.
 
-It runs the window clock (``WindowClock``: windows end on wall-clock multiples of the window
-length), turns each window into one snapshot, serves the latest on /metrics, hands it to every
-remote writer, and on a signal or at the end of ``--duration`` sends stale markers, flushes, and
-frees shared memory.
+The pipeline (``sampling.pipeline``: the sampler, its rings' readers and the window clock, with
+`run`'s catch-up policy) yields each window; the service turns it into one snapshot, serves the
+latest on /metrics, hands it to every remote writer, and on a signal or at the end of
+``--duration`` sends stale markers, flushes, and frees shared memory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -34,66 +33,16 @@ from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.remote_write.sender import RemoteWriter, orphan_spools
-from hfsampler.sampling.groups import GroupPlan, plan_groups
-from hfsampler.sampling.sampler import Sampler
-from hfsampler.sampling.window import (
-    MAX,
-    MEAN,
-    TickStats,
-    WindowClock,
-    WindowReader,
-    WindowStats,
-    reduce,
-)
+from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
+from hfsampler.sampling.plan import RunPlan
+from hfsampler.sampling.window import MAX, MEAN, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Snapshot
-from hfsampler.sources.base import DeviceInfo, Inventory, SourceSpec, physical
+from hfsampler.sources.base import DeviceInfo, Inventory, physical
 
 log = logging.getLogger(__name__)
 
 FLUSH_DEADLINE_S = 5.0
-# A group that has not ticked for this many of its intervals (and STALL_MIN_S at least) is stalled:
-# a read stuck in the driver, or a stopped sampler. Said once, and /healthz answers 503 meanwhile.
-STALL_INTERVALS = 20
-STALL_MIN_S = 3.0
-
-
-@dataclass(slots=True)
-class _Group:
-    plan: GroupPlan
-    index: int
-    reader: WindowReader
-    rows: list[int]  # the GPU rows with a field of the group (not a MIG slot's, mostly)
-    ticks: int = 0
-    late: int = 0
-    missed: int = 0
-    progressed_ns: int | None = None  # when its tick count last grew (wall clock)
-    stalled_s: float = 0.0  # > 0 while stalled: how long it had not ticked when it was said
-
-    def watch(self, ticks: int, now_ns: int) -> None:
-        """Notices a group that stopped ticking, and one that ticks again; logs each once."""
-        if ticks > self.ticks or self.progressed_ns is None:
-            if self.stalled_s:
-                log.info(
-                    "sampler group %s ticks again after %.0f s",
-                    self.plan.name,
-                    (now_ns - (self.progressed_ns or now_ns)) / 1e9,
-                )
-            self.progressed_ns, self.stalled_s = now_ns, 0.0
-            return
-        idle_s = (now_ns - self.progressed_ns) / 1e9
-        if not self.stalled_s and idle_s >= max(
-            STALL_MIN_S, STALL_INTERVALS * self.plan.interval_s
-        ):
-            self.stalled_s = idle_s
-            log.warning(
-                "sampler group %s has not ticked for %.0f s (every %g s expected): a read stuck "
-                "in the driver, or the sampler process stopped; its series go stale and /healthz "
-                "answers 503 until it ticks again",
-                self.plan.name,
-                idle_s,
-                self.plan.interval_s,
-            )
 
 
 class Service:
@@ -101,25 +50,25 @@ class Service:
 
     def __init__(
         self,
-        config: Config,
-        spec: SourceSpec,
-        inventory: Inventory,
+        plan: RunPlan,
         *,
         out: TextIO | None = None,
-        clock_ns: Callable[[], int] = time.time_ns,
+        clock: Clock = WALL,
         loader: Callable[[], Config] | None = None,
     ) -> None:
-        """``loader`` builds the configuration again from its files and flags (SIGHUP)."""
-        self.config = config
-        self.spec = spec
-        self.inventory = inventory
+        """``loader`` builds the configuration again from its files and flags (SIGHUP);
+        ``clock``: a test's ``VirtualClock`` runs the pipeline in this process."""
+        self.plan = plan
+        self.config = config = plan.config
+        self.spec = plan.spec
+        self.inventory = inventory = plan.inventory
         self.metrics = SelfMetrics()
-        self.plans = plan_groups(inventory.fields, dict(config.intervals_s))
+        self.plans = plan.groups
         self.model = self._build_model(config)
         self.latest: Snapshot | None = None
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
-        self._clock_ns = clock_ns
+        self._clock = clock
         self._stop = asyncio.Event()
         self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
         # One process per queue_dir, refused here (exit 2) before anything is read or sampled.
@@ -130,9 +79,7 @@ class Service:
         self._reload_again = False
         self._held: dict[str, list[Snapshot]] = {}
         self.metrics.set(sm.CONFIG_RELOAD_OK, 1.0)
-        self._sampler: Sampler | None = None
-        self._mixed = np.zeros(len(inventory.devices), dtype=np.bool_)  # see _apply_layout
-        self._groups: list[_Group] = []
+        self.pipeline: Pipeline | None = None
         self._labeller: Labeller | None = build_labeller(
             inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
         )
@@ -218,7 +165,7 @@ class Service:
         try:
             if plan.labels_changed:
                 # the old series end here, the new ones start with the next window
-                final = self.model.final_snapshot(self._clock_ns())
+                final = self.model.final_snapshot(self._clock.now_ns())
                 for w in [*self._writers, *leaving]:
                     w.push(final)
                 self.model = self._build_model(plan.config)
@@ -273,22 +220,13 @@ class Service:
                 loop.add_signal_handler(sig, self.stop)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, self.request_reload)
-        sampler = Sampler(
-            self.spec,
-            self.inventory,
-            self.plans,
-            self.config.window_s,
-            realtime_priority=self.config.realtime_priority,
-            max_ring_bytes=self.config.max_ring_bytes,
-        )
-        self._sampler = sampler
+        pipeline = Pipeline(self.plan, RUN, clock=self._clock,
+                            realtime_priority=self.config.realtime_priority, log=log)  # fmt: skip
+        self.pipeline = pipeline
+        sampler = pipeline.sampler
         runner: web.AppRunner | None = None
         try:
-            await loop.run_in_executor(None, sampler.start)
-            self._groups = [
-                _Group(p, i, WindowReader(sampler.rings[p.name]), self._rows_of(p))
-                for i, p in enumerate(self.plans)
-            ]
+            await loop.run_in_executor(None, pipeline.start)
             log.info(
                 "sampling %d GPU(s)%s from %s: %s; window %gs; %d KiB of rings; spin %.0f us; %s",
                 len(physical(self.inventory.devices)),
@@ -307,75 +245,40 @@ class Service:
             runner = await self._serve()
             for w in self._writers:
                 await w.start()
-            return await self._window_loop(sampler)
+            return await self._window_loop(pipeline)
         finally:
             await self._shutdown(runner)
-            sampler.close()
+            pipeline.close()
             if self._queue_lock is not None:
                 self._queue_lock.release()
 
-    async def _window_loop(self, sampler: Sampler) -> int:
-        clock = WindowClock(self.config.window_s, clock_ns=self._clock_ns)
-        duration_s = self.config.duration_s
-        end_ns = clock.t0_ns + int(duration_s * 1e9) if duration_s else None
+    async def _window_loop(self, pipeline: Pipeline) -> int:
         loop = asyncio.get_running_loop()
-        while True:
-            t0, t1 = clock.t0_ns, clock.t1_ns
-            if end_ns is not None and t1 > end_ns:
-                await self._sleep_until(end_ns)
-                return 0
-            if await self._sleep_until(clock.due_ns):
-                return 0
-            if not sampler.alive():
-                log.error("the sampler process died (%s); stopping", sampler.exit_reason())
-                return 1
-            stats, ticks = await loop.run_in_executor(None, self._reduce_all, t0, t1)
-            self._apply_layout(sampler, t0, t1)
+        async for window in pipeline.windows(self._stop, self.config.duration_s):
+            self._apply_layout(window)
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
-            self._export(stats, ticks, t1)
-            clock.advance()
-            skipped = clock.catch_up()  # the loop was stalled: skip ahead, the rows are kept
-            if skipped:
-                log.warning("window loop fell %d window(s) behind; catching up", skipped)
+            self._export(window)
+        if pipeline.died:
+            log.error("the sampler process died (%s); stopping", pipeline.sampler.exit_reason())
+            return 1
+        return 0
 
-    def _rows_of(self, plan: GroupPlan) -> list[int]:
-        inv, wanted = self.inventory, set(plan.fields)
-        cols = [k for k, f in enumerate(inv.fields) if f in wanted]
-        return [int(r) for r in np.flatnonzero(inv.supported[:, cols].any(axis=1))]
-
-    def _apply_layout(self, sampler: Sampler, t0: int, t1: int) -> None:
+    def _apply_layout(self, window: Window) -> None:
         """The window's devices (a MIG slot's instance may have changed) to the model and the
         labeller, before the window's labels are asked for."""
-        devices, self._mixed = sampler.layout(t0, t1)
-        if devices != self.model.devices:
-            self.model.set_devices(devices)
+        if window.devices != self.model.devices:
+            self.model.set_devices(window.devices)
             if self._labeller is not None:
-                self._labeller.set_devices(devices)
+                self._labeller.set_devices(window.devices)
 
-    async def _sleep_until(self, t_ns: int) -> bool:
-        """Sleep until wall-clock ``t_ns``; True if stopped meanwhile."""
-        delay = (t_ns - self._clock_ns()) / 1e9
-        if delay > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay)
-        return self._stop.is_set()
-
-    def _reduce_all(self, t0: int, t1: int) -> tuple[dict[str, WindowStats], dict[str, TickStats]]:
-        stats, ticks = {}, {}
-        for g in self._groups:
-            rows = g.reader.take(t1)
-            stats[g.plan.name] = reduce(rows, g.plan.fields, t0, t1, only=g.rows)
-            ticks[g.plan.name] = TickStats.of(rows)
-        return stats, ticks
-
-    def _export(self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], t1: int) -> None:
-        assert self._sampler is not None
+    def _export(self, window: Window) -> None:
         # a MIG slot whose instance changed in the window: its samples are two instances'
-        gpu_up = self._sampler.gpu_up() & ~self._mixed
-        self._update_self_metrics(stats, ticks, gpu_up)
-        snapshot = self.model.snapshot(stats, gpu_up, t1)
+        gpu_up = window.gpu_up & ~window.mixed
+        self._update_self_metrics(window, gpu_up)
+        stats = window.stats
+        snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns)
         self.latest = snapshot
         self.windows += 1
         for w in self._writers:
@@ -383,30 +286,35 @@ class Service:
         for held in self._held.values():  # endpoints being replaced by a reload
             held.append(snapshot)
         if self.out is not None:
-            self.out.write(status_line(self.inventory, stats, t1) + "\n")
+            self.out.write(status_line(self.inventory, stats, window.t1_ns) + "\n")
             self.out.flush()
 
-    def _update_self_metrics(
-        self, stats: dict[str, WindowStats], ticks: dict[str, TickStats], gpu_up: np.ndarray
-    ) -> None:
-        assert self._sampler is not None
+    def _update_self_metrics(self, window: Window, gpu_up: np.ndarray) -> None:
         m = self.metrics
-        for g in self._groups:
+        for g in window.groups:
             labels = {"group": g.plan.name}
-            c = self._sampler.counters(g.index)
-            g.watch(c.ticks, self._clock_ns())
-            m.set(sm.GROUP_STALLED, 1.0 if g.stalled_s else 0.0, labels)
-            m.inc(sm.TICKS, c.ticks - g.ticks, labels)
-            m.inc(sm.LATE_TICKS, c.late - g.late, labels)
-            m.inc(sm.MISSED_TICKS, c.missed - g.missed, labels)
-            g.ticks, g.late, g.missed = c.ticks, c.late, c.missed
-            w, t = stats[g.plan.name], ticks[g.plan.name]
-            m.set(sm.TICK_LATENESS_P99, t.lateness_p99_ns / 1e9, labels)
-            m.set(sm.TICK_LATENESS_MAX, t.lateness_max_ns / 1e9, labels)
-            m.inc(sm.SAMPLES, t.ticks * w.count.size, labels)
-            m.inc(sm.DISTINCT_SAMPLES, int(w.count.sum()), labels)
-            m.inc(sm.RING_OVERWRITTEN, g.reader.lost_rows, labels)
-            g.reader.lost_rows = 0
+            h = g.health
+            if h.resumed_after_s is not None:
+                log.info("sampler group %s ticks again after %.0f s", g.plan.name,
+                         h.resumed_after_s)  # fmt: skip
+            if h.stall_found:
+                log.warning(
+                    "sampler group %s has not ticked for %.0f s (every %g s expected): a read "
+                    "stuck in the driver, or the sampler process stopped; its series go stale "
+                    "and /healthz answers 503 until it ticks again",
+                    g.plan.name,
+                    h.stalled_s,
+                    g.plan.interval_s,
+                )
+            m.set(sm.GROUP_STALLED, 1.0 if h.stalled_s else 0.0, labels)
+            m.inc(sm.TICKS, h.ticks, labels)
+            m.inc(sm.LATE_TICKS, h.late, labels)
+            m.inc(sm.MISSED_TICKS, h.missed, labels)
+            m.set(sm.TICK_LATENESS_P99, g.ticks.lateness_p99_ns / 1e9, labels)
+            m.set(sm.TICK_LATENESS_MAX, g.ticks.lateness_max_ns / 1e9, labels)
+            m.inc(sm.SAMPLES, g.ticks.ticks * g.stats.count.size, labels)
+            m.inc(sm.DISTINCT_SAMPLES, int(g.stats.count.sum()), labels)
+            m.inc(sm.RING_OVERWRITTEN, h.lost_rows, labels)
         for d, up in zip(self.inventory.devices, gpu_up, strict=True):
             if not d.is_gpu:
                 continue  # a MIG slot is down while empty: that is no lost GPU
@@ -435,9 +343,9 @@ class Service:
         return web.Response(body=body.encode(), headers={"Content-Type": exposition.CONTENT_TYPE})
 
     async def _handle_health(self, request: web.Request) -> web.Response:
-        if self._sampler is None or not self._sampler.alive():
+        if self.pipeline is None or not self.pipeline.alive():
             return web.Response(status=503, text="sampler down\n")
-        stalled = [g.plan.name for g in self._groups if g.stalled_s]
+        stalled = self.pipeline.stalled()
         if stalled:
             return web.Response(status=503, text=f"sampler group stalled: {', '.join(stalled)}\n")
         return web.Response(status=200, text="ok\n")
@@ -450,7 +358,7 @@ class Service:
         if self._labeller is not None:
             self._labeller.close()
         if self._writers:
-            final = self.model.final_snapshot(self._clock_ns())
+            final = self.model.final_snapshot(self._clock.now_ns())
             for w in self._writers:
                 if len(final):
                     w.push(final)

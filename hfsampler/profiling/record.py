@@ -1,9 +1,10 @@
 """`hfsampler record`: sample the GPUs for exactly one command's life and keep it all in a file.
 
 It builds its run as `run` does (``sampling.plan.build_run``: the same source, fields and groups
-from the same config and flags) and reuses the service's pieces (``Sampler`` in its own process,
-its rings, ``WindowClock``, ``WindowReader``, ``reduce``); only the ending differs: each window's
-distinct raw samples and its statistics go to a ``RecordingWriter`` instead of Remote-Write. The
+from the same config and flags) and takes its windows from the same ``Pipeline`` (the sampler in
+its own process, its rings' readers, the window clock), with `record`'s policy: every window is
+read, however late. Only the ending differs: each window's distinct raw samples and its
+statistics go to a ``RecordingWriter`` instead of Remote-Write. The
 command runs as a child in the same process group (so it keeps the terminal); signals sent to the
 recorder are passed on to it, and the recorder exits with the child's exit code (128 + N when a
 signal N ended it).
@@ -25,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,11 +41,10 @@ from hfsampler.fields import POWER, locate
 from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.profiling.job_markers import MarkerSocket, OutputTap
 from hfsampler.profiling.recording import Marker, RecordingWriter
-from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.pipeline import RECORD, RECORD_GRACE_S, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.ring import RingRows
-from hfsampler.sampling.sampler import Sampler
-from hfsampler.sampling.window import MAX, MEAN, WindowClock, WindowReader, WindowStats, reduce
+from hfsampler.sampling.window import MAX, MEAN, WindowStats
 from hfsampler.sources.base import DeviceInfo, ProcessReader
 from hfsampler.sources.registry import open_processes
 
@@ -55,7 +54,7 @@ EXIT_USAGE = 2
 PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
 PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
-END_GRACE_S = 0.02
+END_GRACE_S = RECORD_GRACE_S
 # Signals passed on to the child. SIGINT only when stdin is not a terminal: a terminal's Ctrl-C
 # already reaches the child, which shares our process group, and a second copy would interrupt
 # its clean-up.
@@ -129,19 +128,11 @@ def choose(devices: Sequence[DeviceInfo], wanted: Sequence[str] | None) -> list[
 
 
 def store_window(
-    writer: RecordingWriter,
-    group: int,
-    plan: GroupPlan,
-    rows: RingRows,
-    t0_ns: int,
-    t1_ns: int,
-    keep: Sequence[int],
-) -> WindowStats:
+    writer: RecordingWriter, group: int, rows: RingRows, stats: WindowStats, keep: Sequence[int]
+) -> None:
     """Write one group's window: its distinct raw samples and its statistics (kept GPUs only)."""
     writer.add_rows(group, rows, keep)
-    stats = reduce(rows, plan.fields, t0_ns, t1_ns)
     writer.add_window(group, stats, keep, ticks=len(rows))
-    return stats
 
 
 def descendants(pid: int) -> set[int]:
@@ -183,8 +174,11 @@ class Recorder:
     """Runs the sampler, the child and the window loop, and writes the recording."""
 
     def __init__(self, opts: RecordOptions, plan: RunPlan, keep: Sequence[int],
-                 out: TextIO | None) -> None:  # fmt: skip
+                 out: TextIO | None, clock: Clock = WALL) -> None:  # fmt: skip
+        """``clock``: a test's ``VirtualClock`` runs the pipeline in this process."""
         self.opts = replace(opts, config=plan.config)
+        self.plan = plan
+        self.clock = clock
         self.spec = plan.spec
         self.inventory = plan.inventory
         self.keep = list(keep)
@@ -220,24 +214,19 @@ class Recorder:
         }
 
     def run(self) -> int:
-        cfg = self.opts.config
-        sampler = Sampler(self.spec, self.inventory, self.plans, cfg.window_s,
-                          max_ring_bytes=cfg.max_ring_bytes)  # fmt: skip
+        pipeline = Pipeline(self.plan, RECORD, clock=self.clock)
         writer: RecordingWriter | None = None
         side = self._process_reader()
         code = 0
         try:
-            sampler.start()
-            readers = [WindowReader(sampler.rings[p.name]) for p in self.plans]
-            start_ns = time.time_ns()
-            for r in readers:
-                r.take(start_ns)  # rows from before the child started are not the job's
+            pipeline.start()
+            start_ns = pipeline.begin()  # rows from before the child started are not the job's
             devices = [self.inventory.devices[p] for p in self.keep]
             writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
             self._install_signals()
             if self.opts.command:
                 self._start_child()
-            code, end_ns = self._loop(sampler, readers, writer, side, start_ns)
+            code, end_ns = self._loop(pipeline, writer, side, start_ns)
             self._finish_markers(writer, end_ns)
             end: dict[str, Any] = {"end_ns": end_ns, "exit_code": code,
                                    "samples": writer.samples_written}  # fmt: skip
@@ -259,7 +248,7 @@ class Recorder:
                 side.close()
             if self.inbox is not None:
                 self.inbox.close()
-            sampler.close()
+            pipeline.close()
 
     def _start_child(self) -> None:
         env = dict(os.environ)
@@ -320,47 +309,47 @@ class Recorder:
             log.warning("the job could not send %d markers (the socket's queue was full)",
                         self.inbox.dropped_by_job)  # fmt: skip
 
-    def _loop(self, sampler: Sampler, readers: list[WindowReader], writer: RecordingWriter,
-              side: ProcessReader | None, start_ns: int) -> tuple[int, int]:  # fmt: skip
-        # every window is written, however late: no catch-up as `run` does
-        clock = WindowClock(self.opts.config.window_s, END_GRACE_S, start_ns=start_ns)
+    def _loop(self, pipeline: Pipeline, writer: RecordingWriter, side: ProcessReader | None,
+              start_ns: int) -> tuple[int, int]:  # fmt: skip
+        # every window is written, however late: no catch-up as `run` does (RECORD)
+        clock = self.clock
         end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
         next_poll = 0.0
         sampling = True
         while True:
             code = self.child.poll() if self.child is not None else None
-            now = time.time_ns()
+            now = clock.now_ns()
             done = code is not None or self._stop or (end_at is not None and now >= end_at)
             if done:
                 end_ns = min(now, end_at) if end_at is not None else now
-                time.sleep(END_GRACE_S)
+                clock.sleep(END_GRACE_S)
                 if sampling:
-                    self._write(readers, writer, clock.t0_ns, end_ns)
+                    self._write(writer, pipeline.window(end_ns))
                 if code is None:
                     return 0, end_ns
                 return (128 - code if code < 0 else code), end_ns
-            if now >= clock.due_ns:
-                if sampling and not sampler.alive():
+            if now >= pipeline.due_ns:
+                if sampling and not pipeline.alive():
                     # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
                     log.error("the sampler process died (%s); the recording stops here",
-                              sampler.exit_reason())  # fmt: skip
-                    self._write(readers, writer, clock.t0_ns, now)
+                              pipeline.sampler.exit_reason())  # fmt: skip
+                    self._write(writer, pipeline.window(now))
                     sampling = False
                 if sampling:
-                    self._write(readers, writer, clock.t0_ns, clock.t1_ns)
+                    self._write(writer, pipeline.window())
                 self._store_markers(writer)
-                self._status(writer, start_ns, clock.t1_ns)
-                clock.advance()
-            if side is not None and time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + PROCESS_POLL_S
-                self._processes(writer, side, time.time_ns())
+                self._status(writer, start_ns, pipeline.t1_ns)
+                pipeline.advance()
+            if side is not None and clock.monotonic_s() >= next_poll:
+                next_poll = clock.monotonic_s() + PROCESS_POLL_S
+                self._processes(writer, side, clock.now_ns())
             self._collect_markers()
-            time.sleep(0.005)
+            clock.sleep(0.005)
 
-    def _write(self, readers: list[WindowReader], writer: RecordingWriter, t0: int,
-               t1: int) -> None:  # fmt: skip
-        for g, (plan, reader) in enumerate(zip(self.plans, readers, strict=True)):
-            stats = store_window(writer, g, plan, reader.take(t1), t0, t1, self.keep)
+    def _write(self, writer: RecordingWriter, window: Window) -> None:
+        for g, part in enumerate(window.groups):
+            store_window(writer, g, part.rows, part.stats, self.keep)
+            stats = part.stats
             if self._power is not None and self._power[0] == g:
                 j = self._power[1]
                 now = stats[MEAN][self.keep, j]

@@ -5,8 +5,9 @@ CRC-32 of the payload) and a zlib-compressed payload; the payload is a small JSO
 arrays. Tags: ``HEAD`` (the job's context, first), ``RAW_`` (one group's distinct samples over a
 stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU compute processes seen),
 ``MARK`` (markers and phases the job sent or printed), ``END_`` (end time and exit code, last).
-The header names the window statistics each ``WIN_`` chunk holds, in order, and the reader takes
-them by name (format 1 named none: its chunks hold ``FORMAT_1_STATS``). Every chunk is written
+The header names the format's version (``FORMAT_VERSION``: a file of any other is refused, in one
+line naming it) and the window statistics each ``WIN_`` chunk holds, in order; the reader takes
+them by name. Every chunk is written
 with one ``write`` and flushed, so a ``kill -9`` loses at most the chunk being written; the reader
 stops at the first torn or corrupt frame and says so.
 
@@ -42,8 +43,7 @@ from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.sources.base import DeviceInfo, MigInstance
 
 MAGIC = b"HFSREC\x00\x01"
-FORMAT_VERSION = 2  # 2: the header names the window statistics
-FORMAT_1_STATS = ("min", "max", "mean", "p99", "last")  # what format 1 stored, in this order
+FORMAT_VERSION = 2  # the only one read: nothing released ever wrote another
 _FRAME = struct.Struct("<4sII")
 HEAD, RAW, WIN, PROC, MARK, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"MARK", b"END_"
 _TAGS = (HEAD, RAW, WIN, PROC, MARK, END)  # a frame's tag is kept as its position here
@@ -56,7 +56,7 @@ IntArray = npt.NDArray[np.int64]
 
 
 class RecordingError(HfsamplerError, ValueError):
-    """The file is not a recording, or its header is unreadable."""
+    """The file is not a recording, its header is unreadable, or its format is not this one."""
 
 
 def stored_as_float64(field: Field) -> bool:
@@ -406,6 +406,12 @@ class Recording:
             raise RecordingError(f"{self.path}: the header chunk is missing or damaged")
         self._windows: dict[int, Windows] = {}
         self.header, _ = self._load(0)
+        found = self.header.get("format_version")
+        if found != FORMAT_VERSION:
+            raise RecordingError(
+                f"{self.path}: recording format {found} (this hfsampler reads format "
+                f"{FORMAT_VERSION} only; record the job again)"
+            )
         self.devices = _devices(self.header)
         self.groups = _groups(self.header)
         end = self._where(END)
@@ -479,7 +485,7 @@ class Recording:
     def stream(self) -> Iterator[RawChunk | WindowChunk]:
         """Raw chunks and windows of every group, one at a time in file (time) order: the one
         pass a report makes, holding a single chunk at a time."""
-        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
+        names: list[str] = list(self.header["stats"])
         for tag, meta, blobs in self._payloads((RAW, WIN)):
             if tag == RAW:
                 yield self._raw(meta, blobs)
@@ -535,14 +541,14 @@ class Recording:
 
     def window_chunks(self, group: int) -> Iterator[WindowChunk]:
         """One group's windows, one at a time in time order."""
-        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
+        names: list[str] = list(self.header["stats"])
         for _, meta, blobs in self._payloads((WIN,)):
             if meta["group"] == group:
                 yield self._window(meta, blobs, names)
 
     def _read_windows(self, group: int) -> Windows:
         shape = (len(self.devices), len(self.groups[group].fields))
-        names: list[str] = list(self.header.get("stats", FORMAT_1_STATS))
+        names: list[str] = list(self.header["stats"])
         t0, t1, counts = [], [], []
         stats: dict[str, list[FloatArray]] = {name: [] for name in names}
         for chunk in self.window_chunks(group):

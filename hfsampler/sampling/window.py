@@ -112,7 +112,6 @@ P99 = Stat("p99", "_p99", _quantile(0.99), {Kind.GAUGE: "99th percentile over th
 LAST = Stat(
     "last", "", _last, {Kind.COUNTER: _LAST, Kind.STATE: _LAST, Kind.BITMASK: "OR over the window"}
 )
-# The order recordings of format 1 stored them in (a recording now names its own).
 STATS: tuple[Stat, ...] = (MIN, MAX, MEAN, P99, LAST)
 
 

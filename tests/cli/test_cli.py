@@ -17,7 +17,6 @@ import pytest
 import shm_dirs
 
 from hfsampler.cli.main import main
-from hfsampler.sources.sim.source import SimSource
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
@@ -134,46 +133,6 @@ def test_nvml_without_driver_fails_clearly() -> None:
     assert "NVML" in result.stderr or "driver" in result.stderr
 
 
-def test_run_serves_window_series_and_exits_cleanly() -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hfsampler", "run", "--gpus", "2", "--duration", "5s",
-         "--listen", f"127.0.0.1:{port}", "--label", "cluster=test", "--log-level", "debug"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
-    started = time.time_ns()
-    pages, err = _scrape_until_exit(proc, port)
-    assert proc.returncode == 0, err
-    assert "SIMULATED" in err  # the fallback warning, since this machine has no driver
-    assert "Traceback" not in err
-    page = next(p for p in reversed(pages) if "DCGM_FI_DEV_POWER_USAGE_INSTANT_max" in p)
-    expected = (
-        "DCGM_FI_DEV_GPU_UTIL",
-        "DCGM_FI_DEV_FB_USED_p99",
-        "DCGM_FI_DEV_GPU_TEMP_min",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-        "hfsampler_ticks_total",
-        "hfsampler_gpu_up",
-    )
-    for name in expected:
-        assert re.search(rf"^{name}{{", page, re.M), name
-    assert 'cluster="test"' in page
-    assert 'gpu="1"' in page
-    # every spike-sized window maximum seen on /metrics is a spike the sim really made
-    sim = SimSource(2, seed=0)
-    peaks = {g: {s.peak_w for s in sim.spikes(g, started - 10**9, time.time_ns())} for g in (0, 1)}
-    for p in pages:
-        for gpu, value in re.findall(
-            r'^DCGM_FI_DEV_POWER_USAGE_INSTANT_max{.*gpu="(\d)".*} (\S+)$', p, re.M
-        ):
-            if float(value) > 650:
-                assert float(value) in peaks[int(gpu)]
-    rings = _ring_names(err)
-    assert rings
-    for name in rings:  # the rings are gone
-        assert not os.path.exists(f"/dev/shm/{name}")
-
-
 def test_sigterm_stops_cleanly() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--listen", ""],
@@ -243,93 +202,3 @@ def _sampler_pid(parent: int) -> int:
         if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return int(pid)
     raise AssertionError(f"no sampler among {children}")
-
-
-def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> None:
-    """`run` on the sim: every link's bandwidth (a gauge, with its window siblings) and error
-    counters (counters) on /metrics, each series with its `link` label beside the GPU's; the
-    link the sim has down on GPU 1 has no series there."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hfsampler", "run", "--gpus", "2", "--duration", "4s",
-         "--fields", "slow,NVLINK_TX_THROUGHPUT_PER_LINK,NVLINK_RX_THROUGHPUT_PER_LINK,"
-         "NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL,NVLINK_CRC_DATA_ERROR_PER_LINK_TOTAL,"
-         "NVLINK_REPLAY_ERROR_PER_LINK_TOTAL,NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL",
-         "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
-    pages, err = _scrape_until_exit(proc, port)
-    assert proc.returncode == 0, err
-    tx = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"
-    page = next(p for p in reversed(pages) if f"{tx}_max{{" in p)
-    assert f"# TYPE {tx} gauge" in page
-    assert "# TYPE DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL counter" in page
-    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter" in page  # the total stays
-    series = re.findall(rf"^{tx}{{(.*)}} (\S+)$", page, re.M)
-    links = {(re.search(r'gpu="(\d)"', lb)[1], re.search(r'link="(\d+)"', lb)[1])  # type: ignore[index]
-             for lb, _ in series}  # fmt: skip
-    assert links == {(g, str(k)) for g in "01" for k in range(18)} - {("1", "17")}
-    assert all(2.0e9 < float(v) < 3.6e9 for _, v in series)  # B/s
-    for name in ("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL",
-                 "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL"):  # fmt: skip
-        assert re.search(rf'^{name}{{.*gpu="0".*link="17".*}} ', page, re.M), name
-        assert not re.search(rf"^{name}_max{{", page, re.M)  # a counter has no siblings
-
-
-def _health(port: int) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-    except OSError:
-        return 0
-
-
-def _sampler_pid(parent: int) -> int:
-    """The sampler process among ``parent``'s children (not multiprocessing's resource tracker)."""
-    for task in Path(f"/proc/{parent}/task").iterdir():  # started from an executor thread
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
-                return int(child)
-    raise AssertionError(f"no sampler process under {parent}")
-
-
-def _until(check: object, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.2)
-    return False
-
-
-def test_a_sampler_that_stops_ticking_is_said_once_and_fails_the_health_check() -> None:
-    """The sampler process stopped (SIGSTOP: as a read stuck in the driver looks from outside):
-    one warning per group, /healthz 503 while it lasts, 200 and one line when it ticks again."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", "1",
-         "--duration", "40s", "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
-    try:
-        assert _until(lambda: _health(port) == 200, 30)
-        sampler = _sampler_pid(proc.pid)
-        os.kill(sampler, signal.SIGSTOP)
-        try:
-            assert _until(lambda: _health(port) == 503, 20)
-        finally:
-            os.kill(sampler, signal.SIGCONT)
-        assert _until(lambda: _health(port) == 200, 20)
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        proc.kill()
-    stalled = [line for line in err.splitlines() if "has not ticked for" in line]
-    assert sorted(re.search(r"group (\w+)", line)[1] for line in stalled) == [  # type: ignore[index]
-        "fast", "gpm", "slow"
-    ], err  # fmt: skip
-    again = [line for line in err.splitlines() if "ticks again after" in line]
-    assert len(again) == 3, err

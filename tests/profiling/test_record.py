@@ -10,14 +10,17 @@ import sys
 import time
 from pathlib import Path
 
+import inprocess
 import numpy as np
 import pytest
+from inprocess import start_ns
 
 from hfsampler import fields as F
 from hfsampler.cli.main import build_parser
 from hfsampler.config.flags import config_from_args
 from hfsampler.profiling.recording import Recording
 from hfsampler.sampling.plan import build_run
+from hfsampler.sampling.stepping import VirtualClock
 from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +48,10 @@ def test_record_passes_exit_code_and_context(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert "samples" in proc.stderr  # the status line
+    # the "recording ... fields" line counts the fields `run` samples from the same flags
+    parser, _ = build_parser()
+    plan = build_run(config_from_args(parser.parse_args(["run", "--source", "sim", "--gpus", "3"])))
+    assert f"recording 2 GPU(s), {len(plan.fields)} fields" in proc.stderr
     rec = Recording(out)
     assert rec.complete
     assert rec.end is not None
@@ -98,22 +105,19 @@ def test_crash_leaves_a_readable_file_and_report(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sim_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Recording, str]:
-    """`hfsampler record --source sim` of every field (the opt-in per-link ones too) around a
-    2 s command, and what it logged."""
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Recording:
+    """`hfsampler record --source sim` of every field (the opt-in per-link ones too) for 2 s, in
+    this process on a virtual clock."""
     out = tmp_path_factory.mktemp("plan") / "x.hfs"
-    proc = subprocess.run(
-        _hfsampler("record", "--source", "sim", "--quiet", "--fields", "all", "-o", str(out), "--",
-                   sys.executable, "-c", "import time; time.sleep(2)"),
-        env=_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return Recording(out), proc.stderr
+    clock = VirtualClock(start_ns())
+    assert inprocess.record("--source", "sim", "--quiet", "--fields", "all", "--duration", "2s",
+                            "-o", str(out), clock=clock) == 0  # fmt: skip
+    return Recording(out)
 
 
-def test_record_samples_the_gpm_group_as_run_does(sim_run: tuple[Recording, str]) -> None:
+def test_record_samples_the_gpm_group_as_run_does(sim_run: Recording) -> None:
     """The twelve DCGM_FI_PROF_* activity fields are recorded, with samples, in the gpm group."""
-    rec, _ = sim_run
+    rec = sim_run
     prof = [f.name for f in F.CATALOGUE if f.name.startswith("DCGM_FI_PROF_")]
     assert len(prof) == 12
     groups = {g.name: [f.name for f in g.fields] for g in rec.groups}
@@ -124,12 +128,10 @@ def test_record_samples_the_gpm_group_as_run_does(sim_run: tuple[Recording, str]
         assert len(ts) >= 5, name  # ~20 at 100 ms over 2 s
 
 
-def test_the_header_lists_what_run_samples_and_what_was_recorded(
-    sim_run: tuple[Recording, str],
-) -> None:
-    """The header's groups are the plan `run` builds from the same flags; each field has samples;
-    the "recording ... fields" line counts the same fields."""
-    rec, logged = sim_run
+def test_the_header_lists_what_run_samples_and_what_was_recorded(sim_run: Recording) -> None:
+    """The header's groups are the plan `run` builds from the same flags; each field has samples
+    (the "recording ... fields" line: test_record_passes_exit_code_and_context)."""
+    rec = sim_run
     parser, _ = build_parser()
     plan = build_run(
         config_from_args(parser.parse_args(["run", "--source", "sim", "--fields", "all"]))
@@ -143,7 +145,10 @@ def test_the_header_lists_what_run_samples_and_what_was_recorded(
         for f in (g.fields[j] for j in np.unique(c.field))
     }
     assert recorded == {f.name for g in rec.groups for f in g.fields}
-    assert f"recording 2 GPU(s), {len(plan.fields)} fields" in logged
+    start, end = rec.time_range_ns()
+    assert end - start == 2 * 10**9
+    assert rec.end is not None
+    assert rec.end["exit_code"] == 0
 
 
 def test_record_takes_max_ring_bytes_from_its_config(
@@ -163,10 +168,10 @@ def test_record_takes_max_ring_bytes_from_its_config(
     assert not out.exists()
 
 
-def test_record_keeps_nvlink_per_link_with_its_link_label(sim_run: tuple[Recording, str]) -> None:
+def test_record_keeps_nvlink_per_link_with_its_link_label(sim_run: Recording) -> None:
     """Each link is its own recorded field with its `link` label and its own samples; the link
     the sim has down on GPU 1 has samples on GPU 0 only."""
-    rec, _ = sim_run
+    rec = sim_run
     group = rec.group_index(F.SLOW)
     fields = rec.groups[group].fields
     tx = [j for j, f in enumerate(fields) if f.name == "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]

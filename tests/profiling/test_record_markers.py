@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hfsampler import fields as F
+from hfsampler.cli.main import main
 from hfsampler.profiling.recording import Recording
 from hfsampler.sources.sim.source import SimSource
 
@@ -249,22 +250,27 @@ def test_a_process_left_behind_is_said_and_its_late_line_stamped_at_the_end(
     assert late.t_ns == end  # read after the job's end, which the recording ends at
 
 
-def test_mark_pattern_without_a_command_is_a_usage_error(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
-         str(tmp_path / "run.hfs"), "--duration", "1s", "--mark-pattern", "step"],
-        env=_env(), capture_output=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert b"--mark-pattern" in proc.stderr
+def test_mark_pattern_without_a_command_is_a_usage_error(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["record", "--source", "sim", "--quiet", "-o", str(tmp_path / "run.hfs"), "--duration",
+            "1s", "--mark-pattern", "step"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--mark-pattern" in capfd.readouterr().err
     assert not (tmp_path / "run.hfs").exists()
 
 
-def test_a_bad_pattern_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
-    proc, out = _record(tmp_path, "--mark-pattern", "(?P<step>[0-9", job="print('never')")
-    assert proc.returncode == 2
-    assert b"--mark-pattern" in proc.stderr
-    assert b"never" not in proc.stdout
+def test_a_bad_pattern_is_a_usage_error_naming_the_flag(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    out, script = tmp_path / "run.hfs", tmp_path / "job.py"
+    script.write_text("print('never')\n")
+    argv = ["record", "--source", "sim", "--quiet", "-o", str(out), "--mark-pattern",
+            "(?P<step>[0-9", "--", sys.executable, str(script)]  # fmt: skip
+    assert main(argv) == 2
+    captured = capfd.readouterr()
+    assert "--mark-pattern" in captured.err
+    assert "never" not in captured.out
     assert not out.exists()
 
 

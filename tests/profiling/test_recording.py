@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
-import v1_rows
 
+from hfsampler.cli.main import main
 from hfsampler.fields import BY_NAME
-from hfsampler.profiling.recording import Recording, RecordingError, RecordingWriter
-from hfsampler.profiling.replay import window_snapshots
+from hfsampler.profiling.recording import (
+    FORMAT_VERSION,
+    MAGIC,
+    Recording,
+    RecordingError,
+    RecordingWriter,
+)
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
-from hfsampler.sampling.window import LAST, MAX, MEAN, MIN, P99, reduce
+from hfsampler.sampling.window import MAX, reduce
 from hfsampler.sources.base import DeviceInfo
 
 FIELDS = (
@@ -102,27 +110,35 @@ def test_per_instance_fields_keep_their_labels(tmp_path: Path) -> None:
     assert group.fields == plan.fields
 
 
-def test_reads_a_recording_written_by_format_1() -> None:
-    """A file from before the header named its statistics reads as it did, window by window."""
-    rec = Recording(Path(__file__).resolve().parents[1] / "support" / "data" / "recording-v1.hfs")
-    assert rec.complete
-    assert [g.fields for g in rec.groups] == [g.fields for g in v1_rows.GROUPS]
-    assert [d.uuid for d in rec.devices] == [d.uuid for d in v1_rows.DEVICES]
-    for g, plan in enumerate(v1_rows.GROUPS):
-        w = rec.windows(g)
-        assert len(w.t1_ns) == v1_rows.WINDOWS
-        for k in range(v1_rows.WINDOWS):
-            t0 = v1_rows.START_NS + k * v1_rows.WINDOW_NS
-            want = reduce(v1_rows.rows(g, k), plan.fields, t0, t0 + v1_rows.WINDOW_NS)
-            assert (w.t0_ns[k], w.t1_ns[k]) == (want.t0_ns, want.t1_ns)
-            for stat in (MIN, MAX, MEAN, P99, LAST):  # format 1's statistics
-                assert np.array_equal(w[stat][k], want[stat], equal_nan=True)
-            assert np.array_equal(w.count[k], want.count)
-    snaps = window_snapshots(rec, {})
-    assert len(snaps) == v1_rows.WINDOWS
-    first = {(s.name, dict(s.labels)["gpu"]): v for s, v in snaps[0].items()}
-    assert first[("DCGM_FI_DEV_POWER_USAGE_INSTANT_max", "1")] == rec.windows(0)[MAX][0, 1, 0]
-    assert first[("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "0")] == 12  # 4 | 8 over the window
+def _with_format(path: Path, version: object) -> Path:
+    """A recording whose header says format ``version``: the documented layout, by hand."""
+    head = orjson.dumps({"format_version": version, "start_ns": 10**18, "command": ["x"],
+                         "stats": [], "devices": [], "groups": [], "blobs": []})  # fmt: skip
+    payload = zlib.compress(struct.pack("<I", len(head)) + head)
+    frame = struct.pack("<4sII", b"HEAD", len(payload), zlib.crc32(payload))
+    path.write_bytes(MAGIC + frame + payload)
+    return path
+
+
+@pytest.mark.parametrize("version", [1, 3, None])
+def test_another_format_is_refused_in_one_line_naming_the_file_and_version(
+    tmp_path: Path, version: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the current format is read (nothing released wrote another); report and replay
+    exit 2 with one line that names the file and the version found."""
+    path = _with_format(tmp_path / "old.hfs", version)
+    with pytest.raises(RecordingError, match=rf"^{path}: recording format {version} "):
+        Recording(path)
+    url = "http://127.0.0.1:1/api/v1/write"
+    for argv in (["report", str(path)], ["report", str(path), "--format", "json"],
+                 ["replay", str(path), "--remote-write", url]):  # fmt: skip
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1, captured.err
+        assert lines[0].startswith(f"hfsampler: error: {path}: recording format {version} ")
+        assert f"reads format {FORMAT_VERSION} only" in lines[0]
+        assert captured.out == ""
 
 
 def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:

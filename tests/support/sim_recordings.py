@@ -18,7 +18,7 @@ from hfsampler.profiling.record import store_window
 from hfsampler.profiling.recording import Marker, RecordingWriter
 from hfsampler.sampling.groups import plan_groups
 from hfsampler.sampling.ring import RingRows
-from hfsampler.sampling.window import WindowClock
+from hfsampler.sampling.window import WindowClock, reduce
 from hfsampler.sources.sim.source import SimSource
 
 
@@ -82,7 +82,7 @@ def synthesize(
             values[driver == prev] = np.nan  # repeats, as the sampler marks them
             last[gi] = driver[-1].copy()
             rows = RingRows(ticks, np.zeros(n, np.int64), values, driver)
-            store_window(writer, gi, plan, rows, t0, t1, keep)
+            store_window(writer, gi, rows, reduce(rows, plan.fields, t0, t1), keep)
         writer.add_markers([m for m in pending if m.t_ns < t1])
         pending = [m for m in pending if m.t_ns >= t1]
     writer.add_markers(pending)

@@ -20,7 +20,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from hfsampler.durations import parse_prometheus_duration as parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.relabel import RelabelRule, parse_rules
-from hfsampler.remote_write.security import AuthConfig, TLSConfig, parse_auth, parse_tls
+from hfsampler.remote_write.security import (
+    MIN_SECRET_CHARS,
+    AuthConfig,
+    TLSConfig,
+    auth_forms,
+    parse_auth,
+    parse_tls,
+    url_secrets,
+)
 
 # Headers the protocol sets itself or HTTP owns; a user value would break the request.
 RESERVED_HEADERS = frozenset(
@@ -240,6 +248,9 @@ class EndpointConfig:
     proxy_url: str = ""
     relabel: tuple[RelabelRule, ...] = ()
     protobuf_message: str = PROTOBUF_V1
+    # Prometheus's default; a redirect off the configured scheme, host and port is never
+    # followed (client.py), so true means "307 and 308 within the endpoint", false "none"
+    follow_redirects: bool = True
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -308,14 +319,11 @@ class EndpointConfig:
         """Every configured string that must never reach a log line (inline ones: file-held
         secrets are added by whoever reads them)."""
         out: list[str] = []
-        if self.auth is not None and self.auth.secret:
-            out.append(self.auth.secret)
+        if self.auth is not None:
+            out += auth_forms(self.auth, self.auth.secret)
         out += [v for k, v in self.headers.items() if SECRET_HEADER_RE.search(k)]
-        with contextlib.suppress(ValueError):
-            parts = urlsplit(self.url)
-            out += [p for p in (parts.password, parts.username) if p]
-            out += [v for _, v in parse_qsl(parts.query, True) if v]
-        return tuple(s for s in out if len(s) >= 3)
+        out += url_secrets(self.url) + url_secrets(self.proxy_url)
+        return tuple(s for s in out if len(s) >= MIN_SECRET_CHARS)
 
     @property
     def display_url(self) -> str:

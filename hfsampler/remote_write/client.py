@@ -5,7 +5,11 @@ header can never replace), auth, TLS and proxy settings, and the translation of 
 into hfsampler's errors: network errors, timeouts, TLS problems and retryable statuses become
 ``RecoverableSendError``, 413 ``RequestTooLargeError``, other refusals
 ``NonRecoverableSendError``. Secrets never reach a log line or an error message: aiohttp's own
-texts may quote the URL with its credentials, so only error classes and OS reasons are kept.
+texts may quote the URL with its credentials, so only error classes and OS reasons are kept, and
+every text a receiver sends passes the endpoint's ``Redactor``. A redirect is followed as
+Prometheus follows it (``follow_redirects``, on by default) only where the request keeps its
+body and stays on the configured scheme, host and port; any other is a refusal naming the
+Location, so that no credential, API key or tenant ever goes to a host that was not configured.
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ import logging
 import re
 import ssl
 import time
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import aiohttp
 
 import hfsampler
 from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
-from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.config import EndpointConfig, redact_url
 from hfsampler.remote_write.encoder_v2 import CONTENT_TYPE as CONTENT_TYPE_V2
 from hfsampler.remote_write.encoder_v2 import VERSION as VERSION_V2
 from hfsampler.remote_write.retry import Outcome, classify, parse_retry_after
-from hfsampler.remote_write.security import AuthHeader, TLSSendError, ssl_context
+from hfsampler.remote_write.security import AuthHeader, Redactor, TLSSendError, ssl_context
 from hfsampler.selfmetrics import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -47,12 +53,39 @@ PROTOCOL_HEADERS_V2 = {
     "X-Prometheus-Remote-Write-Version": VERSION_V2,
 }
 WRITTEN_HEADER = "X-Prometheus-Remote-Write-Samples-Written"
+MAX_REDIRECTS = 10  # as Go's HTTP client, which Prometheus sends with
+KEEPS_BODY = frozenset((307, 308))  # redirects that keep the method and the body
 # How a 400 says the body was too big ("snappy: decoded length N exceeds limit M").
 BODY_TOO_LARGE = re.compile(
     r"decoded length \d+ exceeds limit|(?:body|message|request) (?:is )?too large|"
     r"larger than max",
     re.IGNORECASE,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A receiver's answer to one request: the text already log-safe (``_printable``)."""
+
+    status: int
+    text: str
+    retry_after_s: float | None
+    written: int | None
+    location: str = ""  # a 3xx's Location, as sent
+
+
+def same_origin(url: str, other: str) -> bool:
+    """Whether two URLs share scheme, host and port (a port left out is the scheme's)."""
+    try:
+        a, b = urlsplit(url), urlsplit(other)
+        ports = [p.port or {"http": 80, "https": 443}.get(p.scheme.lower()) for p in (a, b)]
+    except ValueError:
+        return False
+    return (
+        a.scheme.lower() == b.scheme.lower()
+        and (a.hostname or "") == (b.hostname or "")
+        and ports[0] == ports[1]
+    )
 
 
 class RemoteClient:
@@ -71,6 +104,8 @@ class RemoteClient:
         if config.tls is not None and config.url.startswith("https:"):
             self._ssl = ssl_context(config.tls)
         self._session: aiohttp.ClientSession | None = None
+        self._redact = Redactor(config.secrets())
+        self._said_redirects: set[tuple[int, str]] = set()
 
     def open(self) -> None:
         if self._session is None:
@@ -88,32 +123,70 @@ class RemoteClient:
         did not say, as 1.x receivers do not); else raise."""
         session = self._session
         assert session is not None, "open() was not called"
-        timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
         headers = self._headers_v2 if v2 else self._headers
         if self._auth is not None:
             headers = {**headers, "Authorization": self._auth.value()}
+        url = self.config.url
+        for _ in range(MAX_REDIRECTS + 1):
+            answer = await self._post_once(session, url, body, headers, n_samples)
+            if not 300 <= answer.status < 400:
+                break
+            url = self._follow(url, answer)
+        else:
+            raise NonRecoverableSendError(
+                f"HTTP {answer.status}: stopped after {MAX_REDIRECTS} redirects",
+                answer.status,
+                answer.text,
+            )
+        status, text = answer.status, answer.text
+        if 200 <= status < 300:
+            return answer.written
+        outcome = classify(status, self.config.queue.retry_on_http_429)
+        if outcome is Outcome.REFUSED and status == 400 and BODY_TOO_LARGE.search(text):
+            outcome = Outcome.TOO_LARGE  # Prometheus 3 answers 400, not 413, past 32 MiB
+        if outcome is Outcome.RETRY:
+            raise RecoverableSendError(f"HTTP {status}: {text}", answer.retry_after_s)
+        if outcome is Outcome.TOO_LARGE:
+            raise RequestTooLargeError(f"HTTP 413: {text}", status)
+        raise NonRecoverableSendError(f"HTTP {status}: {text}", status, text, answer.written)
+
+    async def _post_once(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        body: bytes,
+        headers: dict[str, str],
+        n_samples: int,
+    ) -> _Answer:
+        """One HTTP request, redirects not followed; its answer, or a transport error raised."""
+        timeout = aiohttp.ClientTimeout(total=self.config.remote_timeout_s)
         tls = self.config.tls
         started = time.monotonic()
         try:
             async with session.post(
-                self.config.url,
+                url,
                 data=body,
                 headers=headers,
                 timeout=timeout,
                 proxy=self.config.proxy_url or None,
                 server_hostname=(tls.server_name or None) if tls is not None else None,
+                allow_redirects=False,  # followed here, only where no secret can leak
             ) as resp:
                 written = _written(resp.headers.get(WRITTEN_HEADER), n_samples)
                 if 200 <= resp.status < 300:
                     await resp.read()
-                    status = resp.status
-                    self._count_request(str(status))
-                    return written
+                    self._count_request(str(resp.status))
+                    return _Answer(resp.status, "", None, written)
                 raw_text = await resp.content.read(BODY_READ_LIMIT)
-                status = resp.status
-                text = self._printable(raw_text.decode("utf-8", "replace"), headers)
-                retry_after = parse_retry_after(resp.headers.get("Retry-After"))
-                self._count_request(str(status))
+                answer = _Answer(
+                    resp.status,
+                    self._printable(raw_text.decode("utf-8", "replace")),
+                    parse_retry_after(resp.headers.get("Retry-After")),
+                    written,
+                    resp.headers.get("Location", "") if 300 <= resp.status < 400 else "",
+                )
+                self._count_request(str(resp.status))
+                return answer
         except TimeoutError:
             self._count_request("timeout")
             raise RecoverableSendError(
@@ -150,24 +223,46 @@ class RemoteClient:
             ) from None
         finally:
             self._metrics.set(sm.RW_SEND_DURATION, time.monotonic() - started, self._labels)
-        outcome = classify(status, self.config.queue.retry_on_http_429)
-        if outcome is Outcome.REFUSED and status == 400 and BODY_TOO_LARGE.search(text):
-            outcome = Outcome.TOO_LARGE  # Prometheus 3 answers 400, not 413, past 32 MiB
-        if outcome is Outcome.RETRY:
-            raise RecoverableSendError(f"HTTP {status}: {text}", retry_after)
-        if outcome is Outcome.TOO_LARGE:
-            raise RequestTooLargeError(f"HTTP 413: {text}", status)
-        raise NonRecoverableSendError(f"HTTP {status}: {text}", status, text, written)
 
-    def _printable(self, text: str, headers: dict[str, str]) -> str:
+    def _follow(self, url: str, answer: _Answer) -> str:
+        """Where a 3xx sends the request next, or NonRecoverableSendError when it is not
+        followed: as Prometheus (``follow_redirects``, true by default), except that a request
+        never leaves the configured scheme, host and port, where its credentials, API keys
+        and tenant go, and that a 301, 302 or 303 (a POST turned into a GET) ends it."""
+        status = answer.status
+        target = urljoin(url, answer.location) if answer.location else ""
+        shown = self._printable(redact_url(target)) if target else "nowhere (no Location)"
+        if not target:
+            why = "no Location"
+        elif not self.config.follow_redirects:
+            why = "follow_redirects is false"
+        elif status not in KEEPS_BODY:
+            why = "only a 307 or 308 keeps the POST's body"
+        elif not same_origin(url, target):
+            why = (
+                "another scheme, host or port: the endpoint's credentials and headers go "
+                "nowhere else; set url to it if it is right"
+            )
+        else:
+            if (status, shown) not in self._said_redirects:
+                self._said_redirects.add((status, shown))
+                log.warning(
+                    "remote write %s (%s): HTTP %d redirects to %s: followed (the same host); "
+                    "set url to it to save a request",
+                    self.config.remote_name,
+                    self.config.display_url,
+                    status,
+                    shown,
+                )
+            parts = urlsplit(target)  # the configured userinfo, if any, still applies
+            return urlunsplit((*urlsplit(url)[:2], parts.path, parts.query, ""))
+        said = f"redirect to {shown} not followed ({why})"
+        raise NonRecoverableSendError(f"HTTP {status}: {said}", status, said)
+
+    def _printable(self, text: str) -> str:
         """A receiver's text as one log-safe line: every secret sent replaced by ``<secret>``
-        (a receiver may echo the request's headers), control characters escaped, truncated."""
-        secrets = list(self.config.secrets())
-        sent_auth = headers.get("Authorization", "")
-        if sent_auth:
-            secrets += [sent_auth, *sent_auth.split(" ", 1)[1:]]
-        for secret in sorted(set(secrets), key=len, reverse=True):
-            text = text.replace(secret, "<secret>")
+        (a receiver may echo the request's head), control characters escaped, truncated."""
+        text = self._redact(text, self._auth.secrets() if self._auth is not None else ())
         text = _CONTROL.sub(lambda m: _escape(m.group()), text)
         if len(text) > BODY_LOG_LIMIT:
             text = text[:BODY_LOG_LIMIT] + "...(truncated)"

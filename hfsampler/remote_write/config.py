@@ -21,7 +21,15 @@ from hfsampler.durations import parse_prometheus_duration as parse_duration
 from hfsampler.errors import ConfigError, one_error
 from hfsampler.remote_write.keys import unsupported_keys
 from hfsampler.remote_write.relabel import RelabelRule, parse_rules
-from hfsampler.remote_write.security import AuthConfig, TLSConfig, parse_auth, parse_tls
+from hfsampler.remote_write.security import (
+    MIN_SECRET_CHARS,
+    AuthConfig,
+    TLSConfig,
+    auth_forms,
+    parse_auth,
+    parse_tls,
+    url_secrets,
+)
 
 # Headers the protocol sets itself or HTTP owns; a user value would break the request.
 RESERVED_HEADERS = frozenset(
@@ -197,6 +205,9 @@ class EndpointConfig:
     proxy_url: str = ""
     relabel: tuple[RelabelRule, ...] = ()
     protobuf_message: str = PROTOBUF_V1
+    # Prometheus's default; a redirect off the configured scheme, host and port is never
+    # followed (client.py), so true means "307 and 308 within the endpoint", false "none"
+    follow_redirects: bool = True
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -265,14 +276,11 @@ class EndpointConfig:
         """Every configured string that must never reach a log line (inline ones: file-held
         secrets are added by whoever reads them)."""
         out: list[str] = []
-        if self.auth is not None and self.auth.secret:
-            out.append(self.auth.secret)
+        if self.auth is not None:
+            out += auth_forms(self.auth, self.auth.secret)
         out += [v for k, v in self.headers.items() if SECRET_HEADER_RE.search(k)]
-        with contextlib.suppress(ValueError):
-            parts = urlsplit(self.url)
-            out += [p for p in (parts.password, parts.username) if p]
-            out += [v for _, v in parse_qsl(parts.query, True) if v]
-        return tuple(s for s in out if len(s) >= 3)
+        out += url_secrets(self.url) + url_secrets(self.proxy_url)
+        return tuple(s for s in out if len(s) >= MIN_SECRET_CHARS)
 
     @property
     def display_url(self) -> str:
@@ -392,6 +400,10 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
         kwargs["tls"] = parse_tls(raw["tls_config"], f"{path}.tls_config")
     if raw.get("proxy_url") is not None:
         kwargs["proxy_url"] = raw["proxy_url"]
+    if "follow_redirects" in raw:
+        if not isinstance(raw["follow_redirects"], bool):
+            raise ConfigError(f"{path}.follow_redirects", "must be true or false")
+        kwargs["follow_redirects"] = raw["follow_redirects"]
     if "write_relabel_configs" in raw:
         kwargs["relabel"] = parse_rules(
             raw["write_relabel_configs"], f"{path}.write_relabel_configs"

@@ -50,10 +50,6 @@ def _is_zero_duration(value: object) -> bool:
         return False
 
 
-# hfsampler's client does not follow redirects: a 3xx is the receiver's answer, reported as such
-# (following one would send the tenant header and credentials wherever it points).
-FOLLOWS_REDIRECTS = False
-
 ENDPOINT_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
     {
         "url": KeyDoc("URL", "required", "the receiver's write URL"),
@@ -75,6 +71,8 @@ ENDPOINT_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
         "tls_config": KeyDoc("mapping", "none", "ca_file, cert_file, key_file, server_name, "
                              "insecure_skip_verify"),
         "proxy_url": KeyDoc("URL", "none", "an HTTP proxy for this endpoint"),
+        "follow_redirects": KeyDoc("bool", "true", "follow a 307 or 308 to the same scheme, host "
+                                   "and port; any other 3xx is a refusal"),
         "write_relabel_configs": KeyDoc("list of rules", "none", "relabel series before sending"),
     }
 )  # fmt: skip
@@ -122,12 +120,6 @@ ENDPOINT_ACCEPTED: Mapping[str, Accepted] = MappingProxyType(
         "enable_http2": Accepted(
             _is_bool, "true or false: hfsampler speaks HTTP/1.1, which HTTP/2 receivers take too",
             "write true or false",
-        ),
-        "follow_redirects": Accepted(
-            lambda v: v is FOLLOWS_REDIRECTS,
-            f"{str(FOLLOWS_REDIRECTS).lower()} only: hfsampler does "
-            f"{'' if FOLLOWS_REDIRECTS else 'not '}follow redirects",
-            "point url at where the receiver redirects to, or remove the key",
         ),
         "round_robin_dns": Accepted(
             lambda v: v is False, "false only: hfsampler does not spread requests over a name's "

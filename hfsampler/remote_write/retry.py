@@ -43,15 +43,19 @@ def classify(status: int, retry_on_http_429: bool = True) -> Outcome:
 
 
 def parse_retry_after(value: str | None, now: Callable[[], float] = time.time) -> float | None:
-    """``Retry-After`` as seconds from now (delta-seconds or HTTP-date); None when absent/bad."""
+    """``Retry-After`` as seconds from now; None when absent or anything but RFC 9110's
+    delta-seconds (ASCII digits: ``str.isdigit`` also takes "²", which ``float`` refuses) or
+    HTTP-date, so that the backoff is used instead."""
     if not value:
         return None
     value = value.strip()
+    if not value.isascii():
+        return None
     if value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

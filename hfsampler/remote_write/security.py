@@ -2,22 +2,27 @@
 ``tls_config`` for one endpoint, parsed, validated and turned into headers and an SSL context.
 
 Secrets live only in ``AuthConfig`` (whose ``repr`` hides them) and in the ``Authorization``
-header built per request; no message here or in the sender ever includes them. Secret files are
-re-read when their size, inode or modification time changes, so a rotated token is used without
-a restart. Every file named is checked at load (a readable, non-empty regular file), so a
-missing mount fails ``check-config`` rather than every send. Certificate verification is on
-unless ``insecure_skip_verify: true``.
+header built per request; no message here or in the sender ever includes them. A receiver may
+echo the request's head, so every text a receiver sends passes one ``Redactor`` before it is
+logged or put in an error: it knows each secret in every form it travels in (as configured,
+percent-decoded from a URL, ``user:password`` and its base64 in a ``Basic`` header). Secret
+files are re-read when their size, inode or modification time changes, so a rotated token is
+used without a restart. Every file named is checked at load (a readable, non-empty regular
+file), so a missing mount fails ``check-config`` rather than every send. Certificate
+verification is on unless ``insecure_skip_verify: true``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from hfsampler.errors import ConfigError, RecoverableSendError
 
@@ -242,19 +247,88 @@ class _SecretFile:
         return self._value
 
 
+# Shorter strings are not redacted: "ab" would blank every "ab" in a receiver's text.
+MIN_SECRET_CHARS = 3
+REDACTED = "<secret>"
+
+
+def basic_forms(username: str, password: str) -> tuple[str, ...]:
+    """How ``username:password`` travels in a ``Basic`` header: the pair, its base64 (in UTF-8,
+    as hfsampler's basic_auth encodes it, and in latin-1, as aiohttp encodes a URL's) and the
+    header value."""
+    pair = f"{username}:{password}"
+    tokens = [base64.b64encode(pair.encode()).decode()]
+    with contextlib.suppress(UnicodeEncodeError):
+        tokens.append(base64.b64encode(pair.encode("latin-1")).decode())
+    return (pair, *tokens, *(f"Basic {t}" for t in tokens))
+
+
+def auth_forms(auth: AuthConfig, secret: str) -> tuple[str, ...]:
+    """``secret`` (``auth``'s, inline or read from its file) in every form it is sent in."""
+    if not secret:
+        return ()
+    if auth.scheme == "Basic":
+        return (secret, *basic_forms(auth.username, secret))
+    return (secret, f"{auth.scheme} {secret}")
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The secrets a URL carries: its userinfo (as written and percent-decoded, alone and in
+    the ``Basic`` header an HTTP client builds from it) and its query values."""
+    try:
+        parts = urlsplit(url)
+        username, password = parts.username, parts.password
+    except ValueError:
+        return ()
+    out: list[str] = []
+    if username is not None or password is not None:
+        user, pw = unquote(username or ""), unquote(password or "")
+        out += [s for s in (password, pw, username, user) if s]
+        out += basic_forms(user, pw)
+    for _, value in parse_qsl(parts.query, keep_blank_values=True):
+        out += [value, unquote(value)]  # parse_qsl decodes once; a value may be encoded twice
+    return tuple(out)
+
+
+class Redactor:
+    """Replaces every known secret in a text by ``<secret>``: the one place a receiver's text
+    passes before it is logged or put in an error. Longest secrets first, so that a secret
+    containing another one is replaced whole."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        self._secrets = _longest_first(secrets)
+
+    def __call__(self, text: str, extra: Iterable[str] = ()) -> str:
+        """``text`` without secrets; ``extra``: ones known only now (a secret file's)."""
+        secrets = self._secrets if not extra else _longest_first([*self._secrets, *extra])
+        for secret in secrets:
+            text = text.replace(secret, REDACTED)
+        return text
+
+
+def _longest_first(secrets: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True))
+
+
 class AuthHeader:
     """Builds the ``Authorization`` header value for each request."""
 
     def __init__(self, auth: AuthConfig) -> None:
         self._auth = auth
         self._file = _SecretFile(auth.secret_file) if auth.secret_file else None
+        self._sent = auth.secret  # the secret in the last header built
 
     def __repr__(self) -> str:
         return f"AuthHeader({self._auth!r})"
 
     def value(self) -> str:
-        secret = self._file.read() if self._file is not None else self._auth.secret
+        secret = self._sent = self._file.read() if self._file is not None else self._auth.secret
         if self._auth.scheme == "Basic":
             token = base64.b64encode(f"{self._auth.username}:{secret}".encode()).decode()
             return f"Basic {token}"
         return f"{self._auth.scheme} {secret}"
+
+    def secrets(self) -> tuple[str, ...]:
+        """The secret of the last header built, in every form it is sent in (a file's is
+        known only once read), for the ``Redactor``."""
+        return auth_forms(self._auth, self._sent)

@@ -6,10 +6,11 @@ shard; the blocks' bytes are encoded on the writer's own thread (``BlockEncoder`
 the event loop. Each shard has one request in flight: it takes a batch of blocks from its
 queue, concatenates and compresses them (in an executor when large) into requests of at most
 ``max_request_bytes``, and delivers each through the ``RemoteClient`` under the retry policy
-(``retry.py``): recoverable failures are retried with backoff, a 413 splits the request in two,
-any other refusal drops it, counted. With a ``queue_dir`` each shard's queue is a
-``SpoolQueue`` and a batch leaves it only once the receiver answered; without one, a
-``MemoryQueue``.
+(``retry.py``): recoverable failures are retried with backoff, a 413 splits the request in two
+(down to one series; no piece as large as a series refused alone is sent again in that batch),
+any other refusal drops it, counted; retries and refusals are logged as ``Episode`` says. With a
+``queue_dir`` each shard's queue is a ``SpoolQueue`` and a batch leaves it only once the
+receiver answered, whatever error the sending met; without one, a ``MemoryQueue``.
 
 With ``protobuf_message: io.prometheus.write.v2.Request`` each request goes as 2.0
 (``encoder_v2``), negotiated as the 2.0 spec asks: a 415, a 400 that names the content type,
@@ -47,6 +48,7 @@ from hfsampler.remote_write.encoder import (
     wait_done,
 )
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
+from hfsampler.remote_write.episode import Episode
 from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
 from hfsampler.remote_write.retry import Backoff
@@ -67,7 +69,6 @@ _CPU = ThreadPoolExecutor(4, thread_name_prefix="rw-cpu")
 EXECUTOR_THRESHOLD_BYTES = 1 << 20
 # After a fallback from 2.0, how long an endpoint stays on 1.0 before 2.0 is tried again.
 REPROBE_S = 600.0
-OUTAGE_REMINDER_S = 300.0  # how often a failing endpoint's retries are said again
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
 
@@ -138,50 +139,13 @@ class _Flight:
     too_large_series: int = 0
     too_large_samples: int = 0
     too_large_other: int = 0  # metadata entries: no samples, refused even alone
+    # the fewest bytes refused as too large in one series: a receiver that refuses everything
+    # (413 to a series alone) is sent no piece as large again, not one request per series
+    refused_alone: int = 0
 
     @property
     def unsettled(self) -> int:
         return self.batch.count - self.settled
-
-
-class _Outage:
-    """The endpoint's failing stretch, for the log: a retried failure is said when the endpoint
-    starts failing, again when the reason changes or every ``OUTAGE_REMINDER_S``, and the
-    recovery once; the attempts between go to debug (each is counted in the retries metric).
-
-    An edge node in a long outage retries every ``max_backoff`` on every shard: a line per
-    attempt would bury the one line that says why. Shared by the endpoint's shards.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.since: float | None = None
-        self.retries = 0
-        self._said_at = 0.0
-        self._said_kind = ""
-
-    def failed(self, err: RecoverableSendError) -> str | None:
-        """Counts one retried failure: what to add to its warning, or None to say it at debug."""
-        now = self._clock()
-        kind = str(err).split(": ", 1)[0]  # "HTTP 503", "ClientConnectorError", a timeout
-        self.retries += 1
-        if self.since is None:
-            self.since = now
-            note = f"; later retries are said every {OUTAGE_REMINDER_S:.0f} s or on a new reason"
-        elif kind == self._said_kind and now - self._said_at < OUTAGE_REMINDER_S:
-            return None
-        else:
-            note = f"; failing for {now - self.since:.0f} s, {self.retries} retries"
-        self._said_at, self._said_kind = now, kind
-        return note
-
-    def delivered(self) -> tuple[int, float] | None:
-        """Ends a failing stretch: (retries, seconds) when one was going on, else None."""
-        if self.since is None:
-            return None
-        ended = (self.retries, self._clock() - self.since)
-        self.since, self.retries, self._said_kind = None, 0, ""
-        return ended
 
 
 class _Negotiation:
@@ -232,6 +196,9 @@ class RemoteWriter:
                     config.queue.capacity,
                     max(config.queue.max_disk_bytes // self._n_shards, 1 << 16),
                     self._drop,
+                    on_disk_bytes=lambda _: self._metrics.set(
+                        sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels
+                    ),
                 )
                 for i in range(self._n_shards)
             ]
@@ -244,7 +211,8 @@ class RemoteWriter:
         # a family renamed by write_relabel_configs keeps its metadata under its new name
         self._renamed: dict[str, Family] = {}
         self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
-        self._outage = _Outage()
+        self._outage = Episode("retries")
+        self._refusals = Episode("refusals")
         self._v2 = (
             RequestEncoderV2(lambda: ChainMap(self._renamed, self._families), _start_ms)
             if self._negotiation.wants_v2
@@ -418,14 +386,37 @@ class RemoteWriter:
             if not batch.blocks:
                 return
             flight = self._inflight[index] = _Flight(batch)
-            try:
-                await self._send_batch(flight)
-            except Exception:
-                # A bug must not silently stop the shard: count the batch and keep going.
-                log.exception("remote write %s: unexpected error", self.config.remote_name)
-                self._drop(flight.unsettled, "error")
+            while not await self._sent(flight, keep=queue.persistent):
+                flight = self._inflight[index] = _Flight(batch)
             queue.ack(batch)
             self._inflight[index] = None
+
+    async def _sent(self, flight: _Flight, keep: bool) -> bool:
+        """Send a batch. A bug must not silently stop the shard: an unexpected error drops a
+        batch from memory, counted as ``error``; a spooled one (``keep``) is never
+        acknowledged unanswered, so it is tried again after ``max_backoff`` and stays on disk
+        for the next start meanwhile (False)."""
+        try:
+            await self._send_batch(flight)
+            return True
+        except Exception as err:
+            if not keep:
+                log.exception("remote write %s: unexpected error", self.config.remote_name)
+                self._drop(flight.unsettled, "error")
+                return True
+            self._metrics.inc(sm.RW_RETRIES, 1, self._labels)
+            note = self._outage.happened(f"unexpected {type(err).__name__}")
+            log.log(
+                logging.DEBUG if note is None else logging.ERROR,
+                "remote write %s: unexpected error; the spooled batch stays and is sent again "
+                "in %g s%s",
+                self.config.remote_name,
+                self.config.queue.max_backoff_s,
+                note or "",
+                exc_info=note is not None,
+            )
+            await asyncio.sleep(self.config.queue.max_backoff_s)
+            return False
 
     async def _off_loop(self, work: Callable[[], _T], large: bool) -> _T:
         if not large:
@@ -468,11 +459,12 @@ class RemoteWriter:
         pending = [request]
         while pending:
             piece = pending.pop(0)
-            try:
-                await self._deliver(piece, flight)
-                continue
-            except RequestTooLargeError:
-                self._lower_request_limit(len(piece.raw))
+            if not flight.refused_alone or len(piece.raw) < flight.refused_alone:
+                try:
+                    await self._deliver(piece, flight)
+                    continue
+                except RequestTooLargeError:
+                    self._lower_request_limit(len(piece.raw))
             chunks = wire.split(piece.raw, self._request_limit)
             if len(chunks) == 1:
                 halves = wire.halve(piece.raw)
@@ -495,6 +487,8 @@ class RemoteWriter:
         return out
 
     def _too_large(self, piece: _Request, flight: _Flight) -> None:
+        size = len(piece.raw)
+        flight.refused_alone = min(flight.refused_alone or size, size)
         if piece.samples:
             flight.too_large_series += 1
             flight.too_large_samples += piece.samples
@@ -534,7 +528,7 @@ class RemoteWriter:
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(sm.RW_RETRIES, 1, self._labels)
-                note = self._outage.failed(err)
+                note = self._outage.happened(str(err).split(": ", 1)[0])  # "HTTP 503"
                 log.log(
                     logging.DEBUG if note is None else logging.WARNING,
                     "remote write %s (%s): %s; retrying in %.3f s%s%s",
@@ -581,14 +575,16 @@ class RemoteWriter:
             if v2 and written is not None and written < request.samples:
                 stored = max(written, 0)
                 self._partial(request, stored, "2xx")
-            ended = self._outage.delivered()
-            if ended is not None:
-                log.info(
-                    "remote write %s (%s): delivering again after %d retries over %.1f s",
-                    self.config.remote_name,
-                    self.config.display_url,
-                    *ended,
-                )
+            for episode in (self._outage, self._refusals):
+                if (ended := episode.ended()) is not None:
+                    log.info(
+                        "remote write %s (%s): delivering again after %d %s over %.1f s",
+                        self.config.remote_name,
+                        self.config.display_url,
+                        ended[0],
+                        episode.noun,
+                        ended[1],
+                    )
             self._metrics.inc(sm.RW_SAMPLES, stored, self._labels)
             self._metrics.inc(
                 sm.RW_BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels
@@ -611,17 +607,21 @@ class RemoteWriter:
         )
 
     def _refused(self, request: _Request, err: NonRecoverableSendError, v2: bool) -> None:
-        """A refusal for good: the samples not written are dropped, counted, logged once."""
+        """A refusal for good: the samples not written are dropped and counted, each time;
+        logged as retries are (``Episode``), since a receiver may refuse every window."""
         written = err.written if v2 and err.written is not None else 0
         written = min(max(written, 0), request.samples)
-        log.error(
-            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s%s",
+        note = self._refusals.happened(f"HTTP {err.status}")
+        log.log(
+            logging.DEBUG if note is None else logging.ERROR,
+            "remote write %s (%s) refused %d samples, not retrying: HTTP %d: %s%s%s",
             self.config.remote_name,
             self.config.display_url,
             request.samples - written,
             err.status,
             err.text,
             f" ({written} of {request.samples} written: a partial write)" if written else "",
+            note or "",
         )
         if written:
             self._metrics.inc(sm.RW_SAMPLES, written, self._labels)

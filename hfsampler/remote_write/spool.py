@@ -76,7 +76,10 @@ class SpoolQueue:
         max_disk_bytes: int,
         on_drop: Callable[[int, str], None] = lambda n, reason: None,
         clock: Callable[[], float] = time.monotonic,
+        on_disk_bytes: Callable[[int], None] = lambda n: None,
     ) -> None:
+        """``on_disk_bytes`` is told the bytes on disk each time segments were written or
+        deleted (a gauge that must not wait for the next batch taken, which an outage delays)."""
         if capacity < 1 or max_disk_bytes < 1:
             raise ValueError("capacity and max_disk_bytes must be at least 1")
         self._dir = directory
@@ -84,6 +87,7 @@ class SpoolQueue:
         self._max_disk = max_disk_bytes
         self._segment_bytes = segment_bytes_for(max_disk_bytes)
         self._on_drop = on_drop
+        self._on_disk_bytes = on_disk_bytes
         self._clock = clock
         self._files = SpoolFiles(directory)
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"spool-{directory.name}")
@@ -217,6 +221,7 @@ class SpoolQueue:
                 self._pending.extendleft(reversed([e for a in appends[done:] for e in a.entries]))
                 self._ack_written(acked, ack_error)
                 self._appended(bool(appends), done, error, freed=bool(unlink))
+                self._on_disk_bytes(self._disk_bytes)
                 failed = error is not None or ack_error is not None
             self._writing = []
             self._evict()

@@ -1,15 +1,20 @@
 """`hfsampler replay` against a dead receiver gives up at its deadline with a summary, and
 Ctrl-C stops it with exit 130 after flushing what it can (it used to retry for minutes, and
-exit 0 when interrupted)."""
+exit 0 when interrupted); against one that echoes the request head it says no credential of
+the URL (it used to log the ``Basic`` header aiohttp builds from it)."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,3 +80,48 @@ def test_ctrl_c_flushes_and_exits_130(recording: Path) -> None:
     assert proc.returncode == 130
     assert "interrupted" in out
     assert "replayed 0 samples" in out
+
+
+class _EchoHead(http.server.BaseHTTPRequestHandler):
+    """Answers every POST 401 with the request head as its body, as some proxies do."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = f"POST {self.path}\n{self.headers}".encode()
+        self.send_response(401)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # the test's output is the replay's
+
+
+@pytest.fixture
+def echo_port() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoHead)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_url_credentials_a_receiver_echoes_stay_out_of_the_output(
+    recording: Path, echo_port: int
+) -> None:
+    user, password = "replay-user", "Rep-Pa55-0b9d"
+    url = f"http://{user}:{password}@127.0.0.1:{echo_port}/api/v1/write"
+    done = subprocess.run(
+        [sys.executable, "-m", "hfsampler", "replay", str(recording), "--remote-write", url,
+         "--timeout", "10s"],
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert "HTTP 401" in said, said[-2000:]
+    assert "Authorization: <secret>" in said
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    for secret in (password, token, f"{user}:{password}"):
+        assert secret not in said

@@ -347,18 +347,20 @@ remote_write:
 def test_a_pasted_block_with_values_that_mean_what_hfsampler_does_parses() -> None:
     (ep,) = parse(HARMLESS)
     assert ep.send_metadata is False
+    assert ep.follow_redirects is False
+    assert parse("remote_write:\n  - url: http://a/\n")[0].follow_redirects  # as Prometheus
     assert parse("remote_write:\n  - url: http://a/\n    metadata_config: {}\n")[0].send_metadata
 
 
 def test_every_key_hfsampler_does_not_take_is_named_in_one_message() -> None:
     err = error(
-        "remote_write:\n  - url: http://a/\n    follow_redirects: true\n    sigv4: {}\n"
+        "remote_write:\n  - url: http://a/\n    round_robin_dns: true\n    sigv4: {}\n"
         "    metadata_config: {send_interval: 1m}\n  - url: http://b/\n    remote_timout: 5s\n"
         "    queue_config: {sample_age_limit: 5m}\n    tls_config: {min_version: TLS13}\n"
     )
     text = str(err)
     for key in (
-        "remote_write[0].follow_redirects: True: takes false only: hfsampler does not follow",
+        "remote_write[0].round_robin_dns: True: takes false only: hfsampler does not spread",
         "remote_write[0].sigv4: is not supported yet",
         "remote_write[0].metadata_config.send_interval: is not supported",
         "remote_write[1].remote_timout: is not a known key (did you mean 'remote_timeout'?)",

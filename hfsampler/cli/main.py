@@ -132,6 +132,11 @@ def cmd_fields(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def one_line(text: str) -> str:
+    """One line, whatever a file or a path held: control characters are shown escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
@@ -141,13 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except ConfigError as exc:
-        # One line, whatever the file held: control characters in a key are shown escaped.
-        text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(exc))
-        print(f"hfsampler: error: {text}", file=sys.stderr)
+        print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except (HfsamplerError, OSError) as exc:
-        log.error("%s", exc)
-        print(f"hfsampler: {exc}", file=sys.stderr)
+        print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)  # once, not logged too
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK

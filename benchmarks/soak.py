@@ -10,7 +10,12 @@ service produced (while it ran) was delivered once, delivered again after a ``ki
 is at-least-once), or missing, and the drops hfsampler counted by reason (scraped from /metrics
 before each stop) are set beside the missing ones. Bounded in time; loopback only.
 
-    python benchmarks/soak.py --minutes 3 [--out benchmarks/out/soak.json]
+Then a full recording disk: `hfsampler record` on a 160 KiB tmpfs around a job that runs on
+well past the disk's end (root only): the job's and record's exit statuses, tracebacks in the
+output (must be 0), and what the recording says it lost, checked against the file (every sample
+in it counted by the end chunk, none twice, the unrecorded time said with its reason).
+
+    python benchmarks/soak.py --minutes 3 [--out benchmarks/out/soak.json] [--full-disk-only]
 """
 
 from __future__ import annotations
@@ -174,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--out", default="benchmarks/out/soak.json")
+    parser.add_argument("--full-disk-only", action="store_true",
+                        help="only the full recording disk")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.full_disk_only:
+        disk = full_recording_disk()
+        print_disk(disk)
+        return write_report({"full_recording_disk": disk}, args.out, disk["ok"])
     work = Path(tempfile.mkdtemp(prefix="hfsampler-soak-"))
     queue = work / "queue"
     queue.mkdir()
@@ -242,11 +253,107 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(["umount", str(queue)], check=False)
     report = account(receiver, runs, timeline, tmpfs, log)
     print_report(report)
-    out = Path(args.out)
+    report["full_recording_disk"] = disk = full_recording_disk()
+    print_disk(disk)
+    ok = report["missing_uncounted"] <= max(1.0, 0.01 * report["missing"]) and disk["ok"]
+    return write_report(report, args.out, ok)
+
+
+def write_report(report: dict[str, Any], path: str, ok: bool) -> int:
+    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     print(f"wrote {out}")
-    return 0 if report["missing_uncounted"] <= max(1.0, 0.01 * report["missing"]) else 1
+    return 0 if ok else 1
+
+
+# -- a full recording disk -----------------------------------------------------------------------
+
+
+def full_recording_disk() -> dict[str, Any]:
+    """`record` on a 160 KiB tmpfs around jobs that outlive it: one that succeeds (record must
+    exit 74), one that fails with 3 (record must exit 3)."""
+    from hfsampler.profiling.record import EXIT_INCOMPLETE
+
+    if os.geteuid() != 0:
+        return {"skipped": "needs root to mount a small tmpfs", "ok": True}
+    cases = []
+    for job_status, want in ((0, EXIT_INCOMPLETE), (3, 3)):
+        cases.append({**_record_on_full_disk(job_status), "want_record_exit": want})
+    ok = all(c["record_exit"] == c["want_record_exit"] and c["tracebacks"] == 0
+             and c["job_finished"] and c["samples_uncounted"] == 0
+             and c["samples_duplicated"] == 0 and c["stopped_reason"] for c in cases)  # fmt: skip
+    return {"cases": cases, "ok": ok}
+
+
+def _record_on_full_disk(job_status: int) -> dict[str, Any]:
+    import numpy as np
+
+    from hfsampler.profiling.recording import Recording
+
+    disk = Path(tempfile.mkdtemp(prefix="hfsampler-soak-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(disk)], check=True)
+    try:
+        out = disk / "run.hfs"
+        job = ("import time; time.sleep(20); print('job finished', flush=True); "
+               f"raise SystemExit({job_status})")  # fmt: skip
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--gpus", "0,1,2,3",
+             "--quiet", "-o", str(out), "--", sys.executable, "-c", job],
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+            timeout=180,
+        )  # fmt: skip
+        took_s = time.monotonic() - started
+        rec = Recording(out)
+        end = rec.end or {}
+        in_file, duplicated = 0, 0
+        for chunk in rec.raw_chunks():
+            in_file += len(chunk.ts_us)
+        for g, plan in enumerate(rec.groups):  # each cell's driver timestamps strictly rise
+            for d in range(len(rec.devices)):
+                for f in range(len(plan.fields)):
+                    ts = [c.cell(d, f)[0] for c in rec.raw_chunks(g)]
+                    joined = np.concatenate(ts) if ts else np.empty(0, np.int64)
+                    duplicated += int(np.sum(np.diff(joined) <= 0))
+        stop_ns = end.get("end_ns")
+        job_end_ns = end.get("job_end_ns", stop_ns)
+        stopped_after_s = (
+            None if stop_ns is None else round((stop_ns - rec.header["start_ns"]) / 1e9, 1)
+        )
+        return {
+            "job_exit": job_status,
+            "record_exit": done.returncode,
+            "job_finished": "job finished" in done.stdout,
+            "took_s": round(took_s, 1),
+            "tracebacks": done.stderr.count("Traceback"),
+            "stopped_reason": rec.stopped_early,
+            "stopped_after_s": stopped_after_s,
+            "not_recorded_s": None if stop_ns is None else round((job_end_ns - stop_ns) / 1e9, 1),
+            "samples_in_file": in_file,
+            "samples_end_chunk_says": end.get("samples"),
+            "samples_uncounted": abs(in_file - int(end.get("samples", -1))),
+            "samples_duplicated": duplicated,
+            "damaged_parts": rec.damaged_parts,
+            "stderr_lines": done.stderr.count("\n"),
+        }
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+        with contextlib.suppress(OSError):
+            disk.rmdir()
+
+
+def print_disk(r: dict[str, Any]) -> None:
+    if "skipped" in r:
+        print(f"full recording disk: skipped ({r['skipped']})")
+        return
+    for c in r["cases"]:
+        print(f"full recording disk, job exits {c['job_exit']}: record exits {c['record_exit']} "
+              f"(want {c['want_record_exit']}), job finished {c['job_finished']}, "
+              f"tracebacks {c['tracebacks']}, stopped after {c['stopped_after_s']} s "
+              f"({c['stopped_reason']}), not recorded {c['not_recorded_s']} s, samples "
+              f"{c['samples_in_file']} in file / {c['samples_end_chunk_says']} counted, "
+              f"{c['samples_duplicated']} duplicated")  # fmt: skip
 
 
 def account(

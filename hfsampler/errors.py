@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 
@@ -93,3 +94,15 @@ class RequestTooLargeError(NonRecoverableSendError):
 
 class InvalidLabelError(HfsamplerError, ValueError):
     """A label set that Remote-Write receivers would refuse."""
+
+
+def why_not_writable(path: str | os.PathLike[str]) -> str | None:
+    """None when ``path`` (an existing file or directory) can be written, else why not in words
+    that name the cause: a read-only file system is not a permissions problem."""
+    if os.access(path, os.W_OK | os.X_OK if os.path.isdir(path) else os.W_OK):
+        return None
+    try:
+        read_only = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    return "is on a read-only file system" if read_only else "is not writable (its permissions)"

@@ -84,11 +84,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_async(lambda: Service(plan, loader=reload).run())
 
 
-def _printable(text: str) -> str:
-    """``text`` on one line: a control character (a newline in a label value) shown escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 def cmd_check_config(args: argparse.Namespace) -> int:
     config = load_file(args.file)
     fields = config.selected_fields()
@@ -98,10 +93,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.file}: OK")
     for warning in config.warnings():
         print(f"  warning: {warning}")
-    listen = _printable(str(config.listen))
+    listen = one_line(str(config.listen))
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {listen}")
     if config.jetson_sysfs_root:
-        root = _printable(config.jetson_sysfs_root)
+        root = one_line(config.jetson_sysfs_root)
         print(f"  jetson.sysfs_root: {root} (tests only: a Jetson reads /)")
     groups = sorted({f.group for f in fields})
     for g in groups:
@@ -110,12 +105,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if jetson and any(f.per for f in fields):
         print("  (a per-rail or per-zone field becomes one field per rail or zone found)")
     if config.external_labels:
-        labels = _printable(
-            ", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items()))
-        )
+        labels = one_line(", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items())))
         print(f"  external labels: {labels}")
     if config.queue_dir:
-        print(f"  queue_dir: {_printable(config.queue_dir)}")
+        print(f"  queue_dir: {one_line(config.queue_dir)}")
     for ep in config.remote_write:
         print(f"  remote_write: {ep.display_url}")
         if ep.auth is not None:
@@ -142,6 +135,11 @@ def cmd_fields(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def one_line(text: str) -> str:
+    """One line, whatever a file or a path held: control characters are shown escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
@@ -151,12 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except ConfigError as exc:
-        # One line, whatever the file held: control characters in a key are shown escaped.
-        print(f"hfsampler: error: {_printable(str(exc))}", file=sys.stderr)
+        print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except (HfsamplerError, OSError) as exc:
-        log.error("%s", exc)
-        print(f"hfsampler: {exc}", file=sys.stderr)
+        print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)  # once, not logged too
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK

@@ -15,8 +15,26 @@ from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import FAST, Kind
 from hfsampler.profiling.job_markers import PATTERN_HELP, compile_patterns
-from hfsampler.profiling.record import Recorder, RecordOptions, choose, log, visible_gpus
+from hfsampler.profiling.record import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_INCOMPLETE,
+    EXIT_NOT_FOUND,
+    Recorder,
+    RecordOptions,
+    choose,
+    log,
+    visible_gpus,
+)
 from hfsampler.sampling.plan import build_run
+
+EXIT_STATUS_HELP = f"""exit status:
+  CMD's own status (128 + N when signal N ended it); once CMD has started it runs to its end
+  whatever happens to the recording (a full disk stops the recording, not CMD).
+  {EXIT_INCOMPLETE}  CMD succeeded but the recording is incomplete (the disk filled, the file system
+      failed, the sampler died); the log and the file's end say why
+  {EXIT_NOT_FOUND} CMD not found; {EXIT_CANNOT_EXECUTE} found but not executable (as a shell says)
+  1   the recording could not start (its file, the GPUs); CMD did not run
+  2   a mistake in the flags or config"""
 
 
 def register(sub: Any) -> dict[str, Any]:
@@ -24,6 +42,8 @@ def register(sub: Any) -> dict[str, Any]:
         "record",
         help="record every GPU sample while a command runs: hfsampler record -- CMD ARGS",
         description="Run CMD as a child and record the GPUs it may use for exactly its life.",
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     wording = {
         "--config": "YAML config file (repeatable; flags override it): its source, fields, "

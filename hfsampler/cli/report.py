@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hfsampler.errors import why_not_writable
 from hfsampler.profiling.report import ReportInputError, open_recording, render_html
 from hfsampler.profiling.report_processes import processes_json
 from hfsampler.profiling.summary import summarize
@@ -22,8 +23,8 @@ def check_output(out: Path) -> None:
     parent = out.parent
     if not parent.is_dir():
         raise ReportInputError(f"-o {out}: no directory {parent} (create it, or write elsewhere)")
-    if not os.access(parent if not out.exists() else out, os.W_OK):
-        raise ReportInputError(f"-o {out}: not writable (write elsewhere)")
+    if why := why_not_writable(out if out.exists() else parent):
+        raise ReportInputError(f"-o {out}: {why} (write elsewhere)")
 
 
 def _write(out: Path, text: str) -> None:
@@ -73,6 +74,10 @@ def _report(args: argparse.Namespace) -> int:
     out = Path(args.output) if args.output else None if args.format == "json" else default
     if out is not None:
         check_output(out)
+    for rec in recs:  # on the terminal, whatever the format: a page is read later, if ever
+        if rec.problem is not None:
+            print(f"hfsampler: note: {rec.path}: {rec.problem}; the report covers what was "
+                  "readable", file=sys.stderr)  # fmt: skip
     summaries = [summarize(rec) for rec in recs]
     if len(summaries) == 2:
         from hfsampler.profiling.compare import compare_dict, compare_html
@@ -91,9 +96,5 @@ def _report(args: argparse.Namespace) -> int:
     assert out is not None  # html always has a file
     text = compare_html(*summaries) if len(summaries) == 2 else render_html(summaries[0])
     _write(out, text)
-    for rec in recs:
-        if rec.torn or not rec.complete:
-            print(f"hfsampler: note: {rec.path} is incomplete (the recorder did not finish); "
-                  "the report covers what was written", file=sys.stderr)  # fmt: skip
     print(f"wrote {out}", file=sys.stderr)
     return 0

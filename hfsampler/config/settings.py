@@ -45,7 +45,7 @@ from hfsampler.config.labels import (
     parse_label,
 )
 from hfsampler.durations import parse_duration, to_ns
-from hfsampler.errors import ConfigError
+from hfsampler.errors import ConfigError, why_not_writable
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES, realtime_group
 from hfsampler.remote_write.config import (
     EndpointConfig,
@@ -450,8 +450,8 @@ def _check_queue_dir(path: str) -> None:
     existing = next((q for q in (p, *p.parents) if q.exists()), None)
     if existing is None or not existing.is_dir():
         raise ConfigError("queue_dir", f"{path} is not a directory", "give a directory path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError("queue_dir", f"{existing} is not writable", "fix its permissions")
+    if why := why_not_writable(existing):
+        raise ConfigError("queue_dir", f"{existing} {why}", "give a writable directory")
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -115,6 +115,10 @@ def compare_dict(base: Summary, new: Summary) -> dict[str, Any]:
             "base": [g["gpu"] for g in b["gpus"][paired:]],
             "new": [g["gpu"] for g in n["gpus"][paired:]],
         },
+        # a damaged or incomplete input makes its numbers smaller than the run's: said up front
+        "inputs_with_problems": {
+            run: d["file_problem"] for run, d in (("base", b), ("new", n)) if d["file_problem"]
+        },
         "delta": {
             "job": {m[1]: delta(_job_values(b)[m[1]], _job_values(n)[m[1]]) for m in JOB_MEASURES},
             "gpus": gpus,
@@ -165,6 +169,11 @@ def compare_html(base: Summary, new: Summary) -> str:
     heads = ["", "base", "new", "difference", "change"]
     gpu_entries = [(f"GPU {g['gpu_base']}/{g['gpu_new']}: ", g) for g in delta_["gpus"]]
     body = [
+        *(
+            f"<p class='note'><b>The {run} recording is {html.escape(problem)}</b>: its numbers "
+            "cover only what was readable</p>"
+            for run, problem in d["inputs_with_problems"].items()
+        ),
         "<h2>Compared</h2>",
         pages.html_table(_rows([("", delta_["job"])], JOB_MEASURES), heads),
         "<h3>Per GPU</h3>",

@@ -1,11 +1,14 @@
 """The recorder's side of markers: the socket ``hfsampler.markers`` sends to, and output matching.
 
 ``MarkerSocket`` is a Unix datagram socket in a private directory (mode 0700) that ``record``
-names to its child in ``HFSAMPLER_MARKER_SOCKET``. A thread of its own reads it as datagrams
-arrive (Linux queues only ``net.unix.max_dgram_qlen`` datagrams, 10 by default, so a reader that
-looked between ticks would lose bursts) and checks each against the wire format, version 1 (an
-event) or 2 (a batch; see ``hfsampler.markers``): anything else is counted, logged once
-(escaped) and dropped. ``drain`` hands over what was read, never waiting. ``OutputTap`` copies
+names to its child in ``HFSAMPLER_MARKER_SOCKET``. Once told the job's pid (``watch``), it takes
+a datagram only from the job's process tree, and only with the pid the kernel says sent it
+(``SCM_CREDENTIALS``); a count of drops larger than the job could have made is refused too.
+A thread of its own reads it as datagrams arrive (Linux queues only
+``net.unix.max_dgram_qlen`` datagrams, 10 by default, so a reader that looked between ticks
+would lose bursts) and checks each against the wire format, version 1 (an event) or 2 (a batch;
+see ``hfsampler.markers``): anything else is counted, logged once (escaped) and dropped.
+``drain`` hands over what was read, never waiting. ``OutputTap`` copies
 the child's stdout and stderr to ours unchanged, chunk by chunk as they arrive, and turns lines
 matched by a ``--mark-pattern`` into markers (``pattern_marker`` says which kind), named by the
 rule the API's names follow (``markers.clean_name``).
@@ -19,6 +22,7 @@ import os
 import queue
 import re
 import socket
+import struct
 import sys
 import tempfile
 import threading
@@ -32,6 +36,7 @@ import orjson
 
 from hfsampler.errors import ConfigError
 from hfsampler.markers import (
+    BACKLOG_EVENTS,
     BATCH_EVENT_KEYS,
     BATCH_KEYS,
     BATCH_WIRE_VERSION,
@@ -54,6 +59,11 @@ _POLL_CLOSED_S = 0.1  # how often the reading thread looks whether the socket is
 # how far a marker's own time may lie from its arrival: a datagram waits in the buffer for
 # seconds at most; a clock this far off is not the job's
 _PAST_S, _FUTURE_S = 600.0, 5.0
+# a process cannot make more marker calls than this a second (each is a Python call and a JSON
+# encoding, ~1 us at the very least): a count of drops beyond it since the socket opened is forged
+_MAX_CALLS_PER_S = 10_000_000
+_UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid (SCM_CREDENTIALS)
+_MAX_TREE_DEPTH = 64  # parents walked up from a sender to find the job
 # longer lines are matched on their first part only, so a line without an end cannot grow memory
 MAX_LINE_BYTES = 64 * 1024
 _LINE_END = re.compile(rb"[\r\n]")  # a progress bar (tqdm) redraws its line with \r
@@ -145,12 +155,17 @@ class MarkerSocket:
         self.received = 0
         self.rejected = 0
         self.job_dropped: dict[int, int] = {}  # per sending pid: what it could not send
+        self.opened_ns = time.time_ns()
+        self._job_pid: int | None = None
+        self._in_job: set[int] = set()  # senders found in the job's tree (they may exit later)
         self._found: queue.SimpleQueue[Marker] = queue.SimpleQueue()
         self._closing = threading.Event()
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
             with contextlib.suppress(OSError):  # a bigger buffer if the system allows it
                 self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RECEIVE_BUFFER_BYTES)
+            # the kernel then tells each datagram's sender, whatever the datagram claims
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             self._sock.bind(str(self.path))
             self._sock.settimeout(_POLL_CLOSED_S)
         except OSError:
@@ -160,23 +175,40 @@ class MarkerSocket:
         self._thread = threading.Thread(target=self._read, daemon=True, name="record-markers")
         self._thread.start()
 
+    def watch(self, job_pid: int) -> None:
+        """From now on take datagrams only from ``job_pid`` and the processes below it."""
+        self._job_pid = job_pid
+        self._in_job.add(job_pid)
+
+    def _receive(self, flags: int = 0) -> tuple[bytes, int | None]:
+        """One datagram and the pid the kernel says sent it (None where it does not say)."""
+        data, ancillary, _, _ = self._sock.recvmsg(
+            MAX_DATAGRAM_BYTES + 1, socket.CMSG_SPACE(_UCRED.size), flags
+        )
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                return data, _UCRED.unpack_from(value)[0]
+        return data, None
+
     def _read(self) -> None:
         while not self._closing.is_set():
             try:
-                data = self._sock.recv(MAX_DATAGRAM_BYTES + 1)
+                data, sender = self._receive()
             except (TimeoutError, InterruptedError):
                 continue
             except OSError as exc:  # closed, or something odd: markers are never worth a crash
                 log.debug("reading the marker socket: %s", exc)
                 return
-            self.take(data, time.time_ns())
+            self.take(data, time.time_ns(), sender)
 
-    def take(self, data: bytes, now_ns: int) -> None:
-        """One datagram: its markers queued for ``drain``, garbage counted (the first logged)."""
+    def take(self, data: bytes, now_ns: int, sender: int | None = None) -> None:
+        """One datagram (``sender``: the pid the kernel gave): its markers queued for ``drain``,
+        garbage and strangers' datagrams counted (the first logged)."""
         try:
             if len(data) > MAX_DATAGRAM_BYTES:
                 raise BadDatagram(f"longer than {MAX_DATAGRAM_BYTES} bytes")
             got = parse_datagram(data, now_ns)
+            self._check_sender(got, sender, now_ns)
         except BadDatagram as exc:
             self._refuse(1, str(exc), data)
             return
@@ -186,6 +218,31 @@ class MarkerSocket:
         self.job_dropped[got.pid] = max(self.job_dropped.get(got.pid, 0), got.dropped)
         for marker in got.markers:
             self._found.put(marker)
+
+    def _check_sender(self, got: Datagram, sender: int | None, now_ns: int) -> None:
+        most = BACKLOG_EVENTS + (now_ns - self.opened_ns) * _MAX_CALLS_PER_S // 10**9
+        if got.dropped > most:
+            raise BadDatagram(f"dropped {got.dropped} is more than a process could have made")
+        if self._job_pid is None:
+            return
+        if sender is None or got.pid != sender:
+            raise BadDatagram(f"pid {got.pid} is not the sender's ({sender})")
+        if not self._of_job(sender):
+            raise BadDatagram(f"pid {sender} is not in the job's process tree")
+
+    def _of_job(self, pid: int) -> bool:
+        """Whether ``pid`` is the job or below it (its parents walked up in /proc)."""
+        seen: list[int] = []
+        for _ in range(_MAX_TREE_DEPTH):
+            if pid in self._in_job:
+                self._in_job.update(seen)
+                return True
+            seen.append(pid)
+            parent = parent_pid(pid)
+            if parent is None or parent <= 1:
+                return False
+            pid = parent
+        return False
 
     def _refuse(self, n: int, why: str, data: bytes) -> None:
         self.rejected += n
@@ -212,10 +269,10 @@ class MarkerSocket:
         # what the job sent last (its exit's count of drops) may still wait in the queue
         while True:
             try:
-                data = self._sock.recv(MAX_DATAGRAM_BYTES + 1, socket.MSG_DONTWAIT)
+                data, sender = self._receive(socket.MSG_DONTWAIT)
             except OSError:
                 break
-            self.take(data, time.time_ns())
+            self.take(data, time.time_ns(), sender)
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
@@ -224,6 +281,15 @@ class MarkerSocket:
         if self.rejected:
             log.warning("%d datagrams on the marker socket were not markers and were dropped",
                         self.rejected)  # fmt: skip
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid`` from /proc, None once it has gone (or where there is no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _drain(found: queue.SimpleQueue[Marker]) -> list[Marker]:

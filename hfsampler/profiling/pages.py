@@ -72,7 +72,7 @@ def summary_html(d: dict[str, Any]) -> str:
         ("exit code", str(d["exit_code"])),
         ("driver", d["driver_version"]),
         ("labels", ", ".join(f"{k}={v}" for k, v in job.items()) or "-"),
-        ("file", "complete" if d["complete"] else "INCOMPLETE (the recorder did not finish)"),
+        ("file", "complete" if d["file_problem"] is None else _shout(d["file_problem"])),
     ]
     if d["clock_steps_back"]:
         back = f"steps: {d['clock_steps_back']}, {d['clock_stepped_back_s']:.3f} s in all"
@@ -82,6 +82,11 @@ def summary_html(d: dict[str, Any]) -> str:
     ctx = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>"
                   for k, v in facts)  # fmt: skip
     return f"<table>{ctx}</table><h2>Summary</h2>{table}"
+
+
+def _shout(problem: str) -> str:
+    """A file's problem line with its verdicts in capitals, to be seen on the page."""
+    return problem.replace("damaged:", "DAMAGED:").replace("incomplete:", "INCOMPLETE:")
 
 
 STYLE = """body{font-family:sans-serif;margin:24px;color:#222}table{border-collapse:collapse;

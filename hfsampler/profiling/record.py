@@ -26,7 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -39,8 +39,8 @@ from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import POWER, locate
 from hfsampler.markers import ENV as MARKER_ENV
-from hfsampler.profiling.job_markers import MarkerSocket, OutputTap
-from hfsampler.profiling.recording import Marker, RecordingWriter
+from hfsampler.profiling.job_markers import MarkerSocket, OutputTap, parent_pid
+from hfsampler.profiling.recording import Marker, RecordingWriteError, RecordingWriter
 from hfsampler.sampling.pipeline import RECORD, RECORD_GRACE_S, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.ring import RingRows
@@ -51,6 +51,10 @@ from hfsampler.sources.registry import open_processes
 log = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
+# The job exited 0 but the recording stopped early (a full disk, a failing file system, the
+# sampler gone): sysexits' EX_IOERR. A job's own failure is passed on as it is.
+EXIT_INCOMPLETE = 74
+EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND = 126, 127  # as a shell says of a command it cannot run
 PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
 PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
@@ -140,14 +144,8 @@ def descendants(pid: int) -> set[int]:
     parents: dict[int, list[int]] = {}
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            parents.setdefault(ppid, []).append(int(entry.name))
+            if entry.name.isdigit() and (ppid := parent_pid(int(entry.name))) is not None:
+                parents.setdefault(ppid, []).append(int(entry.name))
     out, todo = {pid}, [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
@@ -190,6 +188,7 @@ class Recorder:
         self.tap: OutputTap | None = None
         self._markers: list[Marker] = []
         self.markers_not_stored = 0
+        self.incomplete: str | None = None  # why the recording stopped before the job did
         self._last_processes: dict[int, list[dict[str, Any]]] = {}  # as last written
         self._processes_written_ns = 0
         self._power = locate(POWER, [p.fields for p in self.plans])
@@ -214,43 +213,97 @@ class Recorder:
         }
 
     def run(self) -> int:
-        pipeline = Pipeline(self.plan, RECORD, clock=self.clock)
-        writer: RecordingWriter | None = None
-        side = self._process_reader()
-        code = 0
-        try:
+        """Record around the job and return its exit status (``EXIT_INCOMPLETE`` for a job that
+        succeeded under a recording that stopped early). Every way out closes the sampler, the
+        process reader, the marker socket (and its thread) and the file, each whatever the
+        others did; once the job has started it runs to its end whatever the recording's fate."""
+        with contextlib.ExitStack() as stack:
+            pipeline = Pipeline(self.plan, RECORD, clock=self.clock)
+            stack.callback(_quietly, pipeline.close, "the sampler")
+            side = self._process_reader()
+            if side is not None:
+                stack.callback(_quietly, side.close, "the process reader")
+            stack.callback(self._close_inbox)
+            stack.callback(self._kill_child)  # a way out that did not wait for the job
             pipeline.start()
             start_ns = pipeline.begin()  # rows from before the child started are not the job's
             devices = [self.inventory.devices[p] for p in self.keep]
             writer = RecordingWriter(self.opts.output, self.header(start_ns), devices, self.plans)
+            stack.callback(_quietly, writer.close, "the recording")
             self._install_signals()
-            if self.opts.command:
-                self._start_child()
-            code, end_ns = self._loop(pipeline, writer, side, start_ns)
-            self._finish_markers(writer, end_ns)
-            end: dict[str, Any] = {"end_ns": end_ns, "exit_code": code,
-                                   "samples": writer.samples_written}  # fmt: skip
+            if self.opts.command and (refused := self._start_child()) is not None:
+                writer.close({"end_ns": self.clock.now_ns(), "exit_code": refused, "samples": 0})
+                return refused
+            end: dict[str, Any] = {}
+            try:
+                code, end_ns = self._loop(pipeline, writer, side, start_ns)
+                self._finish_markers(writer, end_ns)
+            except Exception as exc:  # the recording's end, never the job's
+                end["end_ns"] = self._recording_stopped(exc, start_ns)
+                _quietly(pipeline.close, "the sampler")  # nothing more to sample
+                code, end_ns = self._wait_for_job()
+                end["job_end_ns"] = end_ns
+            end = {"end_ns": end_ns, "exit_code": code, "samples": writer.samples_written, **end}
             if self.inbox is not None:
                 end["markers_dropped_by_job"] = self.inbox.dropped_by_job
                 end["marker_datagrams_rejected"] = self.inbox.rejected
             if self.markers_not_stored:
                 end["markers_not_stored"] = self.markers_not_stored
-            writer.close(end)
+            if self.incomplete is not None:
+                end["incomplete"] = self.incomplete
+            with contextlib.suppress(RecordingWriteError):
+                writer.close(end)
+            if writer.failed is not None and self.incomplete is None:
+                self.incomplete = str(writer.failed)  # the end chunk or the sync failed
             self._status(writer, start_ns, end_ns, final=True)
+            if self.incomplete is not None and code == 0:
+                log.error("the job succeeded but the recording is incomplete: exit status %d",
+                          EXIT_INCOMPLETE)  # fmt: skip
+                return EXIT_INCOMPLETE
             return code
-        finally:
-            if self.child is not None and self.child.poll() is None:
-                self.child.kill()
-                self.child.wait()
-            if writer is not None:
-                writer.close()
-            if side is not None:
-                side.close()
-            if self.inbox is not None:
-                self.inbox.close()
-            pipeline.close()
+        raise AssertionError("unreachable")  # mypy: the with block always returns or raises
 
-    def _start_child(self) -> None:
+    def _recording_stopped(self, exc: Exception, start_ns: int) -> int:
+        """Say in one line why the recording stopped, and when (returned)."""
+        now = self.clock.now_ns()
+        self.incomplete = str(exc)
+        if self.out is not None and self.out.isatty():
+            self.out.write("\n")  # below the status line, not over it
+        where = f"after {(now - start_ns) / 1e9:.1f} s"
+        job = "; the job runs on" if self.child is not None and self.child.poll() is None else ""
+        if isinstance(exc, RecordingWriteError):
+            log.error("the recording stopped %s: %s%s", where, exc, job)
+        else:  # a defect of ours: its traceback helps whoever fixes it
+            log.error("the recording stopped %s: %r%s", where, exc, job, exc_info=exc)
+        return now
+
+    def _wait_for_job(self) -> tuple[int, int]:
+        """After the recording stopped: the job runs to its end (signals still passed on), its
+        markers read and let go, so its sends never block and nothing grows; then its output's
+        last lines. Returns its exit status and when it ended."""
+        while self.child is not None and self.child.poll() is None:
+            self._collect_markers()
+            self.markers_not_stored += len(self._markers)
+            self._markers = []
+            self.clock.sleep(0.05)
+        end_ns = self.clock.now_ns()
+        if self.tap is not None:
+            self.tap.finish(end_ns)
+        code = self.child.returncode if self.child is not None else 0
+        return (128 - code if code < 0 else code), end_ns
+
+    def _close_inbox(self) -> None:
+        if self.inbox is not None:
+            _quietly(self.inbox.close, "the marker socket")
+
+    def _kill_child(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+
+    def _start_child(self) -> int | None:
+        """Start the job; None, or the status a shell gives a command it cannot run (127: not
+        found, 126: not executable), said in one line."""
         env = dict(os.environ)
         try:
             self.inbox = MarkerSocket()
@@ -259,15 +312,24 @@ class Recorder:
             log.warning("no marker socket for the job (%s): hfsampler.markers calls are dropped",
                         exc)  # fmt: skip
             env.pop(MARKER_ENV, None)
-        if not self.opts.mark_patterns:
-            self.child = subprocess.Popen(list(self.opts.command), env=env)
-            return
-        # a pipe makes Python block-buffer its output: lines would arrive late, and so their marks
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        self.child = subprocess.Popen(list(self.opts.command), env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE)  # fmt: skip
-        self.tap = OutputTap(self.opts.mark_patterns, self.child.pid)
-        self.tap.attach(self.child.stdout, self.child.stderr)
+        piped = bool(self.opts.mark_patterns)
+        if piped:  # a pipe makes Python block-buffer its output: lines, and marks, come late
+            env.setdefault("PYTHONUNBUFFERED", "1")
+        pipe = subprocess.PIPE if piped else None
+        try:
+            self.child = subprocess.Popen(list(self.opts.command), env=env, stdout=pipe,
+                                          stderr=pipe)  # fmt: skip
+        except OSError as exc:
+            status = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+            why = "command not found" if status == EXIT_NOT_FOUND else exc.strerror or str(exc)
+            log.error("%s: %s", self.opts.command[0], why)
+            return status
+        if self.inbox is not None:
+            self.inbox.watch(self.child.pid)
+        if piped:
+            self.tap = OutputTap(self.opts.mark_patterns, self.child.pid)
+            self.tap.attach(self.child.stdout, self.child.stderr)
+        return None
 
     def _collect_markers(self) -> None:
         if self.inbox is not None:
@@ -284,11 +346,15 @@ class Recorder:
         try:
             writer.add_markers(found)
             return
+        except RecordingWriteError:
+            raise  # the file, not the markers: the recording stops
         except Exception:  # whatever it is, the recording goes on
             pass
         for marker in found:  # one by one, so one bad marker costs only itself
             try:
                 writer.add_markers([marker])
+            except RecordingWriteError:
+                raise
             except Exception as exc:
                 self.markers_not_stored += 1
                 if self.markers_not_stored == 1:
@@ -333,6 +399,7 @@ class Recorder:
                     # e.g. a group-wide SIGTERM: keep what we have, still wait for the child
                     log.error("the sampler process died (%s); the recording stops here",
                               pipeline.sampler.exit_reason())  # fmt: skip
+                    self.incomplete = f"the sampler process died ({pipeline.sampler.exit_reason()})"
                     self._write(writer, pipeline.window(now))
                     sampling = False
                 if sampling:
@@ -429,6 +496,14 @@ class Recorder:
         elif int((t_ns - start_ns) / 1e9) % 10 == 0:  # a log file gets a line every ~10 s
             self.out.write(text + "\n")
         self.out.flush()
+
+
+def _quietly(close: Callable[[], object], what: str) -> None:
+    """One clean-up step whose failure is said and does not stop the next ones."""
+    try:
+        close()
+    except Exception as exc:
+        log.warning("closing %s: %s", what, exc)
 
 
 def _w(value: float) -> str:

@@ -7,9 +7,10 @@ stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU comput
 ``MARK`` (markers and phases the job sent or printed), ``END_`` (end time and exit code, last).
 The header names the format's version (``FORMAT_VERSION``: a file of any other is refused, in one
 line naming it) and the window statistics each ``WIN_`` chunk holds, in order; the reader takes
-them by name. Every chunk is written
-with one ``write`` and flushed, so a ``kill -9`` loses at most the chunk being written; the reader
-stops at the first torn or corrupt frame and says so.
+them by name. Every chunk is written with one ``write``, so a ``kill -9`` loses at most the chunk
+being written, and a write that fails (a full disk) is cut back to the last whole chunk. The
+reader skips a damaged frame (its checksum fails) to the next good one, counting what it skipped,
+and says so; a torn tail ends the file.
 
 Why this shape: the raw samples are most of the bytes. Driver timestamps are delta-encoded (at a
 steady refresh the deltas are one repeated number); values are XOR-ed with the previous value of
@@ -23,13 +24,15 @@ better ratio matters more than snappy's speed.
 from __future__ import annotations
 
 import array
+import contextlib
+import errno
 import os
 import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +48,7 @@ from hfsampler.sources.base import DeviceInfo, MigInstance
 MAGIC = b"HFSREC\x00\x01"
 FORMAT_VERSION = 2  # the only one read: nothing released ever wrote another
 _FRAME = struct.Struct("<4sII")
+_SCAN_BYTES = 1 << 20  # the reader's piece size, checking frames and looking past damage
 HEAD, RAW, WIN, PROC, MARK, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"MARK", b"END_"
 _TAGS = (HEAD, RAW, WIN, PROC, MARK, END)  # a frame's tag is kept as its position here
 _TAG_CODES = {tag: code for code, tag in enumerate(_TAGS)}
@@ -57,6 +61,19 @@ IntArray = npt.NDArray[np.int64]
 
 class RecordingError(HfsamplerError, ValueError):
     """The file is not a recording, its header is unreadable, or its format is not this one."""
+
+
+class RecordingWriteError(HfsamplerError, OSError):
+    """The recording could not be written (a full disk, a read-only or failing file system): the
+    writer has stopped, and the file ends with the last whole chunk."""
+
+    def __str__(self) -> str:
+        return f"cannot write the recording {self.filename}: {_reason(self)}"
+
+
+def _reason(exc: OSError) -> str:
+    """An OSError's reason in words, without the ``[Errno N]`` prefix."""
+    return exc.strerror or str(exc)
 
 
 def stored_as_float64(field: Field) -> bool:
@@ -205,11 +222,16 @@ class RecordingWriter:
     ) -> None:
         self.path = Path(path)
         self.groups = tuple(groups)
-        self._f: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 (closed in close())
-        self.bytes_written = 0
+        # unbuffered: a write that fails leaves nothing in a buffer for close() to fail on again
+        try:
+            self._f: IO[bytes] = open(self.path, "wb", buffering=0)  # noqa: SIM115 (close())
+        except OSError as exc:
+            raise RecordingWriteError(exc.errno, _reason(exc), str(self.path)) from exc
+        self.bytes_written = 0  # up to the end of the last whole chunk
         self.samples_written = 0
-        self._f.write(MAGIC)
-        self.bytes_written += len(MAGIC)
+        self.failed: RecordingWriteError | None = None  # why the writer stopped, if it did
+        self._last_chunk = (0, 0)  # where the last whole chunk starts, and its samples
+        self._write(MAGIC)
         meta = {
             **header,
             "format_version": FORMAT_VERSION,
@@ -236,10 +258,34 @@ class RecordingWriter:
             np.array([stored_as_float64(f) for f in g.fields], dtype=np.bool_) for g in self.groups
         ]
 
-    def _chunk(self, tag: bytes, payload: bytes) -> None:
-        self._f.write(_FRAME.pack(tag, len(payload), zlib.crc32(payload)) + payload)
-        self._f.flush()
-        self.bytes_written += _FRAME.size + len(payload)
+    def _chunk(self, tag: bytes, payload: bytes, samples: int = 0) -> None:
+        start = self.bytes_written
+        self._write(_FRAME.pack(tag, len(payload), zlib.crc32(payload)) + payload)
+        self.samples_written += samples
+        self._last_chunk = (start, samples)
+
+    def _write(self, data: bytes) -> None:
+        """All of ``data`` or nothing: a failed write is cut back to the last whole chunk (which
+        frees what it took of a full disk) and stops the writer (``RecordingWriteError``)."""
+        if self.failed is not None:
+            raise self.failed
+        view = memoryview(data)
+        try:
+            while view:  # a raw file may take less than asked (a disk filling up)
+                n = self._f.write(view)
+                if not n:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[n:]
+        except OSError as exc:
+            self._stop(exc)
+        self.bytes_written += len(data)
+
+    def _stop(self, exc: OSError) -> NoReturn:
+        self.failed = RecordingWriteError(exc.errno, _reason(exc), str(self.path))
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._f.fileno(), self.bytes_written)
+            self._f.seek(self.bytes_written)
+        raise self.failed from exc
 
     def add_rows(self, group: int, rows: RingRows, gpus: Sequence[int] | None = None) -> int:
         """Store the distinct samples (non-NaN values) of ring rows; returns how many."""
@@ -278,8 +324,7 @@ class RecordingWriter:
             _xor_pack(v32, np.uint32),
             _xor_pack(v64, np.uint64),
         ]
-        self._chunk(RAW, _pack(meta, blobs))
-        self.samples_written += len(ts)
+        self._chunk(RAW, _pack(meta, blobs), len(ts))
         return len(ts)
 
     def add_window(
@@ -310,15 +355,49 @@ class RecordingWriter:
         if markers:
             self._chunk(MARK, _pack({"markers": [m.to_json() for m in markers]}, []))
 
+    def _end_after_failure(self, end: Mapping[str, Any]) -> None:
+        """After a failed write, the end chunk all the same, so the file says why it ends early:
+        tried as it is, then (a disk still full) in place of the last data chunk."""
+        for attempt in range(2):
+            self.failed = None
+            try:
+                self._chunk(END, _pack({**end, "samples": self.samples_written}, []))
+                return
+            except RecordingWriteError:
+                start, samples = self._last_chunk
+                if attempt or start <= len(MAGIC):
+                    raise
+                self.bytes_written, self.samples_written = start, self.samples_written - samples
+                self._last_chunk = (0, 0)
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._f.fileno(), start)
+                    self._f.seek(start)
+
     def close(self, end: Mapping[str, Any] | None = None) -> None:
-        """Write the end chunk (when given), fsync and close; safe to call twice."""
+        """Write the end chunk (when given), fsync and close; safe to call twice.
+
+        After a failed write the end chunk is still tried (``_end_after_failure``) and nothing
+        is raised: the caller knows from ``failed``.
+        Otherwise a failure to write or sync raises ``RecordingWriteError``; the file is closed
+        in every case.
+        """
         if self._f.closed:
             return
+        stopped = self.failed
         try:
-            if end is not None:
+            if end is not None and stopped is not None:
+                self._end_after_failure(end)
+            elif end is not None:
                 self._chunk(END, _pack(end, []))
-            os.fsync(self._f.fileno())
+            try:
+                os.fsync(self._f.fileno())
+            except OSError as exc:
+                self._stop(exc)
+        except RecordingWriteError:
+            if stopped is None:
+                raise
         finally:
+            self.failed = stopped or self.failed
             self._f.close()
 
 
@@ -366,39 +445,84 @@ def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
     return tuple(out)
 
 
+def _frame_at(fd: int, off: int, size: int) -> tuple[bytes, int] | None:
+    """The (tag, payload length) of the whole frame at ``off`` whose checksum holds, else None."""
+    head = os.pread(fd, _FRAME.size, off)
+    if len(head) < _FRAME.size:
+        return None
+    tag, length, crc = _FRAME.unpack(head)
+    start = off + _FRAME.size
+    if start + length > size:
+        return None
+    check, at = 0, start
+    while at < start + length:  # in bounded pieces: a damaged length may claim the whole file
+        piece = os.pread(fd, min(_SCAN_BYTES, start + length - at), at)
+        if not piece:
+            return None
+        check, at = zlib.crc32(piece, check), at + len(piece)
+    return (tag, length) if check == crc else None
+
+
+def _next_frame(fd: int, start: int, size: int) -> int | None:
+    """Where the next good frame of a known tag begins at or after ``start``, else None."""
+    at = start
+    while at < size:
+        block = os.pread(fd, _SCAN_BYTES + 3, at)  # + 3: a tag across the block's end
+        hits = sorted(i for tag in _TAGS for i in _find_all(block, tag) if i < _SCAN_BYTES)
+        for i in hits:
+            if _frame_at(fd, at + i, size) is not None:
+                return at + i
+        at += _SCAN_BYTES
+    return None
+
+
+def _find_all(block: bytes, needle: bytes) -> Iterator[int]:
+    i = block.find(needle)
+    while i >= 0:
+        yield i
+        i = block.find(needle, i + 1)
+
+
 class Recording:
     """A recording opened for reading: the header at once, chunks on demand, read frame by frame.
 
     Opening reads the file once in bounded pieces to check every frame's checksum; what is kept is
     three small arrays per frame (tag, offset, length), never the file, so memory does not grow
-    with the recording. A frame that is cut short or fails its checksum ends the readable part
-    (``torn`` is set); the chunks before it are all read normally.
+    with the recording. A frame that fails its checksum (or claims more bytes than there are) is
+    damage: reading goes on from the next good frame (a known tag whose checksum holds), the
+    bytes between counted in ``damaged_parts`` and ``damaged_bytes``. With no good frame after
+    it, it is the file's torn tail (``torn``: the recorder did not finish).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         # compact while scanning: a day of an 8-GPU recording is half a million frames
         tags, offsets, lengths = bytearray(), array.array("q"), array.array("q")
-        self.torn = False
+        self.torn = False  # the file ends in a cut-short frame (the recorder did not finish)
+        self.damaged_parts = 0  # stretches of damaged bytes skipped, the reading resumed after
+        self.damaged_bytes = 0
         with open(self.path, "rb") as f:
             if f.read(len(MAGIC)) != MAGIC:
                 raise RecordingError(f"{self.path}: not an hfsampler recording (bad magic)")
-            size = os.fstat(f.fileno()).st_size
+            fd = f.fileno()
+            size = os.fstat(fd).st_size
             off = len(MAGIC)
             while off < size:
-                frame = f.read(_FRAME.size)
-                if len(frame) < _FRAME.size:
-                    self.torn = True
-                    break
-                tag, length, crc = _FRAME.unpack(frame)
-                start = off + _FRAME.size
-                if start + length > size or zlib.crc32(f.read(length)) != crc:
-                    self.torn = True
-                    break
+                frame = _frame_at(fd, off, size)
+                if frame is None:  # damaged here: go on from the next good frame, if any
+                    good = _next_frame(fd, off + 1, size)
+                    if good is None:
+                        self.torn = True
+                        break
+                    self.damaged_parts += 1
+                    self.damaged_bytes += good - off
+                    off = good
+                    continue
+                tag, length = frame
                 tags.append(_TAG_CODES.get(tag, len(_TAGS)))
-                offsets.append(start)
+                offsets.append(off + _FRAME.size)
                 lengths.append(length)
-                off = start + length
+                off += _FRAME.size + length
         self._tags = np.frombuffer(bytes(tags), np.uint8)
         self._offsets = np.frombuffer(offsets, np.int64)
         self._lengths = np.frombuffer(lengths, np.int64)
@@ -455,8 +579,27 @@ class Recording:
 
     @property
     def complete(self) -> bool:
-        """True when the recorder closed the file (an end chunk and no torn tail)."""
-        return self.end is not None and not self.torn
+        """True when the recorder closed the file (an end chunk and no torn tail) having
+        recorded the whole job (no ``stopped_early``)."""
+        return self.end is not None and not self.torn and self.stopped_early is None
+
+    @property
+    def stopped_early(self) -> str | None:
+        """Why the recorder stopped recording before the job ended (a full disk), if it did."""
+        return None if self.end is None else self.end.get("incomplete")
+
+    @property
+    def problem(self) -> str | None:
+        """What is wrong with the file, in one line for a terminal; None when nothing is."""
+        parts = []
+        if self.damaged_parts:
+            parts.append(f"damaged: {self.damaged_bytes:,} bytes in {self.damaged_parts} "
+                         "place(s) skipped")  # fmt: skip
+        if self.stopped_early is not None:
+            parts.append(f"incomplete: the recording stopped before the job ({self.stopped_early})")
+        elif self.torn or self.end is None:
+            parts.append("incomplete: the recorder did not finish")
+        return "; ".join(parts) or None
 
     def group_index(self, name: str) -> int:
         for i, g in enumerate(self.groups):

@@ -60,6 +60,9 @@ async def _backpressure(writer: RemoteWriter, stop: asyncio.Event, deadline: flo
         await asyncio.sleep(0.005)
 
 
+EXIT_DAMAGED = 65  # sysexits' EX_DATAERR: the recording had damaged parts, skipped
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
     """What a replay did: samples accepted and dropped (refused, or not sent in time), and
@@ -71,15 +74,22 @@ class ReplayResult:
     gave_up: bool = False
     interrupted: bool = False
     stopped_at_ms: int | None = None  # the recording's time where pushing stopped early
+    damaged: str | None = None  # the recording's damage (``Recording.problem``), if any
 
     @property
     def exit_code(self) -> int:
+        """130 interrupted; 1 nothing replayed, or samples refused or not sent in time;
+        ``EXIT_DAMAGED`` all that was readable sent, but damaged parts were skipped; else 0."""
         if self.interrupted:
             return 130
-        return 1 if self.gave_up or self.dropped else 0
+        if self.gave_up or self.dropped or not self.sent:
+            return 1
+        return EXIT_DAMAGED if self.damaged else 0
 
     def summary(self, path: str, timeout_s: float) -> str:
         text = f"replayed {self.sent} samples from {path}"
+        if self.damaged:
+            text += f" (the recording is {self.damaged})"
         if self.dropped:
             text += f"; {self.dropped} refused or not sent (see the log)"
         if self.stopped_at_ms is not None:
@@ -325,4 +335,5 @@ async def replay(
         gave_up=gave_up,
         interrupted=stop.is_set(),
         stopped_at_ms=stopped_at,
+        damaged=rec.problem if rec.damaged_parts else None,
     )

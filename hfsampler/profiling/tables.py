@@ -128,6 +128,10 @@ def summary_dict(summary: Summary) -> dict[str, Any]:
         "exit_code": summary.recording.end.get("exit_code") if summary.recording.end else None,
         "complete": summary.recording.complete,
         "torn_tail": summary.recording.torn,
+        "stopped_early": summary.recording.stopped_early,
+        "damaged_parts": summary.recording.damaged_parts,
+        "damaged_bytes": summary.recording.damaged_bytes,
+        "file_problem": summary.recording.problem,  # one line, None when the file is whole
         "field_refresh_s": {k: round(v, 6) for k, v in sorted(summary.refresh_s.items())},
         "gpus": [g.as_dict(summary.duration_s) for g in summary.gpus],
         "phases": phase_tables(summary),

@@ -377,3 +377,35 @@ def test_lines_split_as_a_whole_stream_would_whatever_the_chunks(seed: int) -> N
         at += size
     got += splitter.end()
     assert got == expected
+
+
+def test_a_forged_drop_count_is_refused(inbox: MarkerSocket) -> None:
+    now = time.time_ns()
+    event = {"v": 1, "t_ns": now, "kind": "mark", "name": "x", "step": None, "pid": os.getpid()}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(json.dumps({**event, "dropped": 10**15}).encode(), str(inbox.path))
+        s.sendto(json.dumps({**event, "dropped": 5}).encode(), str(inbox.path))
+    got = _arrived(inbox, 2)
+    assert len(got) == 1
+    assert inbox.rejected == 1
+    assert inbox.dropped_by_job == 5
+
+
+def test_once_watching_a_job_only_its_tree_and_true_pids_are_taken(inbox: MarkerSocket) -> None:
+    now = time.time_ns()
+    event = {"v": 1, "t_ns": now, "kind": "mark", "name": "x", "step": None, "dropped": 0}
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        inbox.watch(stranger.pid)  # the job: we (the test) are not below it
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(json.dumps({**event, "pid": os.getpid()}).encode(), str(inbox.path))
+            s.sendto(json.dumps({**event, "pid": stranger.pid}).encode(), str(inbox.path))
+        assert _arrived(inbox, 2) == []
+        assert inbox.rejected == 2  # a foreign pid, and a pid that is not the sender's
+    finally:
+        stranger.kill()
+        stranger.wait()
+    inbox.watch(os.getppid())  # now the test is below the job
+    markers.mark("mine")
+    got = _arrived(inbox, 3)
+    assert [(m.name, m.pid) for m in got] == [("mine", os.getpid())]

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select
-from hfsampler.profiling.record import store_window
+from hfsampler.profiling import record
 from hfsampler.profiling.recording import Marker, RecordingWriter
-from hfsampler.sampling.groups import plan_groups
+from hfsampler.sampling.groups import GroupPlan, plan_groups
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.window import WindowClock, reduce
 from hfsampler.sources.sim.source import SimSource
@@ -25,6 +25,13 @@ from hfsampler.sources.sim.source import SimSource
 def start_for(seconds: int) -> int:
     """A whole-second start that ends a recording of ``seconds`` about now."""
     return (time.time_ns() - seconds * 10**9) // 10**9 * 10**9
+
+
+def store_window(writer: RecordingWriter, gi: int, plan: GroupPlan, rows: RingRows, t0: int,
+                 t1: int, keep: Sequence[int]) -> None:  # fmt: skip
+    """One group's window reduced and stored as ``record`` stores it (tests patch this to change
+    the rows a window holds before its statistics are taken)."""
+    record.store_window(writer, gi, rows, reduce(rows, plan.fields, t0, t1), keep)
 
 
 def synthesize(
@@ -82,7 +89,7 @@ def synthesize(
             values[driver == prev] = np.nan  # repeats, as the sampler marks them
             last[gi] = driver[-1].copy()
             rows = RingRows(ticks, np.zeros(n, np.int64), values, driver)
-            store_window(writer, gi, rows, reduce(rows, plan.fields, t0, t1), keep)
+            store_window(writer, gi, plan, rows, t0, t1, keep)
         writer.add_markers([m for m in pending if m.t_ns < t1])
         pending = [m for m in pending if m.t_ns >= t1]
     writer.add_markers(pending)

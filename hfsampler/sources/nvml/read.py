@@ -55,12 +55,9 @@ class Reader:
         self._links = None
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
+        """``Source.read``: fill ``values`` and ``driver_ts_us`` [row, field] for ``fields``."""
         plan = self.plans.get(fields)
         if plan.mig and self._slots.due(now_ns):
             self._slots.rescan(now_ns)

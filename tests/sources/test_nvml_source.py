@@ -17,7 +17,8 @@ from hfsampler.errors import DriverNotFoundError, FieldNotSupportedError, GpuLos
 from hfsampler.fields import Field
 from hfsampler.sources.base import SourceSpec
 from hfsampler.sources.nvml import calls as nvml_calls
-from hfsampler.sources.nvml.source import UNKNOWN_LIMIT, NvmlSource, probe_driver
+from hfsampler.sources.nvml.health import UNKNOWN_LIMIT
+from hfsampler.sources.nvml.source import NvmlSource, probe_driver
 from hfsampler.sources.registry import open_source
 
 FAST = tuple(f for f in F.CATALOGUE if f.group == F.FAST and f.nvml_readable)

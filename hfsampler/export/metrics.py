@@ -110,7 +110,11 @@ class MetricModel:
         instance: str | None = None,
         instance_port: int = DEFAULT_INSTANCE_PORT,
         copy_device_fields: bool = False,
+        previous: MetricModel | None = None,
     ) -> None:
+        """``previous``: the model this one replaces (a reload changed the labels). Its series
+        that this one has too keep their identity (ids, so a writer's shard and caches); the
+        others end with stale markers in this one's first snapshot, at that window's time."""
         self.devices = tuple(devices)
         self.copy_device_fields = copy_device_fields
         # per MIG slot row, the row of its GPU (whose fields a copy takes)
@@ -123,10 +127,12 @@ class MetricModel:
         self.host = host_labels(hostname, host_label, instance, instance_port)
         self.external = dict(external_labels or {})
         self.self_metrics = self_metrics
-        self.registry = SeriesRegistry()
+        self.registry: SeriesRegistry = (
+            previous.registry if previous is not None else SeriesRegistry()
+        )
         self.stale_after_windows = stale_after_windows
         self._groups: dict[str, _GroupSeries] = {}
-        self._live: dict[int, Series] = {}
+        self._live: dict[int, Series] = dict(previous._live) if previous is not None else {}
         self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
@@ -296,10 +302,12 @@ class MetricModel:
         self._live = alive
         return Snapshot(t1_ns // 1_000_000, series, values, self.registry.families)
 
-    def final_snapshot(self, t_ns: int) -> Snapshot:
-        """Stale markers for every live series: the last thing sent at shutdown."""
+    def final_snapshot(self, t_ns: int, *, end: bool = True) -> Snapshot:
+        """Stale markers for every live series: the last thing sent at shutdown. ``end=False``
+        for an endpoint a reload removes: the series go on for the others."""
         ended = list(self._live.values())
-        self._live = {}
+        if end:
+            self._live = {}
         return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families)
 
     def _self_series(

@@ -105,6 +105,34 @@ def test_lost_gpu_gets_stale_markers_once_and_shutdown_ends_everything() -> None
     assert all(is_stale(v) for _, v in final.items())
 
 
+def test_a_reloaded_model_keeps_its_series_and_ends_the_others_in_its_first_window() -> None:
+    """A reload that changes the labels and changes them back (a SIGHUP storm) between two
+    windows: the series that came back keep their ids, so a writer keeps them on their shard,
+    and nothing is stale-marked at the reload's own time, which may be after the window being
+    reduced; series that really ended get their marker in the next window, at its time."""
+    inv = SimSource(2).open([POWER, ENERGY, XID])
+    sm = SelfMetrics()
+
+    def model(dc: str, previous: MetricModel | None) -> MetricModel:
+        return MetricModel(inv.devices, {"g": (POWER, ENERGY, XID)}, sm, {"dc": dc},
+                           hostname="node1", previous=previous)  # fmt: skip
+
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    up = np.array([True, True])
+    a = model("a", None)
+    first = a.snapshot(w, up, 1_000_000_000)
+    back = model("a", model("b", a))  # A -> B -> A before the next window
+    again = back.snapshot(w, up, 2_000_000_000)
+    assert not any(is_stale(v) for _, v in again.items())
+    assert {s.id: s for s in again.series} == {s.id: s for s in first.series}
+    b = model("b", back)
+    moved = b.snapshot(w, up, 3_000_000_000)
+    ended = [s for s, v in moved.items() if is_stale(v)]
+    assert {s.id for s in ended} == {s.id for s in again.series}
+    assert moved.timestamp_ms == 3000
+    assert all(dict(s.labels)["dc"] == "b" for s, v in moved.items() if not is_stale(v))
+
+
 def test_exposition_text() -> None:
     model = _model(gpus=1)
     snap = model.snapshot(

@@ -20,7 +20,7 @@ import yaml
 from hfsampler import fields as catalogue
 from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError
-from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES
+from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES, MIG_LABEL_NAMES
 from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
@@ -78,6 +78,7 @@ def _check_utf8(value: str, key: str) -> None:
 # be overwritten, or overwrite them.
 _RESERVED_LABELS = (
     *GPU_LABEL_NAMES,
+    *MIG_LABEL_NAMES,
     "instance",
     "field",
     "group",
@@ -262,6 +263,14 @@ class Config:
                 f"{MIMIR_MAX_LABEL_NAMES} by default (max_label_names_per_series): drop some "
                 "external_labels or a labeldrop in write_relabel_configs"
             )
+        for name in sorted(set(self.external_labels) & {*_RESERVED_LABELS, self.host_label}):
+            out.append(
+                f"external_labels.{name}: hfsampler sets {name!r} on its series itself, and a "
+                "series' own label wins over an external one (as in Prometheus), so this one "
+                "is left off those series; give it another name"
+                + (" (the host's labels are set with hostname, host_label and instance)"
+                   if name in (self.host_label, "instance") else "")
+            )  # fmt: skip
         for name, value in sorted(self.external_labels.items()):
             if len(value.encode()) > MIMIR_MAX_LABEL_VALUE_BYTES:
                 out.append(

@@ -28,7 +28,14 @@ import numpy.typing as npt
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
 from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot
+from hfsampler.series import (
+    STALE_NAN,
+    Family,
+    Series,
+    SeriesRegistry,
+    Snapshot,
+    with_external_labels,
+)
 from hfsampler.sources.base import DeviceInfo
 
 ObjArray = npt.NDArray[np.object_]
@@ -133,7 +140,9 @@ class MetricModel:
         self.stale_after_windows = stale_after_windows
         self._groups: dict[str, _GroupSeries] = {}
         self._live: dict[int, Series] = dict(previous._live) if previous is not None else {}
-        self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
+        self._base_labels = [
+            with_external_labels(gpu_labels(d, self.host), self.external) for d in self.devices
+        ]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
         for d in self_metrics.definitions():  # known before any window: senders read them
@@ -166,8 +175,9 @@ class MetricModel:
 
     def _relabel(self, i: int) -> None:
         base = gpu_labels(self.devices[i], self.host)
-        # external labels win, as with Prometheus's own external_labels
-        wanted = {**base, **self._extra[i], **self.external}
+        # attribution's labels come beneath the external ones (a pod's never replaces the
+        # configured cluster); the GPU's own labels win over both
+        wanted = with_external_labels(base, {**self._extra[i], **self.external})
         previous = self._base_labels[i]
         if wanted == previous:
             return
@@ -313,11 +323,11 @@ class MetricModel:
     def _self_series(
         self, series: list[Series], values: list[float], alive: dict[int, Series]
     ) -> None:
-        base = {**self.host, **self.external}
         for d in self.self_metrics.definitions():
             self.registry.family(d.name, d.help, d.type)
         for d, key, value in self.self_metrics.samples():
-            s = self.registry.series(d.name, {**base, **dict(key)})
+            labels = with_external_labels({**self.host, **dict(key)}, self.external)
+            s = self.registry.series(d.name, labels)
             series.append(s)
             values.append(value)
             alive[s.id] = s

@@ -133,6 +133,31 @@ def test_a_reloaded_model_keeps_its_series_and_ends_the_others_in_its_first_wind
     assert all(dict(s.labels)["dc"] == "b" for s, v in moved.items() if not is_stale(v))
 
 
+def test_a_series_own_labels_win_over_external_labels() -> None:
+    """``external_labels: {gpu: x, Hostname: h}`` made every GPU's series one (the receiver
+    kept one GPU); as in Prometheus, an external label only fills in a name a series lacks."""
+    inv = SimSource(2).open([POWER, ENERGY, XID])
+    sm = SelfMetrics()
+    sm.define("hfsampler_gpu_up", "Up.", "gauge")
+    sm.set("hfsampler_gpu_up", 1.0, {"gpu": "1"})
+    external = {"gpu": "x", "Hostname": "h", "cluster": "eu1"}
+    model = MetricModel(inv.devices, {"g": (POWER, ENERGY, XID)}, sm, external, hostname="node1")
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    snap = model.snapshot(w, np.array([True, True]), 1_000_000_000)
+    power = [dict(s.labels) for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE"]
+    assert sorted(lb["gpu"] for lb in power) == ["0", "1"]
+    assert {(lb["Hostname"], lb["cluster"]) for lb in power} == {("node1", "eu1")}
+    assert len({(s.name, s.labels) for s in snap.series}) == len(snap.series)  # none alike
+    up = next(dict(s.labels) for s in snap.series if s.name == "hfsampler_gpu_up")
+    assert (up["gpu"], up["Hostname"], up["cluster"]) == ("1", "node1", "eu1")
+    model.set_extra_labels([{"pod": "p0"}, {}])  # attribution relabels a GPU: still its own
+    again = model.snapshot(w, np.array([True, True]), 2_000_000_000)
+    text = exposition.render(again)
+    assert 'gpu="0"' in text
+    assert 'gpu="1"' in text
+    assert 'gpu="x"' not in text
+
+
 def test_exposition_text() -> None:
     model = _model(gpus=1)
     snap = model.snapshot(

@@ -271,9 +271,11 @@ class Service:
 
         A replaced endpoint's writer hands its queue over (``RemoteWriter.hand_over``): the new
         one sends it, in order, before anything newer, so a storm of reloads neither drops nor
-        repeats a sample. A removed one flushes for a while (a memory queue) or stays spooled."""
-        if successor is not None and (
-            self._queue_dir is not None or successor.queue.min_shards in (1, writer.n_shards)
+        repeats a sample. A removed one flushes for a while (a memory queue) or stays spooled,
+        stopped as for a handover: a request cancelled on the wire would be stored by the
+        receiver and sent again from the spool if the endpoint came back."""
+        if self._queue_dir is not None or (
+            successor is not None and successor.queue.min_shards in (1, writer.n_shards)
         ):
             return await writer.hand_over(FLUSH_DEADLINE_S)
         # a memory queue sharded otherwise cannot be split again: it goes out before the new

@@ -415,13 +415,15 @@ class RemoteWriter:
 
     async def hand_over(self, deadline_s: float) -> list[list[Block]]:
         """Stop for the endpoint's next writer (a reload changed its configuration): what is
-        not delivered yet, per shard and oldest first, for ``take_over``; nothing is dropped.
+        not delivered yet, per shard and oldest first, for ``take_over``; nothing is dropped
+        (but what a full disk kept a spool from writing, counted as at ``close``).
 
-        No request on the wire is abandoned (its answer decides whether it was delivered), so
-        nothing goes to the receiver twice or beside the next writer's newer samples. A shard
-        stops before its batch's first request or at a retry of it; a batch partly delivered
-        (split by a 413) is finished first, for ``deadline_s`` at most. With a ``queue_dir``
-        what is left stays spooled, unacknowledged, and the list is empty."""
+        No request on the wire is abandoned (its answer decides whether it was delivered, and
+        ``remote_timeout`` bounds the wait), so nothing goes to the receiver twice or beside the
+        next writer's newer samples. A shard stops before its batch's first request or at a
+        retry of it; a batch partly delivered (split by a 413) is finished first, for
+        ``deadline_s`` at most, then handed over whole, said in a warning. With a
+        ``queue_dir`` what is left stays spooled, unacknowledged, and the lists are empty."""
         self._closed = self._stopping = True
         loop = asyncio.get_running_loop()
         end = loop.time() + max(0.0, deadline_s)
@@ -435,7 +437,7 @@ class RemoteWriter:
                     task.cancel()
             _, pending = await asyncio.wait(pending, timeout=0.05)
         left: list[list[Block]] = []
-        twice = 0
+        twice = lost = 0
         for q, flight in zip(self._queues, self._inflight, strict=True):
             blocks: list[Block] = []
             if flight is not None and flight.unsettled:
@@ -446,8 +448,10 @@ class RemoteWriter:
                 q.start_flush()
                 while len(q):
                     blocks += (await q.get_batch(len(q), 0.0)).blocks
-            await q.close()
+            lost += await q.close()  # a spool's records it could not write (a full disk)
             left.append(blocks)
+        if lost:
+            self._drop(lost, "reload")
         if twice:
             log.warning(
                 "remote write %s (%s): a batch partly delivered when the endpoint's writer was "

@@ -279,8 +279,8 @@ class Service:
         ):
             return await writer.hand_over(FLUSH_DEADLINE_S)
         # a memory queue sharded otherwise cannot be split again: it goes out before the new
-        # writer starts, within the flush deadline
-        await writer.close(0.0 if self._queue_dir else FLUSH_DEADLINE_S, drop_reason="reload")
+        # writer starts, within the flush deadline (a removed endpoint's too)
+        await writer.close(FLUSH_DEADLINE_S, drop_reason="reload")
         return []
 
     def _take_over(

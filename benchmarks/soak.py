@@ -16,6 +16,15 @@ output (must be 0), and what the recording says it lost, checked against the fil
 in it counted by the end chunk, none twice, the unrecorded time said with its reason).
 
     python benchmarks/soak.py --minutes 3 [--out benchmarks/out/soak.json] [--full-disk-only]
+
+``--storm`` runs the SIGHUP storm instead: 50 SIGHUPs 50 ms apart alternating two files (an
+external label, the endpoints' ``remote_timeout``, and an endpoint that comes and goes) against
+Prometheus 2 and 3 and the strict conformance receiver, once with memory queues and once with a
+``queue_dir``; per endpoint, every window of one series per GPU is delivered once, or missing,
+and what hfsampler counted as dropped (by reason), what each receiver refused, and tracebacks
+are set beside it.
+
+    python benchmarks/soak.py --storm [--out benchmarks/out/soak_storm.json]
 """
 
 from __future__ import annotations
@@ -46,6 +55,10 @@ from aiohttp import web
 from hfsampler.remote_write.prompb import remote_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "support")]
+import receivers as rx  # noqa: E402 (the integration tests' harness: Prometheus on loopback)
+from conformance import ConformanceReceiver  # noqa: E402 (the strict receiver)
+
 SERIES = "DCGM_FI_DEV_POWER_USAGE_max"
 GPUS = 8
 ODD_RETRY_AFTER = ["0", "-5", "1e20", "999999", "Wed, 21 Oct 2015 07:28:00 GMT", "soon", "2"]
@@ -178,10 +191,14 @@ def start(config: Path, listen: int, log: Path) -> Run:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=3.0)
-    parser.add_argument("--out", default="benchmarks/out/soak.json")
+    parser.add_argument("--out", default=None)
     parser.add_argument("--full-disk-only", action="store_true",
                         help="only the full recording disk")  # fmt: skip
+    parser.add_argument("--storm", action="store_true", help="the SIGHUP storm instead")
     args = parser.parse_args(argv)
+    if args.storm:
+        return storm(Path(args.out or "benchmarks/out/soak_storm.json"))
+    args.out = args.out or "benchmarks/out/soak.json"
     if args.full_disk_only:
         disk = full_recording_disk()
         print_disk(disk)
@@ -436,6 +453,135 @@ def print_report(r: dict[str, Any]) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
+
+
+# -- the SIGHUP storm ----------------------------------------------------------------------------
+
+STORM_SIGHUPS = 50
+STORM_GAP_S = 0.05
+STORM_GPUS = 4
+
+
+def storm_file(k: int, urls: dict[str, str], queue: Path | None) -> dict[str, Any]:
+    """Step ``k``'s file: even steps dc=a and remote_timeout 5s; odd ones dc=b, 7s and `extra`."""
+    timeout = "5s" if k % 2 == 0 else "7s"
+    endpoints = [{"url": u, "name": n, "remote_timeout": timeout}
+                 for n, u in urls.items() if n != "extra" or k % 2]  # fmt: skip
+    config: dict[str, Any] = {"external_labels": {"dc": "ab"[k % 2]}, "remote_write": endpoints}
+    if queue is not None:
+        config["queue_dir"] = str(queue)
+    return config
+
+
+def storm_once(work: Path, queue: Path | None, proms: dict[str, rx.Prometheus]) -> dict[str, Any]:
+    """One storm; per endpoint: windows delivered once, twice, missing; drops; refusals."""
+    with ConformanceReceiver() as conf, ConformanceReceiver() as extra:
+        urls = {"conf": conf.url, **{n: p.write_url for n, p in proms.items()}, "extra": extra.url}
+        path, listen, log = work / "storm.yml", free_port(), work / "storm.log"
+
+        def write(k: int) -> None:  # at once, as a config manager does: no half-read file
+            (work / "storm.tmp").write_text(json.dumps(storm_file(k, urls, queue)))
+            (work / "storm.tmp").replace(path)
+
+        write(0)
+        proc = rx.spawn_cli(["run", "--source", "sim", "--gpus", str(STORM_GPUS), "--config",
+                             str(path), "--listen", f"127.0.0.1:{listen}"], log)  # fmt: skip
+        started = time.time()
+        try:
+            conf.wait(lambda r: bool(r.series_named(SERIES)), 60)
+            for k in range(1, STORM_SIGHUPS + 1):
+                write(k)
+                proc.send_signal(signal.SIGHUP)
+                time.sleep(STORM_GAP_S)
+            time.sleep(8)  # the last file runs: a few windows under it
+            counted = scrape_rw(listen)
+        finally:
+            code = rx.stop_cli(proc, 60)
+        ended = time.time()
+    text = log.read_text(errors="replace")
+    receivers: dict[str, dict[str, Any]] = {}
+    for name, rcv in (("conf", conf), ("extra", extra)):
+        found = rcv.series_named(SERIES)
+        stamps = Counter((dict(k)["gpu"], t) for k, v in found.items() for t, x in v if x == x)
+        seen = rcv.report()
+        receivers[name] = {"stored": seen["samples"] - seen["stale_markers"],
+                           "stale_markers": seen["stale_markers"],
+                           "refused": sum(v.samples for v in rcv.violations),
+                           "violations": seen["violations"], "windows": stamps}  # fmt: skip
+    for name, prom in proms.items():
+        stored = prom.raw_samples('{dc=~"a|b"}', started - 1, ended + 1)
+        windows = Counter((dict(k)["gpu"], t) for k, v in stored.items()
+                          if dict(k)["__name__"] == SERIES for t, _ in v)  # fmt: skip
+        receivers[name] = {"stored": sum(map(len, stored.values())),
+                           "refused": len(prom.log_problems()), "windows": windows}  # fmt: skip
+    out: dict[str, Any] = {"exit": code, "tracebacks": text.count("Traceback"),
+                           "reloads_applied": text.count("configuration reloaded")}  # fmt: skip
+    for name, r in receivers.items():
+        windows = r.pop("windows")
+        first, last = (
+            (min(t for _, t in windows), max(t for _, t in windows)) if windows else (0, 0)
+        )
+        # every window of the endpoint's span, per GPU (`extra`, which comes and goes: only
+        # the windows it got are checked, for being sent twice)
+        span = range(first, last + 1, 1000) if name != "extra" else sorted({t for _, t in windows})
+        missing = sum((str(g), t) not in windows for g in range(STORM_GPUS) for t in span)
+        dropped = counted["dropped"].get(name, {})
+        out[name] = {**r, "sent": counted["sent"].get(name, 0.0), "dropped": dropped,
+                     "windows": len(windows), "twice": sum(n > 1 for n in windows.values()),
+                     "missing": missing,
+                     "missing_uncounted": 0 if sum(dropped.values()) else missing}  # fmt: skip
+    return out
+
+
+def scrape_rw(port: int) -> dict[str, dict[str, Any]]:
+    """Samples delivered and dropped (by reason) per endpoint, from hfsampler's /metrics."""
+    sent: dict[str, float] = {}
+    dropped: dict[str, dict[str, float]] = {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        name = head.split('remote_name="', 1)[-1].split('"', 1)[0]
+        if line.startswith("hfsampler_remote_write_samples_total{"):
+            sent[name] = sent.get(name, 0.0) + float(value)
+        elif line.startswith("hfsampler_remote_write_samples_dropped_total{"):
+            reason = head.split('reason="', 1)[1].split('"', 1)[0]
+            by = dropped.setdefault(name, {})
+            by[reason] = by.get(reason, 0.0) + float(value)
+    return {"sent": sent, "dropped": dropped}
+
+
+def storm(out: Path) -> int:
+    work = Path(tempfile.mkdtemp(prefix="hfsampler-storm-"))
+    builds = [b for b in rx.PROMETHEUS_BUILDS.values() if rx.binary_path(b.binary)]
+    report: dict[str, Any] = {"sighups": STORM_SIGHUPS, "gap_s": STORM_GAP_S, "runs": {}}
+    for mode in ("memory", "queue_dir"):
+        proms = {b.name: rx.start_prometheus(work / mode / b.name, binary=b.binary, name=b.name)
+                 for b in builds}  # fmt: skip
+        try:
+            queue = work / mode / "queue" if mode == "queue_dir" else None
+            report["runs"][mode] = storm_once(work / mode, queue, proms)
+        finally:
+            for p in proms.values():
+                p.stop()
+    bad = 0
+    for mode, run in report["runs"].items():
+        print(f"{mode}: exit {run['exit']}, {run['reloads_applied']} reloads applied, "
+              f"{run['tracebacks']} tracebacks")  # fmt: skip
+        print(f"  {'endpoint':<13}{'sent':>8}{'stored':>8}{'stale':>6}{'refused':>8}{'windows':>8}"
+              f"{'twice':>6}{'missing':>8}{'uncounted':>10}  dropped by reason")  # fmt: skip
+        for name in ("conf", *(b.name for b in builds), "extra"):
+            r = run[name]
+            stale = r.get("stale_markers", "-")  # Prometheus does not return them
+            print(f"  {name:<13}{r['sent']:>8.0f}{r['stored']:>8}{stale:>6}{r['refused']:>8}"
+                  f"{r['windows']:>8}{r['twice']:>6}{r['missing']:>8}{r['missing_uncounted']:>10}"
+                  f"  {r['dropped']}")  # fmt: skip
+            bad += r["twice"] + r["missing_uncounted"] + r["refused"]
+        bad += run["tracebacks"] + (run["exit"] != 0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return 0 if bad == 0 else 1
 
 
 if __name__ == "__main__":

@@ -468,3 +468,5 @@ DEFAULT_INSTANCE_PORT = 9400
 
 # The labels gpu_labels gives every GPU series besides the host's.
 GPU_LABEL_NAMES = ("gpu", "UUID", "device", "modelName", "pci_bus_id", "DCGM_FI_DRIVER_VERSION")
+# And a MIG instance's.
+MIG_LABEL_NAMES = ("GPU_I_ID", "GPU_I_PROFILE", "MIG_UUID")

@@ -50,6 +50,15 @@ def validate_labels(name: str, labels: Mapping[str, str]) -> tuple[tuple[str, st
     return tuple(out)
 
 
+def with_external_labels(own: Mapping[str, str], external: Mapping[str, str]) -> dict[str, str]:
+    """A series' labels with the external labels added; on a shared name its own value wins.
+
+    Prometheus's rule for ``external_labels``: they fill in names a series does not have and
+    never replace one it has, so ``external_labels: {gpu: x}`` cannot make every GPU's series
+    one. Every place that adds external labels goes through here."""
+    return {**external, **own}
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """One exported time series: its registry id, metric name and sorted labels (no __name__)."""

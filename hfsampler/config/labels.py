@@ -4,13 +4,14 @@ the names hfsampler sets itself, and the limits of a strict receiver."""
 from __future__ import annotations
 
 from hfsampler.errors import ConfigError
-from hfsampler.fields import GPU_LABEL_NAMES
+from hfsampler.fields import GPU_LABEL_NAMES, MIG_LABEL_NAMES
 from hfsampler.series import LABEL_NAME_RE
 
 # Labels hfsampler's own series and attribution add: a host label of one of these names would
 # be overwritten, or overwrite them.
 RESERVED_LABELS = (
     *GPU_LABEL_NAMES,
+    *MIG_LABEL_NAMES,
     "instance",
     "field",
     "group",

@@ -400,6 +400,14 @@ class Config:
                 f"{MIMIR_MAX_LABEL_NAMES} by default (max_label_names_per_series): drop some "
                 "external_labels or a labeldrop in write_relabel_configs"
             )
+        for name in sorted(set(self.external_labels) & {*RESERVED_LABELS, self.host_label}):
+            out.append(
+                f"external_labels.{name}: hfsampler sets {name!r} on its series itself, and a "
+                "series' own label wins over an external one (as in Prometheus), so this one "
+                "is left off those series; give it another name"
+                + (" (the host's labels are set with hostname, host_label and instance)"
+                   if name in (self.host_label, "instance") else "")
+            )  # fmt: skip
         for name, value in sorted(self.external_labels.items()):
             if len(value.encode()) > MIMIR_MAX_LABEL_VALUE_BYTES:
                 out.append(

@@ -28,7 +28,14 @@ import numpy.typing as npt
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
 from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot
+from hfsampler.series import (
+    STALE_NAN,
+    Family,
+    Series,
+    SeriesRegistry,
+    Snapshot,
+    with_external_labels,
+)
 from hfsampler.sources.base import DeviceInfo
 
 ObjArray = npt.NDArray[np.object_]
@@ -110,7 +117,11 @@ class MetricModel:
         instance: str | None = None,
         instance_port: int = DEFAULT_INSTANCE_PORT,
         copy_device_fields: bool = False,
+        previous: MetricModel | None = None,
     ) -> None:
+        """``previous``: the model this one replaces (a reload changed the labels). Its series
+        that this one has too keep their identity (ids, so a writer's shard and caches); the
+        others end with stale markers in this one's first snapshot, at that window's time."""
         self.devices = tuple(devices)
         self.copy_device_fields = copy_device_fields
         # per MIG slot row, the row of its GPU (whose fields a copy takes)
@@ -123,11 +134,15 @@ class MetricModel:
         self.host = host_labels(hostname, host_label, instance, instance_port)
         self.external = dict(external_labels or {})
         self.self_metrics = self_metrics
-        self.registry = SeriesRegistry()
+        self.registry: SeriesRegistry = (
+            previous.registry if previous is not None else SeriesRegistry()
+        )
         self.stale_after_windows = stale_after_windows
         self._groups: dict[str, _GroupSeries] = {}
-        self._live: dict[int, Series] = {}
-        self._base_labels = [{**gpu_labels(d, self.host), **self.external} for d in self.devices]
+        self._live: dict[int, Series] = dict(previous._live) if previous is not None else {}
+        self._base_labels = [
+            with_external_labels(gpu_labels(d, self.host), self.external) for d in self.devices
+        ]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
         for d in self_metrics.definitions():  # known before any window: senders read them
@@ -160,8 +175,9 @@ class MetricModel:
 
     def _relabel(self, i: int) -> None:
         base = gpu_labels(self.devices[i], self.host)
-        # external labels win, as with Prometheus's own external_labels
-        wanted = {**base, **self._extra[i], **self.external}
+        # attribution's labels come beneath the external ones (a pod's never replaces the
+        # configured cluster); the GPU's own labels win over both
+        wanted = with_external_labels(base, {**self._extra[i], **self.external})
         previous = self._base_labels[i]
         if wanted == previous:
             return
@@ -296,20 +312,22 @@ class MetricModel:
         self._live = alive
         return Snapshot(t1_ns // 1_000_000, series, values, self.registry.families)
 
-    def final_snapshot(self, t_ns: int) -> Snapshot:
-        """Stale markers for every live series: the last thing sent at shutdown."""
+    def final_snapshot(self, t_ns: int, *, end: bool = True) -> Snapshot:
+        """Stale markers for every live series: the last thing sent at shutdown. ``end=False``
+        for an endpoint a reload removes: the series go on for the others."""
         ended = list(self._live.values())
-        self._live = {}
+        if end:
+            self._live = {}
         return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families)
 
     def _self_series(
         self, series: list[Series], values: list[float], alive: dict[int, Series]
     ) -> None:
-        base = {**self.host, **self.external}
         for d in self.self_metrics.definitions():
             self.registry.family(d.name, d.help, d.type)
         for d, key, value in self.self_metrics.samples():
-            s = self.registry.series(d.name, {**base, **dict(key)})
+            labels = with_external_labels({**self.host, **dict(key)}, self.external)
+            s = self.registry.series(d.name, labels)
             series.append(s)
             values.append(value)
             alive[s.id] = s

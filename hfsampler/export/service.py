@@ -32,6 +32,7 @@ from hfsampler.export.metrics import MetricModel
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
+from hfsampler.remote_write.encoder import Block
 from hfsampler.remote_write.sender import RemoteWriter, orphan_spools
 from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
@@ -87,7 +88,7 @@ class Service:
     def stop(self) -> None:
         self._stop.set()
 
-    def _build_model(self, config: Config) -> MetricModel:
+    def _build_model(self, config: Config, previous: MetricModel | None = None) -> MetricModel:
         return MetricModel(
             self.inventory.devices,
             {p.name: p.fields for p in self.plans},
@@ -99,6 +100,7 @@ class Service:
             instance=config.instance,
             instance_port=config.instance_port,
             copy_device_fields=config.mig_copy_device_fields,
+            previous=previous,
         )
 
     def _warn_orphan_spools(self) -> None:
@@ -157,26 +159,27 @@ class Service:
                 ", ".join(plan.needs_restart),
             )
         stopping = {ep.remote_name for ep in plan.stop}
-        restarting = stopping & {ep.remote_name for ep in plan.start}
+        successors = {ep.remote_name: ep for ep in plan.start}
         leaving = [w for w in self._writers if w.config.remote_name in stopping]
         self._writers = [w for w in self._writers if w.config.remote_name not in stopping]
         # windows made while a changed endpoint's writer is replaced wait for the new one
-        self._held = {name: [] for name in restarting}
+        self._held = {w.config.remote_name: [] for w in leaving}
         try:
             if plan.labels_changed:
-                # the old series end here, the new ones start with the next window
-                final = self.model.final_snapshot(self._clock.now_ns())
-                for w in [*self._writers, *leaving]:
-                    w.push(final)
-                self.model = self._build_model(plan.config)
-            # a spooled queue stays on disk for the new writer (which opens the same spool once
-            # the old one has let go of it); a memory queue is flushed for a while first
-            await asyncio.gather(
-                *(
-                    w.close(0.0 if self._queue_dir else FLUSH_DEADLINE_S, drop_reason="reload")
-                    for w in leaving
-                )
+                # An endpoint removed ends its series here. The others go on: the new model
+                # keeps the series it still has, and ends the rest with stale markers in its
+                # first window, at that window's time (a window being reduced now ends before
+                # now: a stale marker stamped now would come after the window's own samples).
+                removed = [w for w in leaving if w.config.remote_name not in successors]
+                if removed:
+                    ended = self.model.final_snapshot(self._clock.now_ns(), end=False)
+                    for w in removed:
+                        w.push(ended)
+                self.model = self._build_model(plan.config, previous=self.model)
+            left = await asyncio.gather(
+                *(self._retire(w, successors.get(w.config.remote_name)) for w in leaving)
             )
+            backlog = {w.config.remote_name: b for w, b in zip(leaving, left, strict=True)}
             started: list[RemoteWriter] = []
             try:
                 for ep in plan.start:
@@ -186,15 +189,14 @@ class Service:
             except Exception:
                 await asyncio.gather(*(w.close(0.0, drop_reason="reload") for w in started))
                 # put the endpoints back as they ran: the old configuration stays in force
+                started = []
                 for w in leaving:
                     back = self._writer(w.config)
                     await back.start()
-                    self._writers.append(back)
+                    started.append(back)
+                self._take_over(started, backlog)
                 raise
-            for w in started:
-                for snapshot in self._held.get(w.config.remote_name, ()):
-                    w.push(snapshot)
-            self._writers += started
+            self._take_over(started, backlog)
         finally:
             self._held = {}
         self.config = plan.config
@@ -208,6 +210,37 @@ class Service:
             len(leaving),
             "; labels changed" if plan.labels_changed else "",
         )
+
+    async def _retire(
+        self, writer: RemoteWriter, successor: EndpointConfig | None
+    ) -> list[list[Block]]:
+        """Stop a writer a reload replaces or removes; what a successor is to send, per shard.
+
+        A replaced endpoint's writer hands its queue over (``RemoteWriter.hand_over``): the new
+        one sends it, in order, before anything newer, so a storm of reloads neither drops nor
+        repeats a sample. A removed one flushes for a while (a memory queue) or stays spooled,
+        stopped as for a handover: a request cancelled on the wire would be stored by the
+        receiver and sent again from the spool if the endpoint came back."""
+        if self._queue_dir is not None or (
+            successor is not None and successor.queue.min_shards in (1, writer.n_shards)
+        ):
+            return await writer.hand_over(FLUSH_DEADLINE_S)
+        # a memory queue sharded otherwise cannot be split again: it goes out before the new
+        # writer starts, within the flush deadline (a removed endpoint's too)
+        await writer.close(FLUSH_DEADLINE_S, drop_reason="reload")
+        return []
+
+    def _take_over(
+        self, writers: list[RemoteWriter], backlog: dict[str, list[list[Block]]]
+    ) -> None:
+        """The writers a reload started take their predecessors' queues, then the windows held
+        meanwhile, and join the running ones."""
+        for w in writers:
+            name = w.config.remote_name
+            w.take_over(backlog.get(name, []))
+            for snapshot in self._held.get(name, ()):
+                w.push(snapshot)
+        self._writers += writers
 
     async def run(self) -> int:
         """Sample, reduce and export until stopped; 0 on a clean stop, 1 if the sampler died."""

@@ -34,7 +34,7 @@ from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url
 from hfsampler.remote_write.encoder import encode_labels
 from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Family, SeriesRegistry, Snapshot
+from hfsampler.series import Family, SeriesRegistry, Snapshot, with_external_labels
 
 RAW_SUFFIX = "_raw"
 # How long a replay may take, pushing and flushing together, before it gives up (--timeout).
@@ -132,7 +132,7 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
     ``RawBatches`` is tested against and ``benchmarks/replay.py`` measures it beside."""
     registry = SeriesRegistry()
     host = host_labels(rec.header.get("host") or "localhost")
-    base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
+    base = [with_external_labels(gpu_labels(d, host), labels) for d in rec.devices]
     held = np.array([d.is_gpu or d.mig is not None for d in rec.devices], dtype=np.bool_)
     for chunk in rec.raw_chunks():
         fields = rec.groups[chunk.group].fields
@@ -195,7 +195,7 @@ class RawBatches:
         self.n_shards = n_shards
         self.batch_samples = batch_samples
         host = host_labels(rec.header.get("host") or "localhost")
-        self._base = [{**gpu_labels(d, host), **labels} for d in rec.devices]
+        self._base = [with_external_labels(gpu_labels(d, host), labels) for d in rec.devices]
         # a MIG slot empty at the start has no labels of its own: left out, as in windows
         self._held = np.array([d.is_gpu or d.mig is not None for d in rec.devices], np.bool_)
         self._sid: dict[tuple[int, int, int], int] = {}

@@ -135,6 +135,7 @@ class _Flight:
     """A shard's batch in flight: what of it is settled (delivered or dropped, counted)."""
 
     batch: Batch
+    shard: int = 0
     settled: int = 0
     too_large_series: int = 0
     too_large_samples: int = 0
@@ -146,6 +147,10 @@ class _Flight:
     @property
     def unsettled(self) -> int:
         return self.batch.count - self.settled
+
+
+class _HandedOver(Exception):
+    """A shard stopped at a safe point so that its endpoint's next writer takes over."""
 
 
 class _Negotiation:
@@ -224,6 +229,9 @@ class RemoteWriter:
         self._metadata_sent: set[str] | None = set() if config.send_metadata else None
         self._started = False
         self._closed = False
+        # hand_over: shards stop before their next request; a request on the wire is awaited
+        self._stopping = False
+        self._posting = [False] * self._n_shards
 
     @property
     def n_shards(self) -> int:
@@ -373,21 +381,94 @@ class RemoteWriter:
         self._blocks.close()
         self._tasks = []
 
+    async def hand_over(self, deadline_s: float) -> list[list[Block]]:
+        """Stop for the endpoint's next writer (a reload changed its configuration): what is
+        not delivered yet, per shard and oldest first, for ``take_over``; nothing is dropped
+        (but what a full disk kept a spool from writing, counted as at ``close``).
+
+        No request on the wire is abandoned (its answer decides whether it was delivered, and
+        ``remote_timeout`` bounds the wait), so nothing goes to the receiver twice or beside the
+        next writer's newer samples. A shard stops before its batch's first request or at a
+        retry of it; a batch partly delivered (split by a 413) is finished first, for
+        ``deadline_s`` at most, then handed over whole, said in a warning. With a
+        ``queue_dir`` what is left stays spooled, unacknowledged, and the lists are empty."""
+        self._closed = self._stopping = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + max(0.0, deadline_s)
+        pending = set(self._tasks)
+        while pending:
+            late = loop.time() >= end
+            for i, task in enumerate(self._tasks):
+                flight = self._inflight[i]
+                partial = flight is not None and flight.settled > 0
+                if task in pending and not self._posting[i] and (late or not partial):
+                    task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.05)
+        left: list[list[Block]] = []
+        twice = lost = 0
+        for q, flight in zip(self._queues, self._inflight, strict=True):
+            blocks: list[Block] = []
+            if flight is not None and flight.unsettled:
+                twice += flight.settled
+                if not q.persistent:  # a spooled batch is still on disk, unacknowledged
+                    blocks += flight.batch.blocks
+            if not q.persistent:
+                q.start_flush()
+                while len(q):
+                    blocks += (await q.get_batch(len(q), 0.0)).blocks
+            lost += await q.close()  # a spool's records it could not write (a full disk)
+            left.append(blocks)
+        if lost:
+            self._drop(lost, "reload")
+        if twice:
+            log.warning(
+                "remote write %s (%s): a batch partly delivered when the endpoint's writer was "
+                "replaced goes again in full: %d samples may reach the receiver twice",
+                self.config.remote_name,
+                self.config.display_url,
+                twice,
+            )
+        self._inflight = [None] * self._n_shards
+        self._metrics.set(sm.RW_QUEUE_SAMPLES, 0, self._labels)
+        await self._client.close()
+        self._blocks.close()
+        self._tasks = []
+        return left
+
+    def take_over(self, left: Sequence[Sequence[Block]]) -> None:
+        """Queue what the endpoint's previous writer left (``hand_over``) ahead of anything
+        newer; call before the first ``push``. Needs the same number of shards, or one."""
+        if not any(left):
+            return
+        if len(left) != self._n_shards and self._n_shards != 1:
+            raise ValueError(f"{len(left)} shards handed over to {self._n_shards}")
+        dropped = 0
+        for i, blocks in enumerate(left):
+            queue = self._queues[i if len(left) == self._n_shards else 0]
+            for block in blocks:
+                dropped += queue.put(block)
+        if dropped:
+            self._drop(dropped, "queue_full")
+        self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
+
     def _drop(self, count: int, reason: str) -> None:
         self._metrics.inc(sm.RW_DROPPED, count, {**self._labels, "reason": reason})
 
     async def _run_shard(self, index: int) -> None:
         queue = self._queues[index]
         qc = self.config.queue
-        while True:
+        while not self._stopping:
             batch = await queue.get_batch(qc.max_samples_per_send, qc.batch_send_deadline_s)
             self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
             self._metrics.set(sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
             if not batch.blocks:
                 return
-            flight = self._inflight[index] = _Flight(batch)
-            while not await self._sent(flight, keep=queue.persistent):
-                flight = self._inflight[index] = _Flight(batch)
+            flight = self._inflight[index] = _Flight(batch, index)
+            try:
+                while not await self._sent(flight, keep=queue.persistent):
+                    flight = self._inflight[index] = _Flight(batch, index)
+            except _HandedOver:
+                return  # the flight stays for hand_over
             queue.ack(batch)
             self._inflight[index] = None
 
@@ -399,6 +480,8 @@ class RemoteWriter:
         try:
             await self._send_batch(flight)
             return True
+        except _HandedOver:
+            raise  # a safe point for the next writer, not an error
         except Exception as err:
             if not keep:
                 log.exception("remote write %s: unexpected error", self.config.remote_name)
@@ -517,6 +600,8 @@ class RemoteWriter:
         qc = self.config.queue
         backoff = Backoff(qc.min_backoff_s, qc.max_backoff_s, qc.max_retry_after_s)
         while True:
+            if self._stopping and not flight.settled:
+                raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
             if v2 and not request.body_v2 and self._v2 is not None:
                 await self._off_loop(partial(request.encode_v2, self._v2), True)
@@ -524,7 +609,7 @@ class RemoteWriter:
                 return  # only 1.0 metadata entries: 2.0 carries metadata on every series
             body = request.body_v2 if v2 else request.body
             try:
-                written = await self._client.post(body, request.samples, v2)
+                written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
                 delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
                 self._metrics.inc(sm.RW_RETRIES, 1, self._labels)
@@ -592,6 +677,14 @@ class RemoteWriter:
             self._metrics.inc(sm.RW_COMPRESSED_BYTES, len(body), self._labels)
             flight.settled += request.samples
             return
+
+    async def _post(self, shard: int, body: bytes, samples: int, v2: bool) -> int | None:
+        """One attempt; while it is on the wire ``hand_over`` waits for its answer."""
+        self._posting[shard] = True
+        try:
+            return await self._client.post(body, samples, v2)
+        finally:
+            self._posting[shard] = False
 
     def _partial(self, request: _Request, written: int, answer: str) -> None:
         """A 2.0 receiver wrote fewer samples than sent: the rest are counted as not written."""

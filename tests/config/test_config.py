@@ -173,6 +173,25 @@ def test_label_warnings_name_mimirs_limits() -> None:
     ]
 
 
+def test_check_config_warns_of_an_external_label_hfsampler_sets_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``external_labels: {gpu: x}`` passed as OK; the series' own label wins, so say so."""
+    path = tmp_path / "c.yml"
+    path.write_text("external_labels: {gpu: x, Hostname: h, GPU_I_ID: '1', cluster: eu1}\n")
+    assert main(["check-config", str(path)]) == 0
+    warnings = [x for x in capsys.readouterr().out.splitlines() if "warning:" in x]
+    assert [w.split(":")[1].strip() for w in warnings] == [
+        "external_labels.GPU_I_ID",
+        "external_labels.Hostname",
+        "external_labels.gpu",
+    ]
+    assert "a series' own label wins over an external one" in warnings[2]
+    assert "hostname, host_label and instance" in warnings[1]
+    own = from_mapping({"host_label": "node", "external_labels": {"node": "n"}})
+    assert "external_labels.node" in own.label_warnings()[0]
+
+
 def test_max_ring_bytes() -> None:
     assert Config().max_ring_bytes == 256 << 20
     assert from_mapping({"max_ring_bytes": "64MiB"}).max_ring_bytes == 64 << 20

@@ -105,6 +105,59 @@ def test_lost_gpu_gets_stale_markers_once_and_shutdown_ends_everything() -> None
     assert all(is_stale(v) for _, v in final.items())
 
 
+def test_a_reloaded_model_keeps_its_series_and_ends_the_others_in_its_first_window() -> None:
+    """A reload that changes the labels and changes them back (a SIGHUP storm) between two
+    windows: the series that came back keep their ids, so a writer keeps them on their shard,
+    and nothing is stale-marked at the reload's own time, which may be after the window being
+    reduced; series that really ended get their marker in the next window, at its time."""
+    inv = SimSource(2).open([POWER, ENERGY, XID])
+    sm = SelfMetrics()
+
+    def model(dc: str, previous: MetricModel | None) -> MetricModel:
+        return MetricModel(inv.devices, {"g": (POWER, ENERGY, XID)}, sm, {"dc": dc},
+                           hostname="node1", previous=previous)  # fmt: skip
+
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    up = np.array([True, True])
+    a = model("a", None)
+    first = a.snapshot(w, up, 1_000_000_000)
+    back = model("a", model("b", a))  # A -> B -> A before the next window
+    again = back.snapshot(w, up, 2_000_000_000)
+    assert not any(is_stale(v) for _, v in again.items())
+    assert {s.id: s for s in again.series} == {s.id: s for s in first.series}
+    b = model("b", back)
+    moved = b.snapshot(w, up, 3_000_000_000)
+    ended = [s for s, v in moved.items() if is_stale(v)]
+    assert {s.id for s in ended} == {s.id for s in again.series}
+    assert moved.timestamp_ms == 3000
+    assert all(dict(s.labels)["dc"] == "b" for s, v in moved.items() if not is_stale(v))
+
+
+def test_a_series_own_labels_win_over_external_labels() -> None:
+    """``external_labels: {gpu: x, Hostname: h}`` made every GPU's series one (the receiver
+    kept one GPU); as in Prometheus, an external label only fills in a name a series lacks."""
+    inv = SimSource(2).open([POWER, ENERGY, XID])
+    sm = SelfMetrics()
+    sm.define("hfsampler_gpu_up", "Up.", "gauge")
+    sm.set("hfsampler_gpu_up", 1.0, {"gpu": "1"})
+    external = {"gpu": "x", "Hostname": "h", "cluster": "eu1"}
+    model = MetricModel(inv.devices, {"g": (POWER, ENERGY, XID)}, sm, external, hostname="node1")
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    snap = model.snapshot(w, np.array([True, True]), 1_000_000_000)
+    power = [dict(s.labels) for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE"]
+    assert sorted(lb["gpu"] for lb in power) == ["0", "1"]
+    assert {(lb["Hostname"], lb["cluster"]) for lb in power} == {("node1", "eu1")}
+    assert len({(s.name, s.labels) for s in snap.series}) == len(snap.series)  # none alike
+    up = next(dict(s.labels) for s in snap.series if s.name == "hfsampler_gpu_up")
+    assert (up["gpu"], up["Hostname"], up["cluster"]) == ("1", "node1", "eu1")
+    model.set_extra_labels([{"pod": "p0"}, {}])  # attribution relabels a GPU: still its own
+    again = model.snapshot(w, np.array([True, True]), 2_000_000_000)
+    text = exposition.render(again)
+    assert 'gpu="0"' in text
+    assert 'gpu="1"' in text
+    assert 'gpu="x"' not in text
+
+
 def test_exposition_text() -> None:
     model = _model(gpus=1)
     snap = model.snapshot(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hfsampler.profiling.recording import Recording
-from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay_labels
+from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay_labels, window_snapshots
 from hfsampler.remote_write.arrays import sample_bytes, timeseries
 from hfsampler.remote_write.encoder import Encoder, QueuedSample
 from hfsampler.remote_write.prompb import remote_pb2
@@ -75,6 +75,22 @@ def _decoded(data: bytes) -> dict[tuple[tuple[str, str], ...], list[tuple[int, f
         assert [n.encode() for n, _ in labels] == sorted(n.encode() for n, _ in labels)
         out.setdefault(labels, []).extend((s.timestamp, s.value) for s in ts.samples)
     return out
+
+
+def test_a_replays_external_labels_leave_each_gpu_its_own(recording: Recording) -> None:
+    """``replay --label gpu=x`` (or a recording made with it) made every GPU's series one."""
+    labels = {**replay_labels(recording, {}), "gpu": "x", "cluster": "eu1"}
+    gpus = {dict(s.labels)["gpu"] for snap in raw_snapshots(recording, labels) for s in snap.series}
+    assert gpus == {"0", "1"}
+    got = set()
+    for b in RawBatches(recording, labels, n_shards=1):
+        for _, data, _ in b.blocks:
+            got |= {dict(k)["gpu"] for k in _decoded(data)}
+    assert got == {"0", "1"}
+    windows = window_snapshots(recording, labels)
+    assert {
+        dict(s.labels)["gpu"] for snap in windows for s in snap.series if "gpu" in dict(s.labels)
+    } == {"0", "1"}
 
 
 @pytest.mark.parametrize("batch", [3_000, 1_000_000], ids=["small-batches", "one-batch"])

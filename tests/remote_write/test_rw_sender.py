@@ -312,6 +312,39 @@ async def test_per_series_order_kept_across_shards_and_retries() -> None:
     assert m.total(sm.RW_DROPPED) == 0
 
 
+async def test_a_replaced_writer_hands_its_queue_over_in_order() -> None:
+    """A reload replaces an endpoint's writer mid-send: the request on the wire is answered
+    first, a batch retrying in an outage stops at its retry, and the new writer sends what is
+    left before anything newer: every sample once, each series in order, nothing dropped."""
+    async with Receiver([Reply(204), *[Reply(503)] * 1000]) as rx:
+        rx.delay_s = 0.3  # the first request is on the wire when the handover starts
+        queue = replace(FAST, min_shards=2, max_shards=2, max_samples_per_send=4)
+        cfg = EndpointConfig(rx.url, name="t", queue=queue)
+        old, m = await running(cfg)
+        series = make_series(6)
+        for t in range(5):
+            old.push(snap(series, 1000 * (t + 1), base=t))
+        await eventually(lambda: len(rx.received) >= 1)
+        left = await old.hand_over(5.0)
+        assert rx.received[0].status == 204  # answered, not abandoned
+        assert sum(b.samples for blocks in left for b in blocks) == 6 * 5 - len(rx.accepted())
+        rx.script.clear()
+        rx.delay_s = 0.0
+        new = RemoteWriter(replace(cfg, remote_timeout_s=7.0), m)
+        await new.start()
+        new.take_over(left)
+        for t in range(5, 8):
+            new.push(snap(series, 1000 * (t + 1), base=t))
+        await eventually(lambda: len(rx.accepted()) == 6 * 8)
+        await new.close(5)
+    by_series: dict[str, list[int]] = {}
+    for key, ts, _ in rx.accepted():
+        by_series.setdefault(key, []).append(ts)
+    for stamps in by_series.values():
+        assert stamps == [1000 * (t + 1) for t in range(8)]
+    assert m.total(sm.RW_DROPPED) == 0
+
+
 async def test_queue_full_drops_oldest_and_counts() -> None:
     cfg = EndpointConfig("http://127.0.0.1:1/w", queue=replace(FAST, capacity=10))
     m = SelfMetrics()
@@ -420,6 +453,7 @@ def test_parse_retry_after() -> None:
         test_503_then_204_resends_the_same_samples,
         test_receiver_slower_than_remote_timeout_is_retried,
         test_per_series_order_kept_across_shards_and_retries,
+        test_a_replaced_writer_hands_its_queue_over_in_order,
         test_queue_full_drops_oldest_and_counts,
         test_close_flushes_before_batch_deadline,
     ],

@@ -217,3 +217,27 @@ async def test_a_backlog_batch_carries_each_series_once() -> None:
         assert len(uuids) == len(set(uuids)), "a series came twice in one request"
     assert max(len(ts.samples) for r in rx.received for ts in r.request.timeseries) == WINDOWS
     assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["memory", "spool"])
+async def test_a_batch_partly_sent_when_a_reload_replaces_the_writer_is_finished_first(
+    tmp_path: Path, spooled: bool
+) -> None:
+    """A batch that goes as several requests is delivered whole by the old writer before it
+    hands over: handing it over half sent would send its first requests twice."""
+    async with Receiver() as rx:
+        rx.delay_s = 0.05  # the handover starts while the batch's requests go one by one
+        queue = replace(FAST, max_samples_per_send=SERIES * WINDOWS, max_request_bytes=16 << 10)
+        cfg = EndpointConfig(rx.url, name="t", queue=queue)
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics, tmp_path if spooled else None)
+        await writer.start()
+        series = make_series(SERIES)
+        for t in range(WINDOWS):
+            writer.push(snap(series, 1000 * (t + 1)))
+        await eventually(lambda: len(rx.received) >= 1)
+        left = await writer.hand_over(5.0)
+    assert left == [[]]
+    assert len(rx.received) > 2  # several requests, all sent by the old writer
+    assert sorted(delivered(rx)) == sorted(expected(SERIES, WINDOWS))  # each sample once
+    assert metrics.total(sm.RW_DROPPED) == 0

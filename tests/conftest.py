@@ -4,9 +4,12 @@ where the loop matters to what they test (``pytest.mark.both_loops``); shared fi
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import importlib.util
+import os
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -33,6 +36,27 @@ def pytest_asyncio_loop_factories(
     if item.get_closest_marker("both_loops") is not None:
         return LOOP_FACTORIES
     return {"uvloop": LOOP_FACTORIES["uvloop"]}
+
+
+# The suite runs on several workers (pyproject's addopts). A test that measures the machine's time
+# (tick lateness, deadlines, rates: ``pytest.mark.alone``) takes this lock exclusively, every
+# other test takes it shared: a timing test runs while no other test does.
+_LOCK = Path(tempfile.gettempdir()) / (
+    "hfsampler-tests-" + os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid())) + ".lock"
+)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return (yield)
+    alone = item.get_closest_marker("alone") is not None
+    with _LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            return (yield)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")

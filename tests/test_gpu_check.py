@@ -11,6 +11,9 @@ from fake_nvml import FakeNvml, install, make_fake, remove_library
 
 from hfsampler.sources.base import SourceSpec
 
+# It measures the machine's time (lateness, deadlines, rates): it runs alone.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeNvml:

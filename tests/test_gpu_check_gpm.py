@@ -10,6 +10,9 @@ from fake_nvml import FakeNvml, gpm_value, install, make_fake
 from hfsampler.sampling import probe as P
 from hfsampler.sources.base import SourceSpec
 
+# It measures the machine's time (lateness, deadlines, rates): it runs alone.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture
 def clock() -> list[int]:

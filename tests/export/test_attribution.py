@@ -246,6 +246,7 @@ def _free_port() -> int:
         return port
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_cli_run_labels_series_with_pods(kubelet: FakeKubelet) -> None:
     """`hfsampler run --pod-resources-socket` puts the fake kubelet's pods on /metrics."""
     devs = _devices(2)

@@ -59,6 +59,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_the_phase_table_matches_the_sim_and_gpm_is_recorded(job: Path) -> None:
     made = _hfsampler("report", str(job), "--format", "json")
     assert made.returncode == 0, made.stderr

@@ -37,6 +37,7 @@ def _hfsampler(*args: str) -> list[str]:
     return [sys.executable, "-m", "hfsampler", *args]
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_record_passes_exit_code_and_context(tmp_path: Path) -> None:
     out = tmp_path / "run.hfs"
     child = "import time; time.sleep(1.5); raise SystemExit(3)"

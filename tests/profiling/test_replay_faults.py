@@ -44,6 +44,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_dead_receiver_gives_up_at_the_deadline(recording: Path) -> None:
     started = time.monotonic()
     done = subprocess.run(

@@ -43,6 +43,7 @@ def _report(run: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_json_lists_the_jobs_processes_per_gpu(recorded: tuple[Path, int]) -> None:
     run, pid = recorded
     made = _report(run, "--format", "json")

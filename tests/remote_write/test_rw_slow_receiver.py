@@ -20,7 +20,7 @@ from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 
 # The sender, its queues and its client run on an event loop: both loops are tried.
-pytestmark = pytest.mark.both_loops
+pytestmark = [pytest.mark.both_loops, pytest.mark.alone]
 
 GPUS = 8
 PER_GPU = 100  # about what a default run exports per GPU per window

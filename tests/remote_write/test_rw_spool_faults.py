@@ -371,6 +371,7 @@ async def deliver_all(q: SpoolQueue) -> list[tuple[str, int, float]]:
     return got
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 async def test_full_disk_is_a_state_not_a_loop(
     small_fs: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,6 +32,9 @@ from hfsampler.sources.base import Source, SourceSpec
 from hfsampler.sources.nvml.source import NvmlSource
 from hfsampler.sources.sim.source import SimSource
 
+# It measures the machine's time (lateness, deadlines, rates): it runs alone.
+pytestmark = pytest.mark.alone
+
 INSTANT = F.BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"]
 SM_CLOCK = F.BY_NAME["DCGM_FI_DEV_SM_CLOCK"]
 ECC = F.BY_NAME["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"]

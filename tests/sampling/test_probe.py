@@ -13,6 +13,9 @@ from hfsampler.cli import main as cli
 from hfsampler.sampling import probe as P
 from hfsampler.sources.base import SourceSpec
 
+# It measures the machine's time (lateness, deadlines, rates): it runs alone.
+pytestmark = pytest.mark.alone
+
 STEP_NS = 997_000  # the virtual clock advances this much between refresh reads
 
 

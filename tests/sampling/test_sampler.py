@@ -20,6 +20,9 @@ from hfsampler.sampling.plan import discover
 from hfsampler.sampling.sampler import Sampler, ring_capacity, shared_bytes_needed
 from hfsampler.sources.base import SourceSpec
 
+# It measures the machine's time (lateness, deadlines, rates): it runs alone.
+pytestmark = pytest.mark.alone
+
 SPEC = SourceSpec("sim", gpus=2, seed=1)
 
 

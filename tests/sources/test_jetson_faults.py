@@ -396,6 +396,7 @@ def test_implausible_readings_are_none_with_one_line_each(
 GPU_MV = 4992  # the AGX Orin fixture's GPU rail (VDD_GPU_SOC) bus voltage
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_no_energy_is_credited_across_an_outage(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -421,6 +422,7 @@ def test_no_energy_is_credited_across_an_outage(
     ]
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_energy_counts_every_conversion_when_only_a_slow_group_reads_it(tmp_path: Path) -> None:
     """With the counter in the 100 ms group alone, reads see one conversion in 14: a 30 ms
     spike between two of them was missed whole (or, caught, held for 100 ms). A thread then

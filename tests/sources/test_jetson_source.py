@@ -437,6 +437,7 @@ def test_reading_is_cheap(tree: Path) -> None:
     assert float(np.median(took)) < 300_000
 
 
+@pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_power_from_voltage_and_current_counts_each_conversion_once(tmp_path: Path) -> None:
     """The INA3221 converts a channel's voltage and current in the same cycle: V x I is one
     sample per cycle, even though the steady voltage alone is re-counted once a period."""

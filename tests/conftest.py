@@ -38,25 +38,42 @@ def pytest_asyncio_loop_factories(
     return {"uvloop": LOOP_FACTORIES["uvloop"]}
 
 
-# The suite runs on several workers (pyproject's addopts). A test that measures the machine's time
-# (tick lateness, deadlines, rates: ``pytest.mark.alone``) takes this lock exclusively, every
-# other test takes it shared: a timing test runs while no other test does.
-_LOCK = Path(tempfile.gettempdir()) / (
-    "hfsampler-tests-" + os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid())) + ".lock"
-)
+# The suite runs on several workers (pyproject's addopts), each module on one worker (its
+# fixtures start once). A test that measures the machine's time (tick lateness, deadlines, rates:
+# ``pytest.mark.alone``) must not share the CPUs: such tests are collected first, and each takes
+# the lock exclusively while every other test takes it shared. The turnstile gives the exclusive
+# side precedence: once an alone test waits, the others finish the test they are in and wait for
+# it, instead of starving it to the end of the run (and the rest of its worker's queue with it).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
+_LOCK = Path(tempfile.gettempdir()) / f"hfsampler-tests-{_RUN}.lock"
+_TURNSTILE = Path(tempfile.gettempdir()) / f"hfsampler-tests-{_RUN}.turnstile"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)  # stable: alone first
+
+
+def _is_alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker("alone") is not None
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return (yield)
-    alone = item.get_closest_marker("alone") is not None
-    with _LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    with _TURNSTILE.open("a") as turnstile, _LOCK.open("a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if _is_alone(item):
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)  # only passing through
+            fcntl.flock(lock, fcntl.LOCK_SH)
         try:
             return (yield)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            if _is_alone(item) and not _is_alone(nextitem):
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")

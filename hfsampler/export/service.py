@@ -33,7 +33,7 @@ from hfsampler.export.metrics import MetricModel
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
-from hfsampler.remote_write.sender import RemoteWriter, orphan_spools
+from hfsampler.remote_write.intake import RemoteWriter, orphan_spools
 from hfsampler.sampling.groups import GroupPlan, plan_groups
 from hfsampler.sampling.sampler import Sampler
 from hfsampler.sampling.window import (

@@ -1,21 +1,17 @@
-"""Sender: one ``RemoteWriter`` per endpoint, from snapshots to delivered requests.
+"""Delivery: an endpoint's shard loops, from queued blocks to delivered requests.
 
-``push`` relabels a snapshot's series (``write_relabel_configs``, once per series), assigns each
-to its shard (``series.id % n_shards``, so per-series order is kept) and queues one ``Block`` per
-shard; the blocks' bytes are encoded on the writer's own thread (``BlockEncoder``), never on
-the event loop. Each shard has one request in flight: it takes a batch of blocks from its
-queue, concatenates and compresses them (in an executor when large) into requests of at most
-``max_request_bytes``, and delivers each through the ``RemoteClient`` under the retry policy
-(``retry.py``): recoverable failures are retried with backoff, a 413 splits the request in two,
-any other refusal drops it, counted. With a ``queue_dir`` each shard's queue is a
-``SpoolQueue`` and a batch leaves it only once the receiver answered; without one, a
-``MemoryQueue``.
+Each shard has one request in flight: it takes a batch of blocks from its queue, merges them
+into one block (each series once) and cuts it into requests of at most ``max_request_bytes``
+(measured as their 1.0 bytes), written and compressed once each (in an executor when large), and
+delivers each through the ``RemoteClient`` under the retry policy (``retry.py``): recoverable
+failures are retried with backoff, said once per outage (``_Outage``), a 413 splits the request
+in two, any other refusal drops it, counted. A batch is acknowledged to its queue once settled.
 
 With ``protobuf_message: io.prometheus.write.v2.Request`` each request goes as 2.0
 (``encoder_v2``), negotiated as the 2.0 spec asks: a 415, a 400 that names the content type,
 or a 2xx without ``X-Prometheus-Remote-Write-Samples-Written`` (a 1.x receiver that decoded an
 empty message and stored nothing) sends the same request again as 1.0 and keeps the endpoint on
-1.0 for ``REPROBE_S``, logged once and counted. Blocks are 1.0 bytes in every queue, so a
+1.0 for ``REPROBE_S``, logged once and counted. Blocks are neutral in every queue, so a
 fallback needs nothing but the blocks, spooled ones included.
 """
 
@@ -25,35 +21,23 @@ import asyncio
 import logging
 import re
 import time
-from collections import ChainMap
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import TypeVar
 
 from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
-from hfsampler.remote_write import wire
+from hfsampler.remote_write.blocks import Block, halve, merge, piece_sizes, split
 from hfsampler.remote_write.client import RemoteClient
-from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, PROTOBUF_V2, EndpointConfig
-from hfsampler.remote_write.encoder import (
-    Block,
-    BlockEncoder,
-    QueuedSample,
-    compress,
-    encode_metadata,
-    wait_done,
-)
+from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
+from hfsampler.remote_write.encoder import RequestEncoderV1, compress, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
-from hfsampler.remote_write.queue import Batch, MemoryQueue, ShardQueue
-from hfsampler.remote_write.relabel import Relabeller
+from hfsampler.remote_write.queue import Batch, ShardQueue
 from hfsampler.remote_write.retry import Backoff
 from hfsampler.remote_write.security import TLSSendError
-from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Family, Series, Snapshot, is_stale
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -72,60 +56,49 @@ OUTAGE_REMINDER_S = 300.0  # how often a failing endpoint's retries are said aga
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
 
 
-def spool_dir(queue_dir: Path, config: EndpointConfig) -> Path:
-    """Where an endpoint's segments live: stable across restarts, safe as a file name."""
-    return queue_dir / config.spool_name
-
-
-def orphan_spools(queue_dir: Path, endpoints: Sequence[EndpointConfig]) -> list[tuple[str, int]]:
-    """Spool directories with segments that no configured endpoint reads, with their bytes: an
-    endpoint removed or renamed (an unnamed one is named by its URL's hash)."""
-    mine = {ep.spool_name for ep in endpoints}
-    out: list[tuple[str, int]] = []
-    if not queue_dir.is_dir():
-        return out
-    for d in sorted(queue_dir.iterdir()):
-        if d.is_dir() and d.name not in mine:
-            size = sum(f.stat().st_size for f in d.rglob("*.seg"))
-            if size:
-                out.append((d.name, size))
-    return out
-
-
 @dataclass(slots=True)
 class _Request:
-    """One HTTP request: its uncompressed 1.0 bytes, the samples in it, and its bodies."""
+    """One HTTP request: its block, the bytes of its 1.0 encoding, and its bodies."""
 
-    raw: bytes
-    samples: int
+    block: Block
+    size: int  # its 1.0 WriteRequest's bytes: what max_request_bytes and a 413 measure
     body_v2: bytes = b""  # the same as a 2.0 request, compressed; b"" for a 1.0 endpoint
     raw_v2_len: int = 0
     _body: bytes | None = None
 
+    @property
+    def samples(self) -> int:
+        return self.block.samples
+
     @classmethod
     def of(
-        cls, raw: bytes, samples: int | None = None, v2: RequestEncoderV2 | None = None
+        cls,
+        block: Block,
+        v1: RequestEncoderV1,
+        v2: RequestEncoderV2 | None = None,
+        size: int | None = None,
     ) -> _Request:
-        """A request for ``raw`` WriteRequest bytes (samples counted from them unless given).
+        """A request for ``block`` (``size``: its 1.0 bytes, when known).
 
-        For a 2.0 endpoint only the 2.0 body is compressed now; the 1.0 one when a fallback
-        asks for it."""
-        count = wire.count_samples(raw) if samples is None else samples
+        For a 2.0 endpoint only the 2.0 body is made now; the 1.0 one when a fallback asks
+        for it."""
         if v2 is None:
-            return cls(raw, count, _body=compress(raw))
-        raw_v2 = v2.encode(raw)[0]
-        return cls(raw, count, compress(raw_v2), len(raw_v2))
+            raw = v1.encode(block)
+            return cls(block, len(raw), _body=compress(raw))
+        raw_v2 = v2.encode(block)[0]
+        size = sum(piece_sizes(block)) if size is None else size
+        return cls(block, size, compress(raw_v2), len(raw_v2))
 
     def encode_v2(self, v2: RequestEncoderV2) -> None:
         """Make the 2.0 body now (a request built while the endpoint was on 1.0)."""
-        raw_v2 = v2.encode(self.raw)[0]
+        raw_v2 = v2.encode(self.block)[0]
         self.body_v2, self.raw_v2_len = compress(raw_v2), len(raw_v2)
 
     @property
     def body(self) -> bytes:
         """The 1.0 body, compressed."""
         if self._body is None:
-            self._body = compress(self.raw)
+            self._body = compress(write_request(self.block))
         return self._body
 
 
@@ -203,63 +176,31 @@ class _Negotiation:
         self._v1_until = 0.0
 
 
-class RemoteWriter:
-    """Pushes snapshots to one Remote-Write endpoint."""
+class Delivery:
+    """Sends what an endpoint's shard queues hold: one ``run_shard`` task per queue."""
 
     def __init__(
         self,
         config: EndpointConfig,
         metrics: SelfMetrics,
-        queue_dir: Path | None = None,
-        families: Mapping[str, Family] | None = None,
+        queues: Sequence[ShardQueue],
+        v2: RequestEncoderV2 | None,
+        drop: Callable[[int, str], None],
     ) -> None:
-        """``families``: the metric families known before the first snapshot (the service's
-        model), so that a spool replayed at start goes out as 2.0 with its metadata."""
         self.config = config
         self.executor_threshold = EXECUTOR_THRESHOLD_SAMPLES
         self._metrics = metrics
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
-        self._blocks = BlockEncoder(f"rw-encode-{config.remote_name}")
-        self._n_shards = config.queue.min_shards
-        self._queues: list[ShardQueue]
-        if queue_dir is None:
-            self._queues = [MemoryQueue(config.queue.capacity) for _ in range(self._n_shards)]
-        else:
-            base = spool_dir(queue_dir, config)
-            self._queues = [
-                SpoolQueue(
-                    base / f"shard-{i}",
-                    config.queue.capacity,
-                    max(config.queue.max_disk_bytes // self._n_shards, 1 << 16),
-                    self._drop,
-                )
-                for i in range(self._n_shards)
-            ]
-        self._inflight: list[_Flight | None] = [None] * self._n_shards
+        self._queues = queues
+        self._drop = drop
+        self.inflight: list[_Flight | None] = [None] * len(queues)
         # Lowered after a 413, so that later batches go in pieces the receiver takes at once.
         self._request_limit = config.queue.max_request_bytes
-        self._client = RemoteClient(config, metrics, self._n_shards)
-        self._relabeller = Relabeller(config.relabel) if config.relabel else None
-        self._families: dict[str, Family] = dict(families or {})
-        # a family renamed by write_relabel_configs keeps its metadata under its new name
-        self._renamed: dict[str, Family] = {}
-        self._negotiation = _Negotiation(config.protobuf_message == PROTOBUF_V2)
+        self._client = RemoteClient(config, metrics, len(queues))
+        self._negotiation = _Negotiation(v2 is not None)
         self._outage = _Outage()
-        self._v2 = (
-            RequestEncoderV2(lambda: ChainMap(self._renamed, self._families), _start_ms)
-            if self._negotiation.wants_v2
-            else None
-        )
-        self._tasks: list[asyncio.Task[None]] = []
-        # the families whose 1.0 metadata went out: each once, in the first push that has it
-        # (a replay meets its families batch by batch)
-        self._metadata_sent: set[str] | None = set() if config.send_metadata else None
-        self._started = False
-        self._closed = False
-
-    @property
-    def n_shards(self) -> int:
-        return self._n_shards
+        self._v1 = RequestEncoderV1()
+        self._v2 = v2
 
     def queued(self) -> int:
         """Samples waiting in every shard's queue (not counting batches in flight)."""
@@ -269,146 +210,25 @@ class RemoteWriter:
         """Bytes of spooled segments (0 without a queue_dir)."""
         return sum(q.disk_bytes for q in self._queues)
 
-    async def start(self) -> None:
-        """Open the HTTP session and start one task per shard."""
-        if self._started:
-            return
-        self._started = True
+    def open(self) -> None:
         self._client.open()
-        self._tasks = [
-            asyncio.create_task(self._run_shard(i), name=f"rw-{self.config.remote_name}-{i}")
-            for i in range(self._n_shards)
-        ]
 
-    def push(self, snapshot: Snapshot) -> None:
-        """Queue a snapshot's samples; never blocks. Full queues drop their oldest samples."""
-        if self._closed:
-            self._drop(len(snapshot), "shutdown")
-            return
-        metadata: Callable[[], bytes] | None = None
-        if self._v2 is not None and len(snapshot.families) != len(self._families):
-            self._families.update(snapshot.families)
-        if fresh := self._new_families(snapshot.families):
-            metadata = partial(encode_metadata, fresh)
-        ts = snapshot.timestamp_ms
-        n = self._n_shards
-        buckets: list[list[QueuedSample]] = [[] for _ in range(n)]
-        relabeller = self._relabeller
-        for series, value in zip(snapshot.series, snapshot.values, strict=True):
-            out: Series | None = series
-            if relabeller is not None:
-                out = relabeller.series(series)
-                if value != value and is_stale(value):
-                    relabeller.forget(series)  # it ends here: the cache must not keep it
-            if out is not None:
-                if out.name != series.name and out.name not in self._renamed:
-                    self._learn_rename(series.name, out.name)
-                buckets[out.id % n if n > 1 else 0].append(QueuedSample(out, value, ts))
-        step = self.config.queue.max_samples_per_send
-        dropped = 0
-        for queue, bucket in zip(self._queues, buckets, strict=True):
-            for i in range(0, len(bucket), step):
-                block = self._blocks.block(bucket[i : i + step], metadata)
-                metadata = None  # once, in the first block
-                dropped += queue.put(block)
-        if dropped:
-            self._drop(dropped, "queue_full")
-        self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
-
-    def _new_families(self, families: Mapping[str, Family]) -> list[Family]:
-        """The families whose metadata has not gone out yet (none when metadata is off)."""
-        sent = self._metadata_sent
-        if sent is None or families.keys() <= sent:
-            return []
-        fresh = [f for name, f in families.items() if name not in sent]
-        sent.update(f.name for f in fresh)
-        return fresh
-
-    def _learn_rename(self, old: str, new: str) -> None:
-        """A relabelled name's 2.0 metadata: the original family's, under the new name (a name
-        several families are renamed to takes the first one's)."""
-        family = self._families.get(old)
-        if family is not None and new not in self._families:
-            self._renamed[new] = replace(family, name=new)
-
-    def push_encoded(
-        self, shard: int, data: bytes, samples: int, families: Mapping[str, Family]
-    ) -> None:
-        """Queue ``WriteRequest`` bytes encoded elsewhere (``arrays``, for ``replay --raw``)
-        on one shard; the caller keeps each series on shard ``series.id % n_shards``, as
-        ``push`` does, so its samples stay in order. Never relabelled: a writer with
-        ``write_relabel_configs`` refuses (it would have to decode the bytes again)."""
-        if self._relabeller is not None:
-            raise ValueError("push_encoded bypasses write_relabel_configs")
-        if self._closed:
-            self._drop(samples, "shutdown")
-            return
-        if self._v2 is not None and len(families) != len(self._families):
-            self._families.update(families)
-        if fresh := self._new_families(families):
-            data = encode_metadata(fresh) + data
-        dropped = self._queues[shard].put(Block.ready(data, samples))
-        if dropped:
-            self._drop(dropped, "queue_full")
-        self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
-
-    async def close(
-        self,
-        deadline_s: float,
-        stop: asyncio.Event | None = None,
-        grace_s: float = 0.0,
-        drop_reason: str = "shutdown",
-    ) -> None:
-        """Send what is queued within ``deadline_s``, then stop; the rest counts as dropped
-        (``drop_reason``: ``shutdown``, or ``reload`` for an endpoint a reload replaced).
-
-        Once ``stop`` is set (Ctrl-C during a long flush) at most ``grace_s`` more is waited."""
-        self._closed = True
-        for q in self._queues:
-            q.start_flush()
-        if self._tasks:
-            loop = asyncio.get_running_loop()
-            end = loop.time() + max(0.0, deadline_s)
-            pending = set(self._tasks)
-            while pending and (left := end - loop.time()) > 0:
-                if stop is not None and stop.is_set():
-                    end = min(end, loop.time() + grace_s)
-                    stop = None
-                    continue
-                _, pending = await asyncio.wait(pending, timeout=min(left, 0.1))
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-        left = 0
-        for q, flight in zip(self._queues, self._inflight, strict=True):
-            left += await q.close()
-            if flight is not None and not q.persistent:
-                left += flight.unsettled  # a spooled batch stays on disk until acknowledged
-        self._inflight = [None] * self._n_shards
-        if left:
-            log.warning(
-                "remote write %s (%s): dropping %d samples not sent before %s",
-                self.config.remote_name,
-                self.config.display_url,
-                left,
-                drop_reason,
-            )
-            self._drop(left, drop_reason)
-        self._metrics.set(sm.RW_QUEUE_SAMPLES, 0, self._labels)
-        if self.disk_bytes():
-            log.info(
-                "remote write %s: %d bytes stay spooled for the next start",
-                self.config.remote_name,
-                self.disk_bytes(),
-            )
+    async def close(self) -> None:
         await self._client.close()
-        self._blocks.close()
-        self._tasks = []
 
-    def _drop(self, count: int, reason: str) -> None:
-        self._metrics.inc(sm.RW_DROPPED, count, {**self._labels, "reason": reason})
+    def unsettled(self) -> int:
+        """Samples of the batches in flight not yet delivered or dropped, from memory queues
+        only (a spooled batch stays on disk until acknowledged); forgets the batches."""
+        left = sum(
+            flight.unsettled
+            for q, flight in zip(self._queues, self.inflight, strict=True)
+            if flight is not None and not q.persistent
+        )
+        self.inflight = [None] * len(self._queues)
+        return left
 
-    async def _run_shard(self, index: int) -> None:
+    async def run_shard(self, index: int) -> None:
+        """Send shard ``index``'s batches until its queue is flushed and empty."""
         queue = self._queues[index]
         qc = self.config.queue
         while True:
@@ -417,7 +237,7 @@ class RemoteWriter:
             self._metrics.set(sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels)
             if not batch.blocks:
                 return
-            flight = self._inflight[index] = _Flight(batch)
+            flight = self.inflight[index] = _Flight(batch)
             try:
                 await self._send_batch(flight)
             except Exception:
@@ -425,19 +245,20 @@ class RemoteWriter:
                 log.exception("remote write %s: unexpected error", self.config.remote_name)
                 self._drop(flight.unsettled, "error")
             queue.ack(batch)
-            self._inflight[index] = None
+            self.inflight[index] = None
 
     async def _off_loop(self, work: Callable[[], _T], large: bool) -> _T:
         if not large:
             return work()
-        return await wait_done(_CPU.submit(work))
+        done: Future[_T] = _CPU.submit(work)
+        return await asyncio.wrap_future(done)
 
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
-        parts = [await block.data() for block in batch.blocks]
-        # 2.0 requests cost ~10 us a sample to make: never on the event loop
+        parts = batch.blocks
+        # several blocks are merged first; a 2.0 request is made whole: never on the event loop
         large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
-        requests = await self._off_loop(partial(self._requests, parts, batch.count), large)
+        requests = await self._off_loop(partial(self._requests, parts), large)
         for request in requests:
             await self._send_request(request, flight)
         if flight.too_large_series or flight.too_large_other:
@@ -452,15 +273,20 @@ class RemoteWriter:
                 self._request_limit,
             )
 
-    def _requests(self, parts: list[bytes], samples: int) -> list[_Request]:
-        """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed, each
-        series' samples in one ``TimeSeries``."""
-        raw = b"".join(parts) if len(parts) == 1 else wire.merge_series(b"".join(parts))
-        chunks = wire.split(raw, self._request_limit)
+    def _requests(self, parts: list[Block]) -> list[_Request]:
+        """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed (as
+        1.0), each series' samples in one ``TimeSeries``."""
+        block = merge(parts)
         v2 = self._v2 if self._negotiation.v2 else None
-        if len(chunks) == 1:
-            return [_Request.of(raw, samples, v2)]
-        return [_Request.of(c, v2=v2) for c in chunks]
+        if v2 is None:
+            request = _Request.of(block, self._v1)  # written once: usually it fits
+            if request.size <= self._request_limit:
+                return [request]
+            return [_Request.of(c, self._v1) for c in split(block, self._request_limit)]
+        sizes = piece_sizes(block)
+        if sum(sizes) <= self._request_limit:
+            return [_Request.of(block, self._v1, v2, sum(sizes))]
+        return [_Request.of(c, self._v1, v2) for c in split(block, self._request_limit, sizes)]
 
     async def _send_request(self, request: _Request, flight: _Flight) -> None:
         """Send until delivered. A 413 lowers the request size for good and the rest of the
@@ -472,26 +298,27 @@ class RemoteWriter:
                 await self._deliver(piece, flight)
                 continue
             except RequestTooLargeError:
-                self._lower_request_limit(len(piece.raw))
-            chunks = wire.split(piece.raw, self._request_limit)
+                self._lower_request_limit(piece.size)
+            chunks = split(piece.block, self._request_limit)
             if len(chunks) == 1:
-                halves = wire.halve(piece.raw)
+                halves = halve(piece.block)
                 if halves is None:
                     self._too_large(piece, flight)
                     continue
                 chunks = list(halves)
-            large = len(piece.raw) > EXECUTOR_THRESHOLD_BYTES or self._v2 is not None
+            large = piece.size > EXECUTOR_THRESHOLD_BYTES or self._v2 is not None
             pending = await self._off_loop(partial(self._cut, chunks, pending), large)
 
-    def _cut(self, chunks: list[bytes], rest: list[_Request]) -> list[_Request]:
+    def _cut(self, chunks: list[Block], rest: list[_Request]) -> list[_Request]:
         """Requests for ``chunks``, then ``rest`` cut again for the (lowered) size limit."""
         v2 = self._v2 if self._negotiation.v2 else None
-        out = [_Request.of(c, v2=v2) for c in chunks]
+        out = [_Request.of(c, self._v1, v2) for c in chunks]
         for piece in rest:
-            if len(piece.raw) <= self._request_limit:
+            if piece.size <= self._request_limit:
                 out.append(piece)
             else:
-                out += [_Request.of(c, v2=v2) for c in wire.split(piece.raw, self._request_limit)]
+                pieces = split(piece.block, self._request_limit)
+                out += [_Request.of(c, self._v1, v2) for c in pieces]
         return out
 
     def _too_large(self, piece: _Request, flight: _Flight) -> None:
@@ -590,9 +417,7 @@ class RemoteWriter:
                     *ended,
                 )
             self._metrics.inc(sm.RW_SAMPLES, stored, self._labels)
-            self._metrics.inc(
-                sm.RW_BYTES, request.raw_v2_len if v2 else len(request.raw), self._labels
-            )
+            self._metrics.inc(sm.RW_BYTES, request.raw_v2_len if v2 else request.size, self._labels)
             self._metrics.inc(sm.RW_COMPRESSED_BYTES, len(body), self._labels)
             flight.settled += request.samples
             return
@@ -642,11 +467,3 @@ class RemoteWriter:
             why,
             REPROBE_S,
         )
-
-
-def _start_ms(family: Family) -> int:
-    """When a counter family started counting, when known: hfsampler's own, at process start.
-
-    The driver's counters (energy, ECC, violation time) count from a driver load or a reset
-    that NVML does not report: unknown (0)."""
-    return sm.PROCESS_START_MS if family.name.startswith("hfsampler_") else 0

@@ -10,7 +10,7 @@ label cache is warm, as it is from a running writer's second window on.
 Sides, all from the same windows (``QueuedSample`` lists built outside the timed region):
 - ``new 1.0``: ``Encoder.block`` then ``RequestEncoderV1.encode``, ``compress`` (what
   ``intake`` and ``delivery`` do per request);
-- ``new 2.0``: ``Encoder.block`` then ``piece_sizes`` (delivery's size check),
+- ``new 2.0``: ``Encoder.block`` then ``Sizer`` (delivery's size check, as 1.0),
   ``RequestEncoderV2.encode``, ``compress``;
 - with ``--baseline DIR`` (a checkout of the commit before, e.g. ``git worktree add /tmp/rw-base
   d7da83e``): ``old 1.0``, its ``Encoder.encode_samples`` and ``compress``, and ``old 2.0``, its
@@ -41,7 +41,7 @@ from typing import Any
 
 from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import CATALOGUE, Kind
-from hfsampler.remote_write.blocks import piece_sizes
+from hfsampler.remote_write.blocks import Sizer
 from hfsampler.remote_write.encoder import (
     Encoder,
     QueuedSample,
@@ -153,6 +153,7 @@ def sides(
     enc = Encoder()
     v1 = RequestEncoderV1()
     v2 = RequestEncoderV2(lambda: families)
+    sizes = Sizer()
 
     def new_v1(w: int) -> tuple[int, list[tuple[int, int]]]:
         out = []
@@ -165,7 +166,7 @@ def sides(
         out = []
         for chunk in chunks[w]:
             block = enc.block(chunk)
-            piece_sizes(block)  # delivery measures a 2.0 request as 1.0 against its size limit
+            sizes(block)  # delivery measures a 2.0 request as 1.0 against its size limit
             raw = v2.encode(block)[0]
             out.append((len(raw), len(compress(raw))))
         return len(series), out

@@ -37,6 +37,7 @@ _EMPTY_I64: npt.NDArray[np.int64] = np.empty(0, np.int64)
 _EMPTY_F64: npt.NDArray[np.float64] = np.empty(0, np.float64)
 # Labels kept by a reader of packed blocks; past this many the cache starts over.
 MAX_CACHED_LABELS = 1 << 17
+MAX_CACHED_SERIES_SETS = 32  # the series of a request: a few per shard
 
 
 def _pack_strings(strings: Iterable[str]) -> bytes:
@@ -189,9 +190,15 @@ def merge(blocks: Sequence[Block]) -> Block:
     )
 
 
-def piece_sizes(block: Block) -> list[int]:
+def label_lengths(series: tuple[Labels, ...]) -> npt.NDArray[np.int64]:
+    """The bytes of each series' 1.0 labels."""
+    return np.fromiter((len(s.v1) for s in series), np.int64, len(series))
+
+
+def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> list[int]:
     """The bytes of each top-level entry of the block's 1.0 ``WriteRequest``: a ``TimeSeries``
-    per series, then a metadata entry per family (what ``encoder.write_request`` writes)."""
+    per series, then a metadata entry per family (what ``encoder.write_request`` writes).
+    ``labels``: ``label_lengths(block.series)``, when known."""
     sizes: list[int] = []
     if block.series:
         u = block.timestamps_ms.view(np.uint64)
@@ -201,12 +208,30 @@ def piece_sizes(block: Block) -> list[int]:
         sample_bytes = np.cumsum(vlen + _SAMPLE_FIXED)
         upto = sample_bytes[block.ends - 1]
         per_series = np.diff(upto, prepend=0)
-        body = per_series + np.fromiter((len(s.v1) for s in block.series), np.int64)
+        body = per_series + (label_lengths(block.series) if labels is None else labels)
         head = np.ones(len(body), dtype=np.int64)
         for k in range(1, 5):
             head += body >= (1 << (7 * k))
         sizes = (1 + head + body).tolist()
     return sizes + [len(metadata_entry(f)) for f in block.families]
+
+
+class Sizer:
+    """``piece_sizes`` with each series set's label lengths kept: a window's requests have the
+    series of the last one's, in the same order. Safe from several threads: the cache only
+    ever gains whole entries (or is cleared)."""
+
+    def __init__(self) -> None:
+        self._lengths: dict[tuple[Labels, ...], npt.NDArray[np.int64]] = {}
+
+    def __call__(self, block: Block) -> list[int]:
+        lengths = self._lengths.get(block.series)
+        if lengths is None:
+            lengths = label_lengths(block.series)
+            if len(self._lengths) >= MAX_CACHED_SERIES_SETS:
+                self._lengths.clear()
+            self._lengths[block.series] = lengths
+        return piece_sizes(block, lengths)
 
 
 def _cut(block: Block, start: int, stop: int) -> Block:

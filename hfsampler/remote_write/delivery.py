@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
-from hfsampler.remote_write.blocks import Block, halve, merge, piece_sizes, split
+from hfsampler.remote_write.blocks import Block, Sizer, halve, merge, piece_sizes, split
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
 from hfsampler.remote_write.encoder import RequestEncoderV1, compress, write_request
@@ -200,6 +200,7 @@ class Delivery:
         self._negotiation = _Negotiation(v2 is not None)
         self._outage = _Outage()
         self._v1 = RequestEncoderV1()
+        self._sizes = Sizer()
         self._v2 = v2
 
     def queued(self) -> int:
@@ -283,7 +284,7 @@ class Delivery:
             if request.size <= self._request_limit:
                 return [request]
             return [_Request.of(c, self._v1) for c in split(block, self._request_limit)]
-        sizes = piece_sizes(block)
+        sizes = self._sizes(block)
         if sum(sizes) <= self._request_limit:
             return [_Request.of(block, self._v1, v2, sum(sizes))]
         return [_Request.of(c, self._v1, v2) for c in split(block, self._request_limit, sizes)]

@@ -12,8 +12,10 @@ An ``Encoder`` is used from one thread (the event loop's, where ``push`` runs).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import NamedTuple
 
+import numpy as np
 import snappy
 
 from hfsampler.remote_write.arrays import SampleBytes, Template, sample_bytes
@@ -31,6 +33,7 @@ from hfsampler.series import Family, Series, Snapshot, is_stale
 # A TimeSeries entry's tag and length prefix, for the lengths most entries have.
 _SERIES_HEADS = [TAG_WRITE_REQUEST_TIMESERIES + v for v in SMALL_VARINTS]
 MAX_TEMPLATES = 32  # request series sets: a few per shard
+_ID = attrgetter("id")
 
 
 class QueuedSample(NamedTuple):
@@ -73,19 +76,20 @@ class Encoder:
 
     def block(self, samples: Sequence[QueuedSample], families: Iterable[Family] = ()) -> Block:
         """A block of ``samples`` (each series' samples in queued order) and ``families``."""
-        cache = self._labels
-        series = [cache.get(s.series.id) for s in samples]
-        if None in series:
-            series = [self.labels(s.series) for s in samples]
-        block = Block.of(
-            series,  # type: ignore[arg-type]  # no None left
-            [s.timestamp_ms for s in samples],
-            [s.value for s in samples],
-            families,
-        )
-        # a series that got its stale marker is over (a pod left, a GPU was lost): without this
-        # the cache would grow with every pod that ever ran on the node
-        self.forget([s.series.id for s in samples if s.value != s.value and is_stale(s.value)])
+        if not samples:
+            return Block.of([], 0, [], families)
+        series, values, stamps = zip(*samples, strict=True)
+        labels = list(map(self._labels.get, map(_ID, series)))
+        if None in labels:
+            labels = list(map(self.labels, series))
+        # one timestamp for all: a window's (the usual case)
+        ts: int | tuple[int, ...] = stamps[0] if stamps.count(stamps[0]) == len(stamps) else stamps
+        vals = np.array(values, dtype=np.float64)
+        block = Block.of(labels, ts, vals, families)  # type: ignore[arg-type]  # no None left
+        if np.isnan(vals).any():
+            # a series that got its stale marker is over (a pod left, a GPU was lost): without
+            # this the cache would grow with every pod that ever ran on the node
+            self.forget(s.id for s, v in zip(series, values, strict=True) if is_stale(v))
         return block
 
     def encode_samples(self, samples: Sequence[QueuedSample], metadata: bytes = b"") -> bytes:

@@ -72,6 +72,7 @@ class _Table:
     refs: tuple[bytes, ...]  # the labels_refs field
     metas: tuple[bytes, ...]  # the metadata field
     starts: tuple[_Series | None, ...]  # the series whose samples take a start timestamp
+    any_start: bool
     # -1 when every family was known; else how many families there were (once there are more,
     # one may be a family unknown here: the table is made again)
     families_seen: int
@@ -112,7 +113,7 @@ class RequestEncoderV2:
         encoded = sample_bytes(block.timestamps_ms, block.values)
         rows = encoded.rows
         # a start timestamp makes a sample's bytes its own: no template for those
-        if rows is not None and block.samples == len(block.series) and not any(table.starts):
+        if rows is not None and block.samples == len(block.series) and not table.any_start:
             width = rows.shape[1]
             template = table.templates.get(width)
             if template is None:
@@ -174,6 +175,7 @@ class RequestEncoderV2:
             tuple(refs_out),
             tuple(metas),
             tuple(starts),
+            any(starts),
             -1 if known else len(families),
         )
         if len(self._tables) >= MAX_CACHED_TABLES:

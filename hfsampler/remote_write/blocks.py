@@ -104,9 +104,12 @@ class Block:
         timestamps_ms: int | npt.ArrayLike,
         values: npt.ArrayLike,
         families: Iterable[Family] = (),
+        *,
+        distinct: bool = False,
     ) -> Block:
         """A block of samples given one per entry of ``series`` (a series may come again: its
-        samples are grouped, in the order given); one timestamp for all, or one each."""
+        samples are grouped, in the order given; ``distinct``: the caller knows none does);
+        one timestamp for all, or one each."""
         vals = np.asarray(values, dtype=np.float64)
         n = len(vals)
         if isinstance(timestamps_ms, int):
@@ -114,7 +117,7 @@ class Block:
         else:
             ts = np.asarray(timestamps_ms, dtype=np.int64)
         fams = tuple(sorted(families, key=lambda f: f.name))
-        if len(set(map(id, series))) == n:  # the usual case: a window, each series once
+        if distinct or len(set(map(id, series))) == n:  # the usual case: a window
             return cls(tuple(series), np.arange(1, n + 1, dtype=np.int64), ts, vals, fams)
         position: dict[int, int] = {}
         order: list[Labels] = []

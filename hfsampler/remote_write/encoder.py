@@ -52,6 +52,7 @@ class Encoder:
 
     def __init__(self) -> None:
         self._labels: dict[int, Labels] = {}
+        self._distinct: dict[tuple[Labels, ...], None] = {}  # series sets with each series once
 
     @property
     def cached_series(self) -> int:
@@ -85,7 +86,13 @@ class Encoder:
         # one timestamp for all: a window's (the usual case)
         ts: int | tuple[int, ...] = stamps[0] if stamps.count(stamps[0]) == len(stamps) else stamps
         vals = np.array(values, dtype=np.float64)
-        block = Block.of(labels, ts, vals, families)  # type: ignore[arg-type]  # no None left
+        key = tuple(labels)
+        distinct = key in self._distinct  # the same series as an earlier window: no need to look
+        block = Block.of(key, ts, vals, families, distinct=distinct)  # type: ignore[arg-type]
+        if not distinct and len(block.series) == len(key):
+            if len(self._distinct) >= MAX_TEMPLATES:
+                self._distinct.clear()
+            self._distinct[key] = None  # type: ignore[index]
         if np.isnan(vals).any():
             # a series that got its stale marker is over (a pod left, a GPU was lost): without
             # this the cache would grow with every pod that ever ran on the node

@@ -52,7 +52,8 @@ def test_v2_parses_to_what_the_v1_bytes_describe(
             fam = by_name.get(s.name, Family("", "", "unknown"))
             meta = (TYPES.get(fam.type, 0), fam.help, fam.unit)
             expected.append((list(s.all_labels()), [], meta))
-        start = start_ms if by_name.get(s.name, Family("", "", "")).type == "counter" else 0
+        counter = by_name.get(s.name, Family("", "", "")).type == "counter"
+        start = start_ms if counter and ts >= start_ms else 0  # none before the start
         expected[order[s.id]][1].append((bits(value), ts, start))  # type: ignore[index]
     assert resolve(req) == expected
     # encoding again from a warm cache gives the same bytes

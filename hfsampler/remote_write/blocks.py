@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.remote_write.protowrite import encode_labels, metadata_entry
+from hfsampler.remote_write.protowrite import encode_labels, metadata_entry, varint_len
 from hfsampler.series import Family
 
 _U32 = struct.Struct("<I")
@@ -204,14 +204,18 @@ def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> li
     ``labels``: ``label_lengths(block.series)``, when known."""
     sizes: list[int] = []
     if block.series:
-        u = block.timestamps_ms.view(np.uint64)
-        vlen = np.ones(len(u), dtype=np.int64)
-        for k in range(1, 10):
-            vlen += u >= np.uint64(1 << (7 * k))
-        sample_bytes = np.cumsum(vlen + _SAMPLE_FIXED)
-        upto = sample_bytes[block.ends - 1]
-        per_series = np.diff(upto, prepend=0)
-        body = per_series + (label_lengths(block.series) if labels is None else labels)
+        ts = block.timestamps_ms
+        labels = label_lengths(block.series) if labels is None else labels
+        if block.samples == len(block.series) and ts[0] == ts[-1] and bool((ts == ts[0]).all()):
+            # a window: one sample per series, one timestamp
+            body = labels + (_SAMPLE_FIXED + varint_len(int(ts[0]) % (1 << 64)))
+        else:
+            u = ts.view(np.uint64)
+            vlen = np.ones(len(u), dtype=np.int64)
+            for k in range(1, 10):
+                vlen += u >= np.uint64(1 << (7 * k))
+            upto = np.cumsum(vlen + _SAMPLE_FIXED)[block.ends - 1]
+            body = np.diff(upto, prepend=0) + labels
         head = np.ones(len(body), dtype=np.int64)
         for k in range(1, 5):
             head += body >= (1 << (7 * k))

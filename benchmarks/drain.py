@@ -32,7 +32,7 @@ from hfsampler.config.settings import Config
 from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import GPU_TEMP
 from hfsampler.remote_write.config import parse_remote_write
-from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.sampling.window import exported_names
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Series, SeriesRegistry, Snapshot

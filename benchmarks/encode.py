@@ -1,44 +1,62 @@
-"""Benchmark: Remote-Write encode + snappy samples/s, hfsampler vs prometheus-remote-writer,
-and Remote-Write 2.0 beside 1.0 (bytes per sample after snappy, encode samples/s).
+"""Benchmark: Remote-Write encode + snappy, 1.0 and 2.0, samples/s and bytes/sample, alternating.
 
-Both sides run in the same process on the same windows: (a) 8 GPUs x 32 fields x a gauge's
-statistics with dcgm-exporter labels, (b) 10 000 series. Each window is cut into requests of at most
-``max_samples_per_send`` samples, encoded and snappy-compressed. Prints a table and writes JSON.
+Two series sets: (a) dcgm-exporter's labels on 8 GPUs x every NVML device field of the catalogue
+(34 today; per-link NVLink fields left out: ``benchmarks/nvlink.py`` measures those) x a gauge's
+statistics (4: mean, min, max, p99) = 1,088 series; (b) 10,000 series of three labels. Each
+window (one sample per series) is cut into requests of at most ``BATCH`` samples
+(``max_samples_per_send``), each written and snappy-compressed, as a writer sends a window; the
+label cache is warm, as it is from a running writer's second window on.
 
-prometheus-remote-writer can only build a request on its way to sending it, so its side calls the
-two internal steps ``RemoteWriter.send`` runs before the HTTP POST (``_convert_to_timeseries``, then
-``_build_message``: protobuf objects, ``SerializeToString``, ``snappy.compress``).
+Sides, all from the same windows (``QueuedSample`` lists built outside the timed region):
+- ``new 1.0``: ``Encoder.block`` then ``RequestEncoderV1.encode``, ``compress`` (what
+  ``intake`` and ``delivery`` do per request);
+- ``new 2.0``: ``Encoder.block`` then ``Sizer`` (delivery's size check, as 1.0),
+  ``RequestEncoderV2.encode``, ``compress``;
+- with ``--baseline DIR`` (a checkout of the commit before, e.g. ``git worktree add /tmp/rw-base
+  d7da83e``): ``old 1.0``, its ``Encoder.encode_samples`` and ``compress``, and ``old 2.0``, its
+  1.0 bytes turned into 2.0 by its ``RequestEncoderV2`` (blocks were 1.0; 2.0 was made at send
+  time), then ``compress``; its modules are imported from DIR into this process.
+
+Fairness: every side runs in one process on the same windows; in each of ``--rounds`` rounds
+every side runs for ``--slice`` seconds, in an order rotated from round to round; a side's rate
+is the median of its rounds, its spread the lowest and highest. Before timing, the sides' bytes
+are compared: new and old 1.0 must be equal, new and old 2.0 equal, so both measure the same
+work. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import snappy
 
 from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import CATALOGUE, Kind
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
+from hfsampler.remote_write.blocks import Sizer
+from hfsampler.remote_write.encoder import (
+    Encoder,
+    QueuedSample,
+    RequestEncoderV1,
+    compress,
+    write_request,
+)
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.sampling.window import suffixes
 from hfsampler.series import Family, Series, SeriesRegistry
 from hfsampler.sources.base import DeviceInfo
 
 BATCH = 2000  # Prometheus's default max_samples_per_send
-MIN_TIME_S = 0.7
-REPEATS = 3
+N_WINDOWS = 8
 STATS = suffixes(Kind.GAUGE)  # a gauge's series, for every field alike
-# the catalogue's NVML device fields (not GPM's): 32, so 8 GPUs x 32 fields x 4 statistics (today's
-# len(STATS)) = 1024 series a window
-# (per-link NVLink fields left out: one series per link, benchmarks/nvlink.py measures those)
 FIELDS = [f.name for f in CATALOGUE if (f.nvml_field or f.nvml_call) and f.per is None]
 
 
@@ -76,85 +94,7 @@ def windows(series: list[Series], count: int, seed: int = 1) -> list[list[float]
     ]
 
 
-def run_for(fn: Callable[[int], int], n_windows: int) -> tuple[float, int]:
-    """Best of ``REPEATS`` runs (a shared machine is noisy); returns (seconds, samples)."""
-    runs = [_run_once(fn, n_windows) for _ in range(REPEATS)]
-    return max(runs, key=lambda r: r[1] / r[0])
-
-
-def _run_once(fn: Callable[[int], int], n_windows: int) -> tuple[float, int]:
-    """Calls fn(window) until MIN_TIME_S has passed; returns (seconds, samples)."""
-    samples = 0
-    start = time.perf_counter()
-    i = 0
-    while True:
-        samples += fn(i % n_windows)
-        i += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= MIN_TIME_S and i >= n_windows:
-            return elapsed, samples
-
-
-def bench_case(name: str, series: list[Series]) -> list[dict[str, Any]]:
-    n_windows = 8
-    vals = windows(series, n_windows)
-    stamps = [1_764_000_000_000 + 1000 * w for w in range(n_windows)]
-    enc = Encoder()
-
-    def ours_bodies(w: int) -> list[tuple[int, bytes]]:
-        ts = stamps[w]
-        samples = [QueuedSample(s, v, ts) for s, v in zip(series, vals[w], strict=True)]
-        out = []
-        for i in range(0, len(samples), BATCH):
-            raw = enc.encode_samples(samples[i : i + BATCH])
-            out.append((len(raw), compress(raw)))
-        return out
-
-    def ours(w: int) -> int:
-        ours_bodies(w)
-        return len(series)
-
-    rows: list[dict[str, Any]] = []
-    sizes = ours_bodies(0)  # also warms the label cache, as every window after the first finds it
-    raw_b, comp_b = sum(r for r, _ in sizes), sum(len(b) for _, b in sizes)
-    t, n = run_for(ours, n_windows)
-    rows.append(_row(name, len(series), "hfsampler Encoder", t, n, raw_b, comp_b))
-
-    peer = _peer()
-    if peer is None:
-        rows.append({"case": name, "impl": "prometheus-remote-writer", "error": "not installed"})
-        return rows
-    writer, peer_wr = peer
-    label_dicts = [dict(s.all_labels()) for s in series]
-    # The peer's input format, built outside the timed region to favour it.
-    items = [
-        [
-            {"metric": lbl, "values": [v], "timestamps": [stamps[w]]}
-            for lbl, v in zip(label_dicts, vals[w], strict=True)
-        ]
-        for w in range(n_windows)
-    ]
-
-    def theirs_bodies(w: int) -> list[bytes]:
-        timeseries, _ = writer._convert_to_timeseries(items[w])
-        return [writer._build_message(batch) for batch in _chunks(timeseries)]
-
-    def theirs(w: int) -> int:
-        theirs_bodies(w)
-        return len(series)
-
-    bodies = theirs_bodies(0)
-    raw_p = sum(len(snappy.uncompress(b)) for b in bodies)
-    comp_p = sum(len(b) for b in bodies)
-    t2, n2 = run_for(theirs, n_windows)
-    rows.append(_row(name, len(series), "prometheus-remote-writer", t2, n2, raw_p, comp_p))
-    rows[-1]["ratio_vs_peer"] = 1.0
-    rows[0]["ratio_vs_peer"] = rows[0]["samples_per_s"] / rows[-1]["samples_per_s"]
-    _cross_check(enc, series, vals[0], stamps[0], writer, items[0], peer_wr)
-    return rows
-
-
-def _families(series: list[Series]) -> dict[str, Family]:
+def families_of(series: list[Series]) -> dict[str, Family]:
     """Each series name's family as the metric model registers it: the catalogue's metadata."""
     by_field = {f.name: f for f in CATALOGUE}
     out = {}
@@ -168,158 +108,186 @@ def _families(series: list[Series]) -> dict[str, Family]:
     return out
 
 
-def bench_rw2(name: str, series: list[Series]) -> list[dict[str, Any]]:
-    """Remote-Write 2.0 beside 1.0 on the same samples: one window, and a 60-window backlog sent
-    as one request (an edge node draining its spool after an outage)."""
-    vals = windows(series, 60)
-    stamps = [1_764_000_000_000 + 1000 * w for w in range(60)]
-    families = _families(series)
-    rows: list[dict[str, Any]] = []
-    for label, n_windows in (("1 window", 1), ("60-window backlog", 60)):
-        samples = [
-            QueuedSample(s, v, stamps[w])
-            for w in range(n_windows)
-            for s, v in zip(series, vals[w], strict=True)
-        ]
-        enc = Encoder()
-        v2 = RequestEncoderV2(lambda: families)
-        raw1 = enc.encode_samples(samples)  # warms the label cache, as a running writer has it
-        raw2, _ = v2.encode(raw1)
-
-        def one(n: int = len(samples), s: list[QueuedSample] = samples, e: Encoder = enc) -> int:
-            compress(e.encode_samples(s))
-            return n
-
-        def two(
-            n: int = len(samples),
-            s: list[QueuedSample] = samples,
-            e: Encoder = enc,
-            t: RequestEncoderV2 = v2,
-        ) -> int:
-            compress(t.encode(e.encode_samples(s))[0])  # blocks are 1.0; 2.0 is made to send
-            return n
-
-        for impl, fn, raw in (("1.0 WriteRequest", one, raw1), ("2.0 Request", two, raw2)):
-            t, n = run_for(lambda _w, fn=fn: fn(), 1)  # type: ignore[misc]
-            rows.append(
-                {
-                    "case": f"{name}, {label}",
-                    "impl": impl,
-                    "samples": n,
-                    "samples_per_s": n / t,
-                    "raw_bytes_per_sample": len(raw) / len(samples),
-                    "compressed_bytes_per_sample": len(compress(raw)) / len(samples),
-                }
-            )
-        rows[-1]["bytes_vs_1_0"] = (
-            rows[-1]["compressed_bytes_per_sample"] / rows[-2]["compressed_bytes_per_sample"]
-        )
-        rows[-1]["speed_vs_1_0"] = rows[-1]["samples_per_s"] / rows[-2]["samples_per_s"]
-    return rows
+def load_baseline(root: Path) -> tuple[ModuleType, ModuleType]:
+    """The baseline's ``encoder`` and ``encoder_v2`` modules, imported from ``root`` into this
+    process beside today's: ``hfsampler.remote_write`` looks in the baseline's folder while they
+    (and the siblings they import, bound at import time) load, then everything is put back."""
+    package = importlib.import_module("hfsampler.remote_write")
+    names = ("encoder", "encoder_v2", "wire")
+    saved_path = list(package.__path__)
+    saved = {n: sys.modules.pop(f"hfsampler.remote_write.{n}", None) for n in names}
+    saved_attrs = {n: getattr(package, n, None) for n in names}
+    package.__path__[:] = [str(root / "hfsampler" / "remote_write")]
+    try:
+        old = importlib.import_module("hfsampler.remote_write.encoder")
+        old_v2 = importlib.import_module("hfsampler.remote_write.encoder_v2")
+    finally:
+        package.__path__[:] = saved_path
+        for n in names:
+            sys.modules.pop(f"hfsampler.remote_write.{n}", None)
+            if saved[n] is not None:
+                sys.modules[f"hfsampler.remote_write.{n}"] = saved[n]  # type: ignore[assignment]
+            if saved_attrs[n] is not None:
+                setattr(package, n, saved_attrs[n])
+            elif hasattr(package, n):
+                delattr(package, n)
+    if not str(old.__file__).startswith(str(root)):
+        raise SystemExit(f"--baseline: loaded {old.__file__}, not from {root}")
+    return old, old_v2
 
 
-def _chunks(seq: list[Any]) -> list[list[Any]]:
-    return [seq[i : i + BATCH] for i in range(0, len(seq), BATCH)]
+Side = Callable[[int], tuple[int, list[tuple[int, int]]]]  # window -> (samples, (raw, comp)...)
+
+
+def sides(
+    series: list[Series], baseline: tuple[ModuleType, ModuleType] | None
+) -> tuple[dict[str, Side], list[list[list[QueuedSample]]]]:
+    """Each side's work for one window (its requests written and compressed)."""
+    vals = windows(series, N_WINDOWS)
+    stamps = [1_764_000_000_000 + 1000 * w for w in range(N_WINDOWS)]
+    chunks = []
+    for w in range(N_WINDOWS):
+        window = [QueuedSample(s, v, stamps[w]) for s, v in zip(series, vals[w], strict=True)]
+        chunks.append([window[i : i + BATCH] for i in range(0, len(window), BATCH)])
+    families = families_of(series)
+    enc = Encoder()
+    v1 = RequestEncoderV1()
+    v2 = RequestEncoderV2(lambda: families)
+    sizes = Sizer()
+
+    def new_v1(w: int) -> tuple[int, list[tuple[int, int]]]:
+        out = []
+        for chunk in chunks[w]:
+            raw = v1.encode(enc.block(chunk))
+            out.append((len(raw), len(compress(raw))))
+        return len(series), out
+
+    def new_v2(w: int) -> tuple[int, list[tuple[int, int]]]:
+        out = []
+        for chunk in chunks[w]:
+            block = enc.block(chunk)
+            sizes(block)  # delivery measures a 2.0 request as 1.0 against its size limit
+            raw = v2.encode(block)[0]
+            out.append((len(raw), len(compress(raw))))
+        return len(series), out
+
+    out: dict[str, Side] = {"new 1.0": new_v1, "new 2.0": new_v2}
+    if baseline is not None:
+        old, old_v2_module = baseline
+        old_enc = old.Encoder()
+        old_v2 = old_v2_module.RequestEncoderV2(lambda: families)
+
+        def old_v1(w: int) -> tuple[int, list[tuple[int, int]]]:
+            res = []
+            for chunk in chunks[w]:
+                raw = old_enc.encode_samples(chunk)
+                res.append((len(raw), len(old.compress(raw))))
+            return len(series), res
+
+        def old_v2_side(w: int) -> tuple[int, list[tuple[int, int]]]:
+            res = []
+            for chunk in chunks[w]:
+                raw = old_v2.encode(old_enc.encode_samples(chunk))[0]
+                res.append((len(raw), len(old.compress(raw))))
+            return len(series), res
+
+        out["old 1.0"] = old_v1
+        out["old 2.0"] = old_v2_side
+        _cross_check(chunks[:2], families, old, old_v2_module)
+    return out, chunks
 
 
 def _cross_check(
-    enc: Encoder,
-    series: list[Series],
-    vals: list[float],
-    ts: int,
-    writer: Any,
-    items: list[Any],
-    write_request: Any,
+    windows: list[list[list[QueuedSample]]], families: dict[str, Family], old: Any, old_v2: Any
 ) -> None:
-    """Our bytes, parsed by the peer's own protobuf classes, equal the request it builds."""
-    samples = [QueuedSample(s, v, ts) for s, v in zip(series, vals, strict=True)]
-    ours = write_request.FromString(enc.encode_samples(samples))
-    theirs = write_request()
-    theirs.timeseries.extend(writer._convert_to_timeseries(items)[0])
-    if ours != theirs:
-        raise SystemExit("cross-check failed: our request differs from the peer's")
+    """New and old write the same bytes for the same windows (the second from the templates
+    the first left): both sides do the same work."""
+    enc, v1, v2 = Encoder(), RequestEncoderV1(), RequestEncoderV2(lambda: families)
+    old_enc, old_v2_enc = old.Encoder(), old_v2.RequestEncoderV2(lambda: families)
+    for chunks in windows:
+        for chunk in chunks:
+            block = enc.block(chunk)
+            want = old_enc.encode_samples(chunk)
+            if not write_request(block) == v1.encode(block) == want:
+                raise SystemExit("cross-check failed: new and old 1.0 bytes differ")
+            if v2.encode(block)[0] != old_v2_enc.encode(want)[0]:
+                raise SystemExit("cross-check failed: new and old 2.0 bytes differ")
 
 
-def _peer() -> tuple[Any, Any] | None:
-    try:
-        import logging
-
-        from prometheus_remote_writer import RemoteWriter
-        from prometheus_remote_writer.proto.remote_pb2 import WriteRequest
-    except ImportError:
-        return None
-    quiet = logging.getLogger("bench.peer")
-    quiet.disabled = True
-    # Labels are already sorted in byte order, __name__ included (Series.all_labels).
-    writer = RemoteWriter("http://127.0.0.1:9/unused", logger=quiet)
-    return writer, WriteRequest
-
-
-def _row(
-    case: str, n_series: int, impl: str, seconds: float, samples: int, raw: int, comp: int
-) -> dict[str, Any]:
-    """raw and comp are the bytes of one window (n_series samples)."""
-    return {
-        "case": case,
-        "series": n_series,
-        "impl": impl,
-        "samples": samples,
-        "seconds": round(seconds, 4),
-        "samples_per_s": samples / seconds,
-        "raw_bytes_per_sample": raw / n_series,
-        "compressed_bytes_per_sample": comp / n_series,
-    }
+def measure(
+    name: str, series: list[Series], baseline: Any, rounds: int, slice_s: float
+) -> list[dict[str, Any]]:
+    work, _ = sides(series, baseline)
+    names = list(work)
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    sizes = {n: work[n](0)[1] for n in names}  # also warms each side's caches
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            fn = work[n]
+            samples = 0
+            w = 0
+            start = time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < slice_s or w < 1:
+                samples += fn(w % N_WINDOWS)[0]
+                w += 1
+            rates[n].append(samples / elapsed)
+    rows = []
+    for n in names:
+        raw = sum(a for a, _ in sizes[n])
+        comp = sum(b for _, b in sizes[n])
+        rows.append(
+            {
+                "case": name,
+                "series": len(series),
+                "side": n,
+                "samples_per_s": statistics.median(rates[n]),
+                "spread": [min(rates[n]), max(rates[n])],
+                "rounds": rounds,
+                "raw_bytes_per_sample": raw / len(series),
+                "compressed_bytes_per_sample": comp / len(series),
+            }
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out/encode.json", help="JSON result path")
+    parser.add_argument("--baseline", type=Path, help="a checkout of the commit to compare with")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (median)")
+    parser.add_argument("--slice", type=float, default=0.3, help="seconds per side per round")
     args = parser.parse_args(argv)
+    baseline = load_baseline(args.baseline.resolve()) if args.baseline else None
     reg = SeriesRegistry()
+    dcgm = dcgm_series(reg)
     cases = [
-        ("dcgm 8gpu x 32 fields x 4 stats", dcgm_series(reg)),
+        (f"dcgm 8 GPUs x {len(FIELDS)} fields x {len(STATS)} stats", dcgm),
         ("10k series", many_series(reg, 10_000)),
     ]
-    rows = [row for name, series in cases for row in bench_case(name, series)]
+    rows = [r for name, s in cases for r in measure(name, s, baseline, args.rounds, args.slice)]
     header = (
-        f"{'case':34} {'series':>6} {'impl':26} {'samples/s':>12} "
-        f"{'raw B/s.':>8} {'snappy B/s.':>11} {'vs peer':>8}"
+        f"{'case':34} {'series':>6} {'side':8} {'samples/s':>11} {'spread':>19} "
+        f"{'raw B/s.':>8} {'snappy B/s.':>11} {'vs new 1.0':>10}"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
-        if "error" in r:
-            print(f"{r['case']:34} {'':>6} {r['impl']:26} {r['error']}")
-            continue
+        ref = next(x for x in rows if x["case"] == r["case"] and x["side"] == "new 1.0")
+        lo, hi = r["spread"]
         print(
-            f"{r['case']:34} {r['series']:>6} {r['impl']:26} {r['samples_per_s']:>12,.0f} "
-            f"{r['raw_bytes_per_sample']:>8.1f} {r['compressed_bytes_per_sample']:>11.2f} "
-            f"{r.get('ratio_vs_peer', float('nan')):>7.1f}x"
-        )
-    print(
-        "\nprometheus-remote-writer builds requests only inside send(); measured here through the"
-        "\nsame internal steps send() runs before its HTTP POST (_convert_to_timeseries,"
-        "\n_build_message). Both sides: batches of 2000 samples, snappy block format, one process."
-        "\nCross-check passed: our bytes parse, with the peer's protobuf classes, to its request."
-    )
-    rw2 = bench_rw2("dcgm 8gpu", cases[0][1])
-    header2 = (
-        f"\n{'Remote-Write 2.0 vs 1.0':44} {'samples/s':>12} {'raw B/s.':>8} "
-        f"{'snappy B/s.':>11} {'bytes':>7} {'speed':>7}"
-    )
-    print(header2)
-    print("-" * (len(header2) - 1))
-    for r in rw2:
-        case = f"{r['case']}: {r['impl']}"
-        print(
-            f"{case:44} {r['samples_per_s']:>12,.0f} {r['raw_bytes_per_sample']:>8.1f} "
+            f"{r['case']:34} {r['series']:>6} {r['side']:8} {r['samples_per_s']:>11,.0f} "
+            f"{lo:>9,.0f}-{hi:<9,.0f} {r['raw_bytes_per_sample']:>8.1f} "
             f"{r['compressed_bytes_per_sample']:>11.2f} "
-            f"{r.get('bytes_vs_1_0', 1.0):>6.2f}x {r.get('speed_vs_1_0', 1.0):>6.2f}x"
+            f"{r['samples_per_s'] / ref['samples_per_s']:>9.2f}x"
         )
     print(
-        "2.0 carries type, help and unit on every series; blocks are queued as 1.0 and the 2.0"
-        "\nrequest is made at send time, so its encode cost includes the 1.0 encode."
+        f"\nmedian of {args.rounds} alternating rounds of {args.slice} s per side; requests of at"
+        f" most {BATCH} samples, snappy block format, one process"
+        + (f"; old = {args.baseline}" if baseline else "; no --baseline: new sides only")
     )
+    if baseline:
+        print("cross-check passed: new and old write the same 1.0 bytes and the same 2.0 bytes")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
@@ -328,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                 "python": sys.version.split()[0],
                 "machine": platform.machine(),
                 "batch_samples": BATCH,
+                "baseline": str(args.baseline) if baseline else None,
                 "results": rows,
-                "rw2_vs_rw1": rw2,
             },
             indent=2,
         )

@@ -6,7 +6,7 @@ VictoriaMetrics (the integration tests' harness), then replays every raw sample 
 under its own ``bench`` label:
 
 - ``arrays``: what ``hfsampler replay --raw`` does now (``RawBatches``: encoded straight from
-  the raw chunk arrays, ``RemoteWriter.push_encoded``);
+  the raw chunk arrays as blocks, ``RemoteWriter.push_block``);
 - ``snapshots``: the path it replaced, a ``Snapshot`` per millisecond (``raw_snapshots``) through
   ``RemoteWriter.push``, the peer (run on the first ``--peer-seconds`` of the recording only, by
   default, since it is slow; its rate is per sample all the same).
@@ -44,7 +44,7 @@ from hfsampler.profiling.recording import Recording  # noqa: E402
 from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay, replay_labels  # noqa: E402
 from hfsampler.remote_write.config import endpoint_from_url  # noqa: E402
 from hfsampler.remote_write.encoder import Encoder  # noqa: E402
-from hfsampler.remote_write.sender import RemoteWriter  # noqa: E402
+from hfsampler.remote_write.intake import RemoteWriter  # noqa: E402
 from hfsampler.selfmetrics import SelfMetrics  # noqa: E402
 
 OUT = HERE / "out"

@@ -44,6 +44,19 @@ class QueueDirLockedError(ConfigError):
         )
 
 
+class SpoolFormatError(ConfigError):
+    """A spool segment of a format this version does not read (exit 2, one line)."""
+
+    def __init__(self, path: str, found: str, version: str) -> None:
+        self.path = path
+        self.found = found
+        super().__init__(
+            "queue_dir",
+            f"{path} is a spool segment of format {found}; this hfsampler reads {version} only",
+            "move or delete the file; nothing was released that wrote another format",
+        )
+
+
 class SourceError(HfsamplerError, RuntimeError):
     """A GPU source could not be opened or read."""
 

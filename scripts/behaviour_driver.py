@@ -85,7 +85,10 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "render": (("hfsampler.export.exposition", "render"), ("hfsampler.exposition", "render")),
     "selfmetrics": (("hfsampler.selfmetrics", ""),),
-    "RemoteWriter": (("hfsampler.remote_write.sender", "RemoteWriter"),),
+    "RemoteWriter": (
+        ("hfsampler.remote_write.intake", "RemoteWriter"),
+        ("hfsampler.remote_write.sender", "RemoteWriter"),
+    ),
     "endpoint_from_url": (("hfsampler.remote_write.config", "endpoint_from_url"),),
     "PROTOBUF_V2": (("hfsampler.remote_write.config", "PROTOBUF_V2"),),
     "Marker": (("hfsampler.profiling.recording", "Marker"), ("hfsampler.recording", "Marker")),

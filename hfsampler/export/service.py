@@ -30,10 +30,10 @@ from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
 from hfsampler.export.metrics import MetricModel
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
+from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
-from hfsampler.remote_write.encoder import Block
-from hfsampler.remote_write.sender import RemoteWriter, orphan_spools
+from hfsampler.remote_write.intake import RemoteWriter, orphan_spools
 from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.window import MAX, MEAN, WindowStats

@@ -1,15 +1,14 @@
 """`hfsampler replay`: push a recording to a Remote-Write receiver after the fact.
 
-The window series go through the same ``MetricModel`` and ``RemoteWriter`` (encoder, queue,
-sender, retries) as a live ``hfsampler run``, with the recording's own timestamps, its devices'
-labels, and its job labels (``--label`` at record time, Slurm and Kubernetes identifiers) as
-external labels. ``--raw`` pushes every distinct millisecond sample instead, as ``NAME_raw``
-series, encoded straight from the recording's raw chunk arrays (``RawBatches``, through
-``remote_write.arrays``) a batch of about ``RAW_BATCH_SAMPLES`` samples at a time, each series
-on one of ``RAW_SHARDS`` shards. A replay gives up after ``--timeout`` (default 2 minutes,
-pushing and flushing together) with a summary of what was not sent, exit 1; Ctrl-C flushes
-for at most 5 s more, then exits 130. The queue is drained as it fills rather than let
-overflow: a replay has no live data to favour over old.
+The window series go through the same ``MetricModel`` and ``RemoteWriter`` (encoder, queue, sender,
+retries) as a live ``hfsampler run``, with the recording's own timestamps, its devices' labels, and
+its job labels (``--label`` at record time, Slurm and Kubernetes identifiers) as external labels.
+``--raw`` pushes every distinct millisecond sample instead, as ``NAME_raw`` series, as blocks made
+straight from the recording's raw chunk arrays (``RawBatches``) a batch of about
+``RAW_BATCH_SAMPLES`` samples at a time, each series on one of ``RAW_SHARDS`` shards. A replay gives
+up after ``--timeout`` (default 2 minutes, pushing and flushing together) with a summary of what was
+not sent, exit 1; Ctrl-C flushes for at most 5 s more, then exits 130. The queue is drained as it
+fills rather than let overflow: a replay has no live data to favour over old.
 
 Receivers differ on old samples: Prometheus refuses samples older than its head block (about the
 last 1-3 hours) unless ``storage.tsdb.out_of_order_time_window`` is set; VictoriaMetrics accepts
@@ -29,10 +28,9 @@ from hfsampler import selfmetrics as sm
 from hfsampler.export.metrics import MetricModel, gpu_labels, host_labels
 from hfsampler.fields import Kind
 from hfsampler.profiling.recording import Recording
-from hfsampler.remote_write.arrays import sample_bytes, timeseries
+from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.config import EndpointConfig, endpoint_from_url
-from hfsampler.remote_write.encoder import encode_labels
-from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, SeriesRegistry, Snapshot, with_external_labels
 
@@ -163,24 +161,24 @@ def raw_snapshots(rec: Recording, labels: dict[str, str]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class RawBatch:
-    """One batch of ``--raw``: per shard, its encoded ``TimeSeries`` entries and their samples."""
+    """One batch of ``--raw``: per shard, a block of its series' samples."""
 
-    blocks: tuple[tuple[int, bytes, int], ...]  # (shard, bytes, samples)
+    blocks: tuple[tuple[int, Block], ...]  # (shard, block)
     first_ms: int  # the batch's earliest sample
 
     @property
     def samples(self) -> int:
-        return sum(n for _, _, n in self.blocks)
+        return sum(b.samples for _, b in self.blocks)
 
 
 @dataclass(frozen=True, slots=True)
 class _RawSeries:
-    labels: bytes  # the encoded Label entries
+    labels: Labels
     shard: int
 
 
 class RawBatches:
-    """A recording's raw samples as Remote-Write bytes, batch by batch, from the chunk arrays.
+    """A recording's raw samples as Remote-Write blocks, batch by batch, from the chunk arrays.
 
     Each series (group, GPU, field) keeps one sample per millisecond, the last, as a sample of
     ``NAME_raw`` at that millisecond, like ``raw_snapshots``. A series' last millisecond in a
@@ -217,7 +215,8 @@ class RawBatches:
             self.registry.family(name, f"{f.help} Every distinct sample.", kind, f.unit)
             series = self.registry.series(name, {**self._base[gpu], **dict(f.labels)})
             sid = self._sid[key] = len(self._series)
-            self._series.append(_RawSeries(encode_labels(series), series.id % self.n_shards))
+            labels = Labels.of(series.all_labels())
+            self._series.append(_RawSeries(labels, series.id % self.n_shards))
         return sid
 
     def __iter__(self) -> Iterator[RawBatch]:
@@ -260,17 +259,20 @@ class RawBatches:
             sid, ms, val = sid[~last], ms[~last], val[~last]
         if not len(sid):
             return None
-        encoded = sample_bytes(ms, val)
         starts = np.flatnonzero(np.r_[True, sid[1:] != sid[:-1]])
-        ends = np.r_[starts[1:], len(sid)]
-        out: list[list[bytes]] = [[] for _ in range(self.n_shards)]
-        counts = [0] * self.n_shards
-        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-            s = self._series[int(sid[a])]
-            out[s.shard].append(timeseries(s.labels, encoded, a, b))
-            counts[s.shard] += b - a
-        blocks = tuple((k, b"".join(out[k]), counts[k]) for k in range(self.n_shards) if counts[k])
-        return RawBatch(blocks, int(ms.min()))
+        firsts = sid[starts].tolist()
+        shard_of = np.array([self._series[i].shard for i in firsts], np.int64)
+        per_sample = np.repeat(shard_of, np.diff(np.r_[starts, len(sid)]))
+        blocks = []
+        for k in range(self.n_shards):
+            mine = np.flatnonzero(shard_of == k)
+            if not len(mine):
+                continue
+            take = per_sample == k  # the shard's series, each still in one run, in sid order
+            counts = np.diff(np.r_[starts, len(sid)])[mine]
+            labels = tuple(self._series[firsts[i]].labels for i in mine.tolist())
+            blocks.append((k, Block(labels, np.cumsum(counts), ms[take], val[take])))
+        return RawBatch(tuple(blocks), int(ms.min()))
 
 
 def raw_endpoint(url: str) -> EndpointConfig:
@@ -308,8 +310,8 @@ async def replay(
                 if stop.is_set() or loop.time() >= deadline:
                     stopped_at = batch.first_ms
                     break
-                for shard, data, samples in batch.blocks:
-                    writer.push_encoded(shard, data, samples, batches.families)
+                for shard, block in batch.blocks:
+                    writer.push_block(shard, block, batches.families)
                 pushed += batch.samples
                 await _backpressure(writer, stop, deadline)
         else:

@@ -1,12 +1,10 @@
-"""Array encoder: ``WriteRequest`` bytes from columns of samples, vectorised with numpy.
+"""Arrays: every ``Sample`` message of a request written at once, vectorised with numpy.
 
-``Encoder`` writes a sample at a time, which suits a window (a few hundred series, one sample
-each); a recording's raw samples (``replay --raw``) are millions of samples of a few hundred
-series, already in arrays. Here every ``Sample`` message of a batch is built at once as rows of
-a byte matrix (tag, length, tag, the double's 8 bytes, tag, the timestamp's varint), and each
-series' ``TimeSeries`` is its cached label bytes plus a slice of those rows. The bytes are the
-same as ``Encoder.encode_samples`` writes for the same samples (tests hold it to that), so the
-queues, the sender and the receivers see no difference.
+A block keeps its samples as arrays; both serializers (``encoder.write_request`` for 1.0,
+``encoder_v2`` for 2.0, whose ``Sample`` has the same fields) turn them into bytes here, as rows
+of a byte matrix (tag, length, tag, the double's 8 bytes, tag, the timestamp's varint), and then
+give each series its cached label bytes (or references) plus a slice of those rows. The bytes
+are what the protobuf library writes for the same samples (tests hold it to that).
 """
 
 from __future__ import annotations
@@ -16,9 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.remote_write.encoder import varint
+from hfsampler.remote_write.protowrite import varint
 
-_TIMESERIES = b"\x0a"  # WriteRequest.timeseries = 1
 _SAMPLES_TAG = 0x12  # TimeSeries.samples = 2
 _VALUE_TAG = 0x09  # Sample.value = 1, fixed64
 _TIMESTAMP_TAG = 0x10  # Sample.timestamp = 2, varint
@@ -33,6 +30,7 @@ class SampleBytes:
 
     data: bytes
     ends: npt.NDArray[np.int64]
+    rows: npt.NDArray[np.uint8] | None = None  # one row per sample, when all are as wide
 
     def span(self, a: int, b: int) -> bytes:
         """Samples ``a`` to ``b`` (exclusive), as bytes."""
@@ -44,6 +42,16 @@ def sample_bytes(ts_ms: npt.ArrayLike, values: npt.ArrayLike) -> SampleBytes:
     """Every sample of the batch encoded, in the order given (int64 ms; float64, bit for bit)."""
     u = np.ascontiguousarray(ts_ms, dtype=np.int64).view(np.uint64)  # a negative: 10 bytes
     n = len(u)
+    if n and u[0] == u[-1] and bool((u == u[0]).all()):  # a window: one timestamp, written once
+        tail = np.frombuffer(bytes((_TIMESTAMP_TAG,)) + varint(int(u[0])), dtype=np.uint8)
+        rows = np.empty((n, _FIXED - 1 + len(tail)), dtype=np.uint8)
+        rows[:, 0] = _SAMPLES_TAG
+        rows[:, 1] = rows.shape[1] - 2
+        rows[:, 2] = _VALUE_TAG
+        rows[:, 3:11] = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(n, 8)
+        rows[:, 11:] = tail
+        ends = np.arange(1, n + 1, dtype=np.int64) * rows.shape[1]
+        return SampleBytes(rows.tobytes(), ends, rows)
     vlen = np.ones(n, dtype=np.int64)
     for k in range(1, _MAX_VARINT):
         vlen += u >= np.uint64(1 << (7 * k))
@@ -59,13 +67,32 @@ def sample_bytes(ts_ms: npt.ArrayLike, values: npt.ArrayLike) -> SampleBytes:
         rows[:, _FIXED + k] = byte | np.where(vlen > k + 1, 0x80, 0).astype(np.uint8)
     width = _FIXED + vlen
     if n and int(vlen.min()) == widest:  # the usual case: every timestamp as wide
-        data = rows.tobytes()
-    else:
-        data = rows[np.arange(rows.shape[1]) < width[:, None]].tobytes()
+        return SampleBytes(rows.tobytes(), np.cumsum(width), rows)
+    data = rows[np.arange(rows.shape[1]) < width[:, None]].tobytes()
     return SampleBytes(data, np.cumsum(width))
 
 
-def timeseries(label_bytes: bytes, samples: SampleBytes, a: int, b: int) -> bytes:
-    """One ``WriteRequest.timeseries`` entry: the series' labels and samples ``a`` to ``b``."""
-    body = samples.span(a, b)
-    return _TIMESERIES + varint(len(label_bytes) + len(body)) + label_bytes + body
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A request of one sample per series with every sample's bytes left out: a steady window
+    (the same series, in the same order, as the last one) is written by putting its sample rows
+    in, all at once, instead of series by series."""
+
+    buf: npt.NDArray[np.uint8]
+    index: npt.NDArray[np.intp]  # where each row's bytes go, one row per series
+
+    @classmethod
+    def of(cls, parts: list[bytes], width: int) -> Template:
+        """The request ``parts[0] + row 0 + parts[1] + row 1 + ... + row n-1 + parts[n]`` for
+        rows of ``width`` bytes."""
+        gap = bytes(width)
+        buf = np.frombuffer(gap.join(parts), dtype=np.uint8).copy()
+        lengths = np.fromiter((len(p) for p in parts[:-1]), np.intp, len(parts) - 1)
+        starts = np.cumsum(lengths) + width * np.arange(len(lengths))
+        return cls(buf, starts[:, None] + np.arange(width))
+
+    def fill(self, rows: npt.NDArray[np.uint8]) -> bytes:
+        """The request with ``rows`` (one per series, as wide as the template's) put in."""
+        buf = self.buf.copy()
+        buf[self.index] = rows
+        return buf.tobytes()

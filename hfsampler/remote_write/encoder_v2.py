@@ -1,34 +1,38 @@
-"""Encoder for Remote-Write 2.0: one ``io.prometheus.write.v2.Request`` from a batch's blocks.
+"""Encoder for Remote-Write 2.0: one ``io.prometheus.write.v2.Request`` from a request's block.
 
-Blocks are always 1.0 bytes (what memory and disk queues hold, so a fallback to 1.0 never needs
-the original samples). For a 2.0 endpoint the sender turns a batch's concatenated blocks into
-one 2.0 request at send time: a symbol table for the whole request (each label string once,
-``symbols[0]`` empty), each series' label references, its metadata (type, help, unit, from the
-catalogue's families) and, for counters whose start is known, ``start_timestamp`` on every
-sample. It writes the wire format directly, like the 1.0 encoder; what it learns of a series
-(its label strings, its metadata) is cached by the series' 1.0 label bytes, so a window costs a
-dictionary lookup per series plus the references. 1.0 sample messages are valid 2.0 ones
-(``value = 1``, ``timestamp = 2``), so samples are copied, with the start timestamp appended.
+The same block a 1.0 endpoint gets is written here as 2.0 at send time: a symbol table for the
+whole request (each string once, ``symbols[0]`` empty), each series' label references, its
+metadata (type, help, unit, from the catalogue's families as they are at send time, so a spool
+replayed before the first window gets them once they are known) and, for counters whose start
+is known, ``start_timestamp`` on every sample at or after it. Samples are written all at once
+(``arrays.sample_bytes``: a 2.0 ``Sample`` has the 1.0 one's fields and tags).
 
-Shards build their requests in executor threads at once: that is safe, since each request's
-symbol table is its own and the cache only ever gains whole entries (or is cleared).
+What a series needs in every request (its strings, metadata and start) is kept by its labels;
+a request's symbol table and each series' references are kept by the request's series (the
+same tuple of ``Labels`` comes back window after window, each shard's series in their order),
+so a steady window costs what 1.0 costs: a length prefix and slices per series.
+
+Shards build requests in executor threads at once: that is safe, since each request's symbol
+table is its own and the caches only ever gain whole entries (or are cleared).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from hfsampler.remote_write import wire
-from hfsampler.remote_write.encoder import _SMALL_LIMIT as _SMALL
-from hfsampler.remote_write.encoder import _SMALL_VARINTS, METRIC_TYPES, varint
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.remote_write.arrays import Template, sample_bytes
+from hfsampler.remote_write.blocks import Block, Labels
+from hfsampler.remote_write.protowrite import METRIC_TYPES, SMALL_LIMIT, SMALL_VARINTS, varint
 from hfsampler.series import Family
 
 # 2.0 tags: (field << 3) | wire type
 _TAG_SYMBOLS = b"\x22"  # Request.symbols = 4
 _TAG_TIMESERIES = b"\x2a"  # Request.timeseries = 5
 _TAG_LABELS_REFS = b"\x0a"  # TimeSeries.labels_refs = 1 (packed)
-_TAG_SAMPLE = b"\x12"  # TimeSeries.samples = 2
 _TAG_METADATA = b"\x2a"  # TimeSeries.metadata = 5
 _TAG_META_TYPE = b"\x08"  # Metadata.type = 1
 _TAG_META_HELP = b"\x18"  # Metadata.help_ref = 3
@@ -40,8 +44,10 @@ VERSION = "2.0.0"
 # A family hfsampler does not know (a relabelled name): the spec's "unspecified".
 _UNKNOWN = Family("", "", "unknown")
 # Cache entries kept at most: a series that ends is not told to this encoder, so churn is bounded
-# by clearing, as for the 1.0 encoder's timestamp frames.
+# by clearing, as for the 1.0 encoder's labels.
 MAX_CACHED_SERIES = 1 << 17
+MAX_CACHED_TABLES = 32  # request series sets: a few per shard
+_HEADS = [_TAG_TIMESERIES + v for v in SMALL_VARINTS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +60,31 @@ class _Series:
     unit: str
     start_tail: bytes  # the Sample.start_timestamp field, b"" when unknown
     start_ms: int
+    known: bool  # its family was known: the answer holds for later requests
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A request's symbol table and, per series, what comes before and after its samples; the
+    templates of requests of one sample per series, by the samples' width."""
+
+    symbols: bytes
+    refs: tuple[bytes, ...]  # the labels_refs field
+    metas: tuple[bytes, ...]  # the metadata field
+    starts: tuple[_Series | None, ...]  # the series whose samples take a start timestamp
+    any_start: bool
+    # -1 when every family was known; else how many families there were (once there are more,
+    # one may be a family unknown here: the table is made again)
+    families_seen: int
+    templates: dict[int, Template] = field(default_factory=dict)
+
+
+def _ref(ref: int) -> bytes:
+    return SMALL_VARINTS[ref] if ref < SMALL_LIMIT else varint(ref)
 
 
 class RequestEncoderV2:
-    """Turns 1.0 ``WriteRequest`` bytes into 2.0 ``Request`` bytes.
+    """Writes blocks as 2.0 ``Request`` bytes.
 
     ``families`` gives the current metric families by name (the catalogue's, as the metric
     model registered them); ``start_ms`` the start of a counter family, 0 when unknown.
@@ -71,50 +98,69 @@ class RequestEncoderV2:
         self._families = families
         self._start_ms = start_ms
         self._series: dict[bytes, _Series] = {}
+        self._tables: dict[tuple[Labels, ...], _Table] = {}
 
-    def encode(self, raw_v1: bytes) -> tuple[bytes, int]:
-        """The 2.0 request for ``raw_v1`` and the number of samples in it.
+    def encode(self, block: Block) -> tuple[bytes, int]:
+        """The 2.0 request for ``block`` and the number of samples in it.
 
-        1.0 metadata entries are left out: 2.0 carries metadata on every series.
-        """
-        symbols: dict[str, int] = {"": 0}
-        out: list[bytes] = []
-        append = out.append
-        samples_total = 0
+        The block's families (1.0 metadata entries) are left out: 2.0 carries metadata on
+        every series."""
+        table = self._tables.get(block.series)
+        if table is None or (
+            table.families_seen >= 0 and len(self._families()) != table.families_seen
+        ):
+            table = self._table(block.series)
+        encoded = sample_bytes(block.timestamps_ms, block.values)
+        rows = encoded.rows
+        # a start timestamp makes a sample's bytes its own: no template for those
+        if rows is not None and block.samples == len(block.series) and not table.any_start:
+            width = rows.shape[1]
+            template = table.templates.get(width)
+            if template is None:
+                template = table.templates[width] = self._template(table, width)
+            return template.fill(rows), block.samples
+        data = encoded.data
+        byte_ends = encoded.ends[block.ends - 1].tolist()
+        out: list[bytes] = [table.symbols]
+        heads = _HEADS
+        lo = 0
+        for i, hi in enumerate(byte_ends):
+            refs, meta, start = table.refs[i], table.metas[i], table.starts[i]
+            if start is None:
+                samples = data[lo:hi]
+            else:
+                a = int(block.ends[i - 1]) if i else 0
+                samples = _with_start(data, encoded.ends, a, int(block.ends[i]), start, block)
+            body = len(refs) + len(samples) + len(meta)
+            out += (
+                heads[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body),
+                refs,
+                samples,
+                meta,
+            )
+            lo = hi
+        return b"".join(out), block.samples
+
+    def _table(self, series: tuple[Labels, ...]) -> _Table:
         families = self._families()
-        cache = self._series
-        small = _SMALL_VARINTS
-        for start, end in _series_spans(raw_v1):
-            # A 1.0 TimeSeries as hfsampler writes it: its Label fields (tag 0x0a) first, then
-            # its Sample fields (tag 0x12).
-            pos = start
-            while pos < end and raw_v1[pos] == 0x0A:
-                length, pos = _varint_at(raw_v1, pos + 1)
-                pos += length
-            key = raw_v1[start:pos]
-            info = cache.get(key)
+        symbols: dict[str, int] = {"": 0}
+        refs_out: list[bytes] = []
+        metas: list[bytes] = []
+        starts: list[_Series | None] = []
+        known = True
+        for labels in series:
+            info = self._series.get(labels.v1)
             if info is None:
-                info = self._learn(key, families)
+                info = self._learn(labels, families)
+            known = known and info.known
             refs = []
             for text in info.strings:
                 ref = symbols.get(text)
                 if ref is None:
                     ref = symbols[text] = len(symbols)
-                refs.append(small[ref] if ref < _SMALL else varint(ref))
+                refs.append(_ref(ref))
             packed = b"".join(refs)
-            body = [_TAG_LABELS_REFS, varint(len(packed)), packed]
-            start_ts = info.start_tail
-            n = 0
-            while pos < end:
-                length, pos = _varint_at(raw_v1, pos + 1)
-                sample = raw_v1[pos : pos + length]
-                # a sample before the start (spooled by an earlier process) gets none
-                if start_ts and _sample_ts(sample) >= info.start_ms:
-                    sample += start_ts
-                pos += length
-                body += (_TAG_SAMPLE, small[len(sample)], sample)
-                n += 1
-            samples_total += n
+            refs_out.append(_TAG_LABELS_REFS + varint(len(packed)) + packed)
             meta = info.meta_type
             for tag, text in ((_TAG_META_HELP, info.help), (_TAG_META_UNIT, info.unit)):
                 if text:
@@ -122,70 +168,65 @@ class RequestEncoderV2:
                     if ref is None:
                         ref = symbols[text] = len(symbols)
                     meta += tag + varint(ref)
-            body += (_TAG_METADATA, small[len(meta)], meta)
-            series = b"".join(body)
-            append(_TAG_TIMESERIES + varint(len(series)) + series)
-        head = [_TAG_SYMBOLS + varint(len(d)) + d for d in map(str.encode, symbols)]
-        return b"".join(head) + b"".join(out), samples_total
+            metas.append(_TAG_METADATA + varint(len(meta)) + meta)
+            starts.append(info if info.start_tail else None)
+        table = _Table(
+            b"".join(_TAG_SYMBOLS + varint(len(d)) + d for d in map(str.encode, symbols)),
+            tuple(refs_out),
+            tuple(metas),
+            tuple(starts),
+            any(starts),
+            -1 if known else len(families),
+        )
+        if len(self._tables) >= MAX_CACHED_TABLES:
+            self._tables.clear()
+        self._tables[series] = table
+        return table
 
-    def _learn(self, label_bytes: bytes, families: Mapping[str, Family]) -> _Series:
-        strings: list[str] = []
-        name = ""
-        for label in wire.fields(label_bytes):
-            pair = label_bytes[label.payload : label.end]
-            label_name = label_value = ""
-            for part in wire.fields(pair):
-                text = pair[part.payload : part.end].decode()
-                if part.number == 1:
-                    label_name = text
-                elif part.number == 2:
-                    label_value = text
-            strings += (label_name, label_value)
-            if label_name == "__name__":
-                name = label_value
-        family = families.get(name, _UNKNOWN)
+    @staticmethod
+    def _template(table: _Table, width: int) -> Template:
+        """The request of ``table``'s series with one sample each, ``width`` bytes wide."""
+        parts = [table.symbols]
+        for refs, meta in zip(table.refs, table.metas, strict=True):
+            body = len(refs) + width + len(meta)
+            head = _HEADS[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body)
+            parts[-1] += head + refs
+            parts.append(meta)
+        return Template.of(parts, width)
+
+    def _learn(self, labels: Labels, families: Mapping[str, Family]) -> _Series:
+        family = families.get(labels.name, _UNKNOWN)
         start = self._start_ms(family) if family.type == "counter" else 0
         metric_type = METRIC_TYPES.get(family.type, 0)
         info = _Series(
-            tuple(strings),
+            labels.strings,
             _TAG_META_TYPE + varint(metric_type) if metric_type else b"",
             family.help,
             family.unit,
             _TAG_START_TS + varint(start) if start else b"",
             start,
+            family is not _UNKNOWN,
         )
         if family is _UNKNOWN:
             return info  # not cached: its family may be known by the next request
         if len(self._series) >= MAX_CACHED_SERIES:
             self._series.clear()
-        self._series[label_bytes] = info
+        self._series[labels.v1] = info
         return info
 
 
-def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
-    byte = data[pos]
-    if byte < 0x80:  # lengths of labels and samples almost always fit one byte
-        return byte, pos + 1
-    value = byte & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _sample_ts(sample: bytes) -> int:
-    """A 1.0 Sample's timestamp (``value`` fixed64 at 0-8, then tag 0x10 and the varint)."""
-    if len(sample) > 10 and sample[9] == 0x10:
-        value, _ = _varint_at(sample, 10)
-        return value - (1 << 64) if value >= 1 << 63 else value
-    return 0
-
-
-def _series_spans(raw: bytes) -> list[tuple[int, int]]:
-    """Where each ``TimeSeries`` body of a 1.0 request lies; other fields are skipped."""
-    return [(f.payload, f.end) for f in wire.fields(raw) if f.number == 1 and f.wire_type == 2]
+def _with_start(
+    data: bytes, ends: npt.NDArray[np.int64], a: int, b: int, info: _Series, block: Block
+) -> bytes:
+    """Samples ``a`` to ``b`` with the start timestamp on each one at or after the start (a
+    sample spooled by an earlier process, before it, gets none)."""
+    parts = []
+    tail = info.start_tail
+    for k in range(a, b):
+        lo = int(ends[k - 1]) if k else 0
+        sample = data[lo : int(ends[k])]
+        if int(block.timestamps_ms[k]) >= info.start_ms:
+            body = sample[2:] + tail
+            sample = b"\x12" + SMALL_VARINTS[len(body)] + body
+        parts.append(sample)
+    return b"".join(parts)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from hfsampler.remote_write.encoder import Block
+from hfsampler.remote_write.blocks import Block
 
 Clock = Callable[[], float]
 

@@ -6,7 +6,8 @@ One directory per shard::
     .lock                        flock'ed by the process that owns the directory (``dirlock``)
     <first seq, 20 digits>.seg   MAGIC (8 bytes), then records:
         RECORD_MAGIC (4) | u32 CRC32 of the next 20 bytes | u32 payload length |
-        u32 sample count | u64 seq | u32 CRC32 of the payload | payload (snappy)
+        u32 sample count | u64 seq | u32 CRC32 of the payload | payload: a packed
+        ``Block`` (``blocks.pack``), snappy-compressed
     acked                        two slots of 16 bytes: ACK_MAGIC (4) | u64 seq | u32 CRC32 of
                                  the 12 bytes before it; every record below the higher valid
                                  seq was delivered (or dropped)
@@ -18,10 +19,9 @@ Damage costs the damaged record only. Its header has a CRC of its own, so a reco
 payload is damaged is skipped by its length, its samples known and counted; where a header is
 damaged the reader searches for the next ``RECORD_MAGIC`` whose header CRC holds, and the
 samples of what lay between are unknown. A damaged segment header is searched the same way.
-Segments of earlier versions are still read: ``V2_MAGIC`` (records ``u32 length | u32 CRC32 of
-(seq, count, payload) | u64 seq | u32 count | payload``, seqs consecutive) and ``LEGACY_MAGIC``
-(the same, labels written before byte order: sorted on the way out). In those the reader
-resynchronises on the next seqs' bytes. Recovered segments are never appended to.
+A segment of any other format (``HFSPOOL`` and another version) is refused at start, with one
+line naming the file and the version found: no release ever wrote one, so none is converted.
+Recovered segments are never appended to.
 
 The ack file is overwritten in place, never renamed: a full disk refuses new blocks, not the
 overwrite of one it gave before, so acknowledgements are kept however full the disk is. Two
@@ -49,15 +49,14 @@ from typing import Any, Generic, TypeVar
 
 import snappy
 
-from hfsampler.remote_write import wire
+from hfsampler.errors import SpoolFormatError
+from hfsampler.remote_write.blocks import Block, Unpacker
 from hfsampler.remote_write.dirlock import DirLock
-from hfsampler.remote_write.encoder import Block
 
 log = logging.getLogger("hfsampler.remote_write.spool")
 
-MAGIC = b"HFSPOOL3"
-V2_MAGIC = b"HFSPOOL2"
-LEGACY_MAGIC = b"HFSPOOL1"  # labels as encoded before byte order: __name__ first
+MAGIC = b"HFSPOOL4"
+_MAGIC_STEM = MAGIC[:-1]  # what every version's segment header starts with
 RECORD_MAGIC = b"\xf3HR3"
 ACK_MAGIC = b"HFA3"
 ACK_NAME = "acked"
@@ -67,11 +66,8 @@ _HEAD = struct.Struct("<4sIIIQI")  # magic, header crc, length, count, seq, payl
 _HEAD_TAIL = struct.Struct("<IIQI")  # what the header CRC covers: the header from byte 8 on
 _HEAD_CRC_FROM = _HEAD.size - _HEAD_TAIL.size
 _U32 = struct.Struct("<I")
-_V2_HEAD = struct.Struct("<IIQI")  # length, crc, seq, count
-_V2_CRC_PART = struct.Struct("<QI")  # what a v2 CRC covers besides the payload
 _SEQ = struct.Struct("<Q")
 _ACK = struct.Struct("<4sQI")
-_V2_RESYNC_SEQS = 32  # after damage in a v2 segment, the next seqs searched for
 T = TypeVar("T")
 
 
@@ -82,7 +78,6 @@ class Segment:
     first_seq: int
     path: Path
     size: int
-    version: int = 3
     sealed: bool = False  # recovered at start: never appended to
     rel: array[int] = field(default_factory=lambda: array("I"))  # seq - first_seq
     counts: array[int] = field(default_factory=lambda: array("I"))
@@ -90,11 +85,6 @@ class Segment:
 
     def __len__(self) -> int:
         return len(self.rel)
-
-    @property
-    def legacy(self) -> bool:
-        """Written before byte order: labels are sorted on the way out."""
-        return self.version == 1
 
     @property
     def end_seq(self) -> int:
@@ -136,29 +126,28 @@ class Damage:
 
 @dataclass(slots=True)
 class Scan:
-    """What a segment file holds: its format, intact records (seq, count, offset), damage."""
+    """What a segment file holds: intact records (seq, count, offset), damage."""
 
-    version: int  # 0: nothing recognisable
     records: list[tuple[int, int, int]]
     damage: list[Damage]
     header_damaged: bool = False
 
 
-def scan(data: bytes, first_seq: int) -> Scan:
-    """Every intact record of a segment file, and every stretch of damage between them."""
+def scan(data: bytes, path: Path) -> Scan:
+    """Every intact record of a segment file, and every stretch of damage between them.
+
+    ``SpoolFormatError`` for a segment of another version."""
     head = data[: len(MAGIC)]
     if head == MAGIC:
-        return Scan(3, *_scan_v3(data, len(MAGIC)))
-    if head in (V2_MAGIC, LEGACY_MAGIC):
-        return Scan(2 if head == V2_MAGIC else 1, *_scan_v2(data, len(MAGIC), first_seq))
-    # A damaged segment header: the records say which format it was.
+        return Scan(*_scan_v3(data, len(MAGIC)))
+    if head.startswith(_MAGIC_STEM) and head[len(_MAGIC_STEM) :].isdigit():
+        found = head.decode("ascii")
+        raise SpoolFormatError(str(path), found, MAGIC.decode("ascii"))
+    # A damaged segment header: its records are searched for.
     records, damage = _scan_v3(data, 0)
     if records:
-        return Scan(3, records, damage, header_damaged=True)
-    records, damage = _scan_v2(data, len(MAGIC), first_seq)
-    if records:  # v2 or legacy: sorting labels that are in order already changes nothing
-        return Scan(1, records, [Damage(0, len(MAGIC)), *damage], header_damaged=True)
-    return Scan(0, [], [Damage(0, len(data))] if data else [], header_damaged=True)
+        return Scan(records, damage, header_damaged=True)
+    return Scan([], [Damage(0, len(data))] if data else [], header_damaged=True)
 
 
 def _head_v3(data: bytes, pos: int) -> tuple[int, int, int, int] | None:
@@ -206,54 +195,14 @@ def _scan_v3(data: bytes, pos: int) -> tuple[list[tuple[int, int, int]], list[Da
     return records, damage
 
 
-def _v2_record_at(data: bytes, pos: int, seq: int) -> int:
-    """The length of an intact v2 record of ``seq`` at ``pos``; -1 if there is none."""
-    if pos < 0 or pos + _V2_HEAD.size > len(data):
-        return -1
-    length, crc, rseq, _ = _V2_HEAD.unpack_from(data, pos)
-    end = pos + _V2_HEAD.size + length
-    if rseq != seq or length > MAX_RECORD_BYTES or end > len(data):
-        return -1
-    part = zlib.crc32(data[pos + 8 : pos + _V2_HEAD.size])  # seq and count
-    check = zlib.crc32(memoryview(data)[pos + _V2_HEAD.size : end], part)
-    return length if check == crc else -1
-
-
-def _scan_v2(
-    data: bytes, pos: int, first_seq: int
-) -> tuple[list[tuple[int, int, int]], list[Damage]]:
-    records: list[tuple[int, int, int]] = []
-    damage: list[Damage] = []
-    expect = first_seq
-    while pos < len(data):
-        length = _v2_record_at(data, pos, expect)
-        if length >= 0:
-            records.append((expect, _V2_HEAD.unpack_from(data, pos)[3], pos))
-            pos += _V2_HEAD.size + length
-            expect += 1
-            continue
-        # Resynchronise: the nearest intact record of one of the next seqs.
-        nxt, nxt_seq = len(data), expect
-        for seq in range(expect, expect + _V2_RESYNC_SEQS):
-            at = data.find(_SEQ.pack(seq), pos + 1 + 8, nxt + 8) - 8  # seq sits 8 bytes in
-            if at > pos and _v2_record_at(data, at, seq) >= 0:
-                nxt, nxt_seq = at, seq
-        damage.append(Damage(pos, nxt))
-        pos, expect = nxt, nxt_seq
-    return records, damage
-
-
-def payload_at(buf: bytes, pos: int, version: int, seq: int) -> bytes | None:
+def payload_at(buf: bytes, pos: int, seq: int) -> bytes | None:
     """The payload of record ``seq`` at ``pos`` in ``buf`` if it is intact there."""
-    if version == 3:
-        head = _head_v3(buf, pos)
-        if head is None or head[2] != seq:
-            return None
-        end = pos + _HEAD.size + head[0]
-        payload = buf[pos + _HEAD.size : end]
-        return payload if len(payload) == head[0] and zlib.crc32(payload) == head[3] else None
-    length = _v2_record_at(buf, pos, seq)
-    return buf[pos + _V2_HEAD.size : pos + _V2_HEAD.size + length] if length >= 0 else None
+    head = _head_v3(buf, pos)
+    if head is None or head[2] != seq:
+        return None
+    end = pos + _HEAD.size + head[0]
+    payload = buf[pos + _HEAD.size : end]
+    return payload if len(payload) == head[0] and zlib.crc32(payload) == head[3] else None
 
 
 # -- the ack file ----------------------------------------------------------------------------
@@ -312,21 +261,15 @@ class AckFile:
             self._fd = None
 
 
-def parse_ack(raw: bytes | None, end_seq: int, directory: Path) -> tuple[int, bool]:
+def parse_ack(raw: bytes | None, directory: Path) -> tuple[int, bool]:
     """The acknowledged seq from the ack file's bytes, and whether to keep the file as it is.
 
-    ``end_seq`` is one past the newest record on disk: the bare u64 of HFSPOOL2's spool is
-    believed only up to it. No file: 0. A damaged one: 0, every record on disk is sent again."""
+    No file: 0. A damaged one: 0, every record on disk is sent again."""
     if raw is None:
         return 0, False
-    if len(raw) == _SEQ.size:
-        (value,) = _SEQ.unpack(raw)
-        if value <= end_seq or not end_seq:  # with nothing on disk, nothing to send again
-            return min(value, end_seq), False
-    else:
-        values = [v for v in _ack_values(raw) if v is not None]
-        if values:
-            return max(values), len(raw) == 2 * _ACK.size
+    values = [v for v in _ack_values(raw) if v is not None]
+    if values:
+        return max(values), len(raw) == 2 * _ACK.size
     log.warning(
         "spool %s: the ack file is damaged; sending every record still on disk (some of them "
         "were delivered before and come again)",
@@ -366,6 +309,7 @@ class SpoolFiles:
         self.dir = directory
         self._lock: DirLock | None = None
         self._ack = AckFile(directory / ACK_NAME)
+        self._unpacker = Unpacker()
 
     def open(self) -> Recovered:
         """Lock the directory, then recover it; the ack file is made ready if space allows."""
@@ -437,10 +381,10 @@ class SpoolFiles:
             raise
 
     def read(
-        self, path: Path, version: int, picks: list[tuple[int, int, int]], end: int
+        self, path: Path, picks: list[tuple[int, int, int]], end: int
     ) -> list[tuple[int, int, Block | None]]:
         """The records ``picks`` (seq, count, offset), which lie before ``end`` in the file,
-        as blocks; a damaged one, or a legacy one that cannot be repaired, without a block."""
+        as blocks; a damaged one without a block."""
         base = picks[0][2]
         try:
             with open(path, "rb") as f:
@@ -450,23 +394,18 @@ class SpoolFiles:
             return []
         out: list[tuple[int, int, Block | None]] = []
         for seq, count, offset in picks:
-            payload = payload_at(buf, offset - base, version, seq)
-            block = _block(payload, count, version == 1) if payload is not None else None
+            payload = payload_at(buf, offset - base, seq)
+            block = self._block(payload, count) if payload is not None else None
             out.append((seq, count, block))
         return out
 
-
-def _block(payload: bytes, count: int, legacy: bool) -> Block | None:
-    """A stored record as a block again; a legacy one with its labels put in byte order.
-
-    None when it cannot be decoded (a legacy record never goes out unsorted): it is dropped."""
-    try:
-        raw = snappy.uncompress(payload)
-        if legacy:
-            raw = wire.sort_labels(raw)
-    except (wire.WireError, snappy.UncompressError):
-        return None
-    return Block.ready(raw, count)
+    def _block(self, payload: bytes, count: int) -> Block | None:
+        """A stored record as a block again; None when it cannot be read (it is dropped)."""
+        try:
+            block = self._unpacker.unpack(snappy.uncompress(payload))
+        except (ValueError, snappy.UncompressError):
+            return None
+        return block if block.samples == count else None
 
 
 # -- recovery --------------------------------------------------------------------------------
@@ -494,8 +433,8 @@ def recover(directory: Path) -> Recovered:
     floor = 0  # seqs below it belong to an earlier segment
     for path in sorted(names, key=lambda p: int(p.stem)):
         data = path.read_bytes()
-        result = scan(data, int(path.stem))
-        seg = Segment(int(path.stem), path, len(data), result.version, sealed=True)
+        result = scan(data, path)
+        seg = Segment(int(path.stem), path, len(data), sealed=True)
         damage = result.damage
         for seq, count, offset in result.records:
             if seq < max(seg.first_seq, floor) or (len(seg) and seq < seg.end_seq):
@@ -504,7 +443,7 @@ def recover(directory: Path) -> Recovered:
                 seg.add(seq, count, offset)
         floor = max(floor, seg.end_seq)
         indexed.append((seg, result, damage))
-    acked, keep_ack = parse_ack(raw_ack, floor, directory)
+    acked, keep_ack = parse_ack(raw_ack, directory)
     segments: list[Segment] = []
     corrupt = 0
     for seg, result, damage in indexed:
@@ -519,8 +458,6 @@ def recover(directory: Path) -> Recovered:
             seg.path.unlink()
             continue
         segments.append(seg)
-        if seg.legacy:
-            log.info("spool: %s is from an older version; its labels are sorted as sent", seg.path)
     return Recovered(segments, acked, keep_ack, corrupt)
 
 

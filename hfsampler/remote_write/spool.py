@@ -1,16 +1,16 @@
 """Spool: a persistent shard queue, bounded in memory and on disk, that survives crashes,
 restarts, a full disk and damaged files.
 
-Every ``put`` block becomes one *record*: on disk its bytes compressed with snappy, framed and
-checksummed (``segment.py`` has the format). Records go to memory and, from the spool's own I/O
-thread, to append-only segment files; compression, checksums, writes, fsync, reads and the
-start's recovery all run on that thread, never on the event loop. Memory keeps at most
-``capacity`` samples of the newest unsent records, older ones are read back from the files as
-blocks again. A record leaves the spool when the sender acknowledges it; a segment file is
-deleted as soon as all its records are acknowledged, the newest one too. Past
-``max_disk_bytes`` the oldest segment is deleted unsent and its samples are counted as dropped
-(``disk_full``). Delivery is at least once: a batch delivered just before a crash, whose
-acknowledgement was not yet written, is sent again.
+Every ``put`` block becomes one *record*: on disk the block packed (``blocks.pack``), compressed
+with snappy, framed and checksummed (``segment.py`` has the format). Records go to memory and, from
+the spool's own I/O thread, to append-only segment files; packing, compression, checksums, writes,
+fsync, reads and the start's recovery all run on that thread, never on the event loop. Memory keeps
+at most ``capacity`` samples of the newest unsent records, older ones are read back from the files
+as blocks again. A record leaves the spool when the sender acknowledges it; a segment file is
+deleted as soon as all its records are acknowledged, the newest one too. Past ``max_disk_bytes`` the
+oldest segment is deleted unsent and its samples are counted as dropped (``disk_full``). Delivery is
+at least once: a batch delivered just before a crash, whose acknowledgement was not yet written, is
+sent again.
 
 The directory is locked to one process (``dirlock``): a second one is refused, naming the pid
 that holds it. At start every segment is indexed record by record; damage costs the damaged
@@ -37,7 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfsampler.remote_write.encoder import Block, compress
+from hfsampler.remote_write.blocks import Block, pack
+from hfsampler.remote_write.encoder import compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
 from hfsampler.remote_write.segment import MAGIC, Append, Segment, SpoolFiles, frame
 
@@ -244,14 +245,13 @@ class SpoolQueue:
         return [pending.popleft()]
 
     async def _frames(self, todo: list[_Entry]) -> list[bytes]:
-        """The records' bytes on disk, compressed and checksummed on the I/O thread."""
+        """The records' bytes on disk, packed, compressed and checksummed on the I/O thread."""
         if not todo:
             return []
-        raws = [await e.block.data() for e in todo if e.block is not None]
-        records = [(e.seq, e.count, raw) for e, raw in zip(todo, raws, strict=True)]
+        records = [(e.seq, e.count, e.block) for e in todo if e.block is not None]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._io, lambda: [frame(seq, n, compress(raw)) for seq, n, raw in records]
+            self._io, lambda: [frame(seq, n, compress(pack(block))) for seq, n, block in records]
         )
 
     def _plan(self, todo: list[_Entry], frames: list[bytes]) -> list[Append[_Entry]]:
@@ -458,9 +458,7 @@ class SpoolQueue:
         end = seg.offsets[i] if i < len(seg) else seg.size
         loop = asyncio.get_running_loop()
         try:
-            read = await loop.run_in_executor(
-                self._io, self._files.read, seg.path, seg.version, picks, end
-            )
+            read = await loop.run_in_executor(self._io, self._files.read, seg.path, picks, end)
             records = [_Entry(seq, count, block) for seq, count, block in read]
         except OSError as exc:
             log.error("spool %s: cannot read %s: %s", self._dir, seg.path.name, exc)

@@ -120,7 +120,7 @@ def _endpoint(prom: SecurePrometheus, pki: Pki, name: str, **tls_and_auth: objec
 
 
 async def _push(endpoints, seconds: float, metric: str):  # type: ignore[no-untyped-def]
-    from hfsampler.remote_write.sender import RemoteWriter
+    from hfsampler.remote_write.intake import RemoteWriter
     from hfsampler.selfmetrics import SelfMetrics
     from hfsampler.series import SeriesRegistry, Snapshot
 

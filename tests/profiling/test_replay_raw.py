@@ -1,4 +1,4 @@
-"""`replay --raw`'s array encoder: the same bytes as the sample-at-a-time encoder, the same
+"""`replay --raw`'s blocks from arrays: the same bytes as the sample-at-a-time encoder, the same
 samples as the per-millisecond snapshot path, labels in byte order."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay_labels, window_snapshots
-from hfsampler.remote_write.arrays import sample_bytes, timeseries
-from hfsampler.remote_write.encoder import Encoder, QueuedSample
+from hfsampler.remote_write.arrays import sample_bytes
+from hfsampler.remote_write.blocks import Block
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, write_request
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.series import STALE_NAN, SeriesRegistry
 
@@ -34,11 +35,10 @@ def test_array_bytes_equal_the_sample_encoder() -> None:
     owner = rng.integers(0, len(series), len(ts))
     order = np.argsort(owner, kind="stable")
     ts, values, owner = ts[order], values[order], owner[order]
-    encoded = sample_bytes(ts, values)
-    got = b""
-    for k, s in enumerate(series):
-        idx = np.flatnonzero(owner == k)
-        got += timeseries(Encoder().label_bytes(s), encoded, int(idx[0]), int(idx[-1]) + 1)
+    enc = Encoder()
+    counts = np.bincount(owner, minlength=len(series))
+    block = Block(tuple(enc.labels(s) for s in series), np.cumsum(counts), ts, values)
+    got = write_request(block)
     want = Encoder().encode_samples(
         [
             QueuedSample(series[o], float(v), int(t))
@@ -84,8 +84,8 @@ def test_a_replays_external_labels_leave_each_gpu_its_own(recording: Recording) 
     assert gpus == {"0", "1"}
     got = set()
     for b in RawBatches(recording, labels, n_shards=1):
-        for _, data, _ in b.blocks:
-            got |= {dict(k)["gpu"] for k in _decoded(data)}
+        for _, block in b.blocks:
+            got |= {dict(k)["gpu"] for k in _decoded(write_request(block))}
     assert got == {"0", "1"}
     windows = window_snapshots(recording, labels)
     assert {
@@ -104,10 +104,10 @@ def test_batches_hold_the_snapshot_paths_samples(recording: Recording, batch: in
     got: dict[tuple[tuple[str, str], ...], list[tuple[int, float]]] = {}
     shard_of: dict[tuple[tuple[str, str], ...], set[int]] = {}
     for b in batches:
-        assert b.samples == sum(n for _, _, n in b.blocks)
-        for shard, data, n in b.blocks:
-            part = _decoded(data)
-            assert sum(len(v) for v in part.values()) == n
+        assert b.samples == sum(block.samples for _, block in b.blocks)
+        for shard, block in b.blocks:
+            part = _decoded(write_request(block))
+            assert sum(len(v) for v in part.values()) == block.samples
             for key, samples in part.items():
                 got.setdefault(key, []).extend(samples)
                 shard_of.setdefault(key, set()).add(shard)

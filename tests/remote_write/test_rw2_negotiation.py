@@ -13,8 +13,8 @@ from test_rw_sender import FAST, eventually, labels_of, make_series, snap
 
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.relabel import parse_rules
-from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, SeriesRegistry, Snapshot
 

@@ -18,7 +18,7 @@ from test_rw_sender import FAST, Receiver, Reply, eventually, labels_of, make_se
 
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig, parse_remote_write
-from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot
 

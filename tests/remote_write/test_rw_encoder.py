@@ -9,8 +9,9 @@ import snappy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, encode_metadata, varint
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
 from hfsampler.remote_write.prompb import remote_pb2, types_pb2
+from hfsampler.remote_write.protowrite import encode_metadata, varint
 from hfsampler.series import STALE_NAN, Family, SeriesRegistry, Snapshot, is_stale
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_rw_encoder import batches, bits
 
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, encode_metadata
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, RequestEncoderV1, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.prompb import writev2_pb2
 from hfsampler.series import STALE_NAN, Family, SeriesRegistry, is_stale
@@ -37,9 +37,9 @@ def test_v2_parses_to_what_the_v1_bytes_describe(
 ) -> None:
     samples, families = batch
     by_name = {f.name: f for f in families}
-    raw_v1 = Encoder().encode_samples(samples, encode_metadata(families))
+    block = Encoder().block(samples, families)
     encoder = RequestEncoderV2(lambda: by_name, lambda f: start_ms)
-    raw_v2, count = encoder.encode(raw_v1)
+    raw_v2, count = encoder.encode(block)
     req = writev2_pb2.Request.FromString(raw_v2)
     assert count == len(samples)
     assert req.symbols[0] == ""
@@ -52,18 +52,19 @@ def test_v2_parses_to_what_the_v1_bytes_describe(
             fam = by_name.get(s.name, Family("", "", "unknown"))
             meta = (TYPES.get(fam.type, 0), fam.help, fam.unit)
             expected.append((list(s.all_labels()), [], meta))
-        start = start_ms if by_name.get(s.name, Family("", "", "")).type == "counter" else 0
+        counter = by_name.get(s.name, Family("", "", "")).type == "counter"
+        start = start_ms if counter and ts >= start_ms else 0  # none before the start
         expected[order[s.id]][1].append((bits(value), ts, start))  # type: ignore[index]
     assert resolve(req) == expected
     # encoding again from a warm cache gives the same bytes
-    assert encoder.encode(raw_v1) == (raw_v2, count)
+    assert encoder.encode(block) == (raw_v2, count)
 
 
 def test_stale_marker_bits_survive_v2() -> None:
     reg = SeriesRegistry()
     s = reg.series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "3", "UUID": "GPU-1", "Hostname": "n"})
-    raw_v1 = Encoder().encode_samples([QueuedSample(s, STALE_NAN, 5000)])
-    raw_v2, _ = RequestEncoderV2(dict).encode(raw_v1)
+    block = Encoder().block([QueuedSample(s, STALE_NAN, 5000)])
+    raw_v2, _ = RequestEncoderV2(dict).encode(block)
     (ts,) = writev2_pb2.Request.FromString(raw_v2).timeseries
     assert is_stale(ts.samples[0].value)
     assert struct.pack("<d", ts.samples[0].value) == struct.pack("<d", STALE_NAN)
@@ -78,8 +79,9 @@ def test_symbols_shared_across_series_and_windows() -> None:
         for m in ("POWER_USAGE", "GPU_TEMP", "SM_CLOCK")
     ]
     samples = [QueuedSample(s, 1.0, 1000 * w) for w in range(1, 4) for s in series]
-    raw_v1 = Encoder().encode_samples(samples)
-    raw_v2, count = RequestEncoderV2(dict).encode(raw_v1)
+    block = Encoder().block(samples)
+    raw_v1 = write_request(block)
+    raw_v2, count = RequestEncoderV2(dict).encode(block)
     req = writev2_pb2.Request.FromString(raw_v2)
     assert count == len(samples)
     # "", 3 label names + __name__, 3 metric names, 8 gpu values, node-17, fra1
@@ -92,7 +94,7 @@ def test_start_timestamp_never_after_the_sample_and_unknown_families_not_cached(
     s = reg.series("hfsampler_windows_total", {"Hostname": "n"})
     families: dict[str, Family] = {}
     encoder = RequestEncoderV2(lambda: families, lambda f: 5000)
-    raw = Encoder().encode_samples([QueuedSample(s, 1.0, 1000), QueuedSample(s, 2.0, 6000)])
+    raw = Encoder().block([QueuedSample(s, 1.0, 1000), QueuedSample(s, 2.0, 6000)])
     (ts,) = writev2_pb2.Request.FromString(encoder.encode(raw)[0]).timeseries
     assert ts.metadata.type == 0  # not known yet: a spool replayed before the first window
     families[s.name] = Family(s.name, "Windows.", "counter")
@@ -100,3 +102,23 @@ def test_start_timestamp_never_after_the_sample_and_unknown_families_not_cached(
     assert ts.metadata.type == 1  # known now: the earlier answer was not cached
     # a sample spooled before this process started gets no start timestamp
     assert [(x.timestamp, x.start_timestamp) for x in ts.samples] == [(1000, 0), (6000, 5000)]
+
+
+def test_steady_windows_written_from_templates_equal_the_first() -> None:
+    """Later windows of the same series come from a template: the same bytes as written anew."""
+    reg = SeriesRegistry()
+    series = [reg.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(g)}) for g in range(5)]
+    families = {"DCGM_FI_DEV_POWER_USAGE": Family("DCGM_FI_DEV_POWER_USAGE", "Power.", "gauge")}
+    enc, v1 = Encoder(), RequestEncoderV1()
+    v2, fresh_v2 = RequestEncoderV2(lambda: families), RequestEncoderV2(lambda: families)
+    for w, ts in enumerate([1000, 2000, 2**40, 2**40 + 1000]):  # timestamps of two widths
+        values = [STALE_NAN if g == w else float(w * 10 + g) for g in range(5)]
+        block = enc.block([QueuedSample(s, v, ts) for s, v in zip(series, values, strict=True)])
+        assert v1.encode(block) == write_request(block)
+        raw_v2, count = v2.encode(block)
+        assert count == 5
+        assert raw_v2 == RequestEncoderV2(lambda: families).encode(block)[0]
+        req = writev2_pb2.Request.FromString(raw_v2)
+        got = [(bits(s.value), s.timestamp) for t in req.timeseries for s in t.samples]
+        assert got == [(bits(v), ts) for v in values]
+    assert fresh_v2.encode(block) == v2.encode(block)

@@ -22,8 +22,8 @@ from hfsampler import selfmetrics as sm
 from hfsampler.cli.main import main
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.config import EndpointConfig, QueueConfig, parse_remote_write
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.retry import Backoff
-from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 
 # The sender, its queues and its client run on an event loop: both loops are tried.

@@ -7,11 +7,15 @@ import itertools
 
 import pytest
 
-from hfsampler.remote_write.encoder import Block
+from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.queue import MemoryQueue
 
 # The sender, its queues and its client run on an event loop: both loops are tried.
 pytestmark = pytest.mark.both_loops
+
+
+def samples(n: int) -> Block:
+    return Block.of([Labels.of([("__name__", f"m{i}")]) for i in range(n)], 1000, [1.0] * n)
 
 
 async def test_a_deadline_that_passes_between_two_looks_still_sends() -> None:
@@ -21,7 +25,7 @@ async def test_a_deadline_that_passes_between_two_looks_still_sends() -> None:
     deadline_s = 1.0
     readings = itertools.count(0.0, 0.6 * deadline_s)  # each look at the clock is 0.6 s later
     queue = MemoryQueue(1000, clock=lambda: next(readings))
-    queue.put(Block.ready(b"x", 3))
+    queue.put(samples(3))
     batch = await asyncio.wait_for(queue.get_batch(500, deadline_s), 2.0)
     assert batch.count == 3
 
@@ -31,6 +35,6 @@ async def test_nothing_queued_waits_for_the_first_sample_then_its_deadline() -> 
     waiting = asyncio.ensure_future(queue.get_batch(500, 0.05))
     await asyncio.sleep(0.1)
     assert not waiting.done()  # nothing to send: no empty batch
-    queue.put(Block.ready(b"x", 2))
+    queue.put(samples(2))
     batch = await asyncio.wait_for(waiting, 5.0)
     assert batch.count == 2

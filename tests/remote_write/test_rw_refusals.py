@@ -21,8 +21,8 @@ from test_rw_sender import FAST, Receiver, Reply, eventually, labels_of, make_se
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.retry import parse_retry_after
-from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 
 

@@ -21,8 +21,8 @@ from test_rw_sender import FAST, Receiver, eventually, labels_of, make_series, s
 
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig, parse_remote_write
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.security import Redactor
-from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 
 USER = "edge-user"

@@ -18,9 +18,9 @@ from aiohttp.test_utils import TestServer
 import hfsampler
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig, QueueConfig
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.remote_write.retry import parse_retry_after
-from hfsampler.remote_write.sender import RemoteWriter
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_NAN, Family, Series, SeriesRegistry, Snapshot, is_stale
 
@@ -429,7 +429,7 @@ async def test_large_batches_encode_in_executor() -> None:
     async with Receiver() as rx:
         cfg = EndpointConfig(rx.url, queue=replace(FAST, max_samples_per_send=500))
         writer, _ = await running(cfg)
-        writer.executor_threshold = 100
+        writer.delivery.executor_threshold = 100
         series = make_series(400)
         for t in range(3):
             writer.push(snap(series, 1000 * (t + 1)))

@@ -14,7 +14,7 @@ from test_rw_sender import FAST, Receiver, labels_of
 
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.config import EndpointConfig
-from hfsampler.remote_write.sender import RemoteWriter
+from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, Snapshot

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import struct
-import zlib
 from pathlib import Path
 
 import pytest
-import snappy
 
-from hfsampler.remote_write.encoder import Block, Encoder, QueuedSample
+from hfsampler.errors import SpoolFormatError
+from hfsampler.remote_write.blocks import Block
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, write_request
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.remote_write.queue import Batch
-from hfsampler.remote_write.segment import LEGACY_MAGIC, MAGIC, recover
+from hfsampler.remote_write.segment import MAGIC, recover
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import Series, SeriesRegistry
 
@@ -26,11 +25,11 @@ SERIES = [REG.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i)}) for i in range(
 
 def window(ts: int, series: list[Series] = SERIES) -> Block:
     samples = [QueuedSample(s, float(ts + i), ts) for i, s in enumerate(series)]
-    return Block.ready(Encoder().encode_samples(samples), len(samples))
+    return Encoder().block(samples)
 
 
 def raw_of(batch: Batch) -> bytes:
-    return b"".join(b.encoded.result() for b in batch.blocks)
+    return b"".join(write_request(b) for b in batch.blocks)
 
 
 def decode(batch: Batch) -> list[tuple[str, int, float]]:
@@ -225,63 +224,24 @@ def test_segment_starts_with_magic(tmp_path: Path) -> None:
     assert recover(tmp_path).acked == 0
 
 
-def v2_frame(seq: int, count: int, raw: bytes) -> bytes:
-    """A record as HFSPOOL2 (and HFSPOOL1) framed it, written here from the format's text."""
-    payload = snappy.compress(raw)
-    crc = zlib.crc32(payload, zlib.crc32(struct.pack("<QI", seq, count)))
-    return struct.pack("<IIQI", len(payload), crc, seq, count) + payload
-
-
-def legacy_segment(root: Path, windows: int) -> None:
-    """A segment as hfsampler wrote it before byte order: HFSPOOL1, ``__name__`` first."""
-    root.mkdir(parents=True, exist_ok=True)
-    records = []
-    for seq in range(windows):
-        req = remote_pb2.WriteRequest()
-        for s in SERIES[:3]:
-            ts = req.timeseries.add()
-            for name, value in (("__name__", s.name), ("Hostname", "old"), *s.labels):
-                ts.labels.add(name=name, value=value)
-            ts.samples.add(value=float(seq), timestamp=1000 * (seq + 1))
-        records.append(v2_frame(seq, 3, req.SerializeToString()))
-    write_segment(root, LEGACY_MAGIC + b"".join(records))
-
-
 def write_segment(root: Path, data: bytes) -> None:
     (root / f"{0:020d}.seg").write_bytes(data)
 
 
-def legacy_segments(root: Path) -> list[Path]:
-    return [p for p in root.glob("*.seg") if p.read_bytes().startswith(LEGACY_MAGIC)]
-
-
-async def test_legacy_segment_is_sent_in_byte_order(tmp_path: Path) -> None:
-    legacy_segment(tmp_path, 4)
-    q = spool(tmp_path)
-    assert len(q) == 12
-    q.put(window(9000))  # new records never go into the legacy segment
-    q.start_flush()
-    names = []
-    while (batch := await q.get_batch(1000, 0.01)).count:
-        raw = raw_of(batch)
-        for ts in remote_pb2.WriteRequest.FromString(raw).timeseries:
-            names.append([lb.name for lb in ts.labels])
-        q.ack(batch)
-    assert len(names) == 12 + len(SERIES)
-    assert all(n == sorted(n, key=str.encode) for n in names), names
-    assert names[0] == ["Hostname", "__name__", "gpu"]
-    await q.close()
-    assert not legacy_segments(tmp_path)
-
-
-async def test_legacy_record_that_cannot_be_repaired_is_counted(tmp_path: Path) -> None:
-    bad = v2_frame(0, 5, b"\x0a\xff\xff")  # valid CRC, broken protobuf
-    good = v2_frame(1, 0, b"")
-    write_segment(tmp_path, LEGACY_MAGIC + bad + good)
-    drops = Drops()
-    q = spool(tmp_path, drops=drops)
-    q.put(window(5000))
-    got = await take_all(q)
-    assert drops.by_reason == {"corrupt": 5}
-    assert [ts for _, ts, _ in got] == [5000] * len(SERIES)
-    await q.close()
+@pytest.mark.parametrize("magic", [b"HFSPOOL3", b"HFSPOOL2", b"HFSPOOL1", b"HFSPOOL5"])
+def test_a_segment_of_another_format_is_refused_naming_file_and_version(
+    tmp_path: Path, magic: bytes
+) -> None:
+    """Nothing was released that wrote another format: one clear line, not a conversion."""
+    write_segment(tmp_path, magic + b"\xf3HR3" + bytes(40))
+    with pytest.raises(SpoolFormatError) as refused:
+        SpoolQueue(tmp_path, 1000, 1 << 20)
+    line = str(refused.value)
+    assert "\n" not in line
+    assert str(tmp_path / f"{0:020d}.seg") in line
+    assert magic.decode() in line
+    assert MAGIC.decode() in line
+    assert refused.value.key == "queue_dir"
+    # the lock was let go: once the file is moved away the directory opens
+    (tmp_path / f"{0:020d}.seg").rename(tmp_path / "old.seg.moved")
+    asyncio.run(SpoolQueue(tmp_path, 1000, 1 << 20).close())

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -16,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_rw_spool import Drops, decode, eventually, take_all, v2_frame, window
+from test_rw_spool import Drops, decode, eventually, take_all, window
 
 from hfsampler.remote_write import spool as spool_module
-from hfsampler.remote_write.encoder import Block
+from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.segment import recover
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import SeriesRegistry
@@ -149,7 +148,7 @@ def test_spool_directory_is_held_by_one_process(tmp_path: Path) -> None:
 CHILD_KILLED = """
 import asyncio, os, signal, sys
 from pathlib import Path
-from hfsampler.remote_write.encoder import Block, Encoder, QueuedSample
+from hfsampler.remote_write.encoder import Encoder, QueuedSample
 from hfsampler.remote_write.segment import recover
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import SeriesRegistry
@@ -160,7 +159,7 @@ async def main() -> None:
     q = SpoolQueue(Path(sys.argv[1]), 10, 1 << 20)
     for t in range(1, 11):
         samples = [QueuedSample(s, float(t), 1000 * t) for s in series]
-        q.put(Block.ready(Encoder().encode_samples(samples), len(samples)))
+        q.put(Encoder().block(samples))
     while q.memory_samples > 10:  # only written records leave memory
         await asyncio.sleep(0.005)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -251,14 +250,10 @@ async def test_garbled_ack_file_replays_everything(
     assert warnings_about(caplog, "ack")
 
 
-async def test_a_good_ack_file_is_kept_and_an_old_one_is_read(tmp_path: Path) -> None:
+async def test_a_good_ack_file_is_kept(tmp_path: Path) -> None:
     await fill_and_close(tmp_path, 40, acked_windows=10)
     q = SpoolQueue(tmp_path, 1000, 1 << 30, Drops())
     assert len(q) == 300
-    await q.close()
-    (tmp_path / "acked").write_bytes(struct.pack("<Q", 25))  # as HFSPOOL2's spool wrote it
-    q = SpoolQueue(tmp_path, 1000, 1 << 30, Drops())
-    assert len(q) == 150
     await q.close()
 
 
@@ -276,52 +271,6 @@ async def test_record_damaged_after_the_start_costs_that_record_only(tmp_path: P
     assert len(stamps) == 19
     assert stamps[-1] == 20_000
     assert drops.by_reason == {"corrupt": 10}
-
-
-# -- HFSPOOL2 segments, framed here as that version wrote them ---------------------------------
-
-
-def v2_segment(root: Path, windows: int, magic: bytes = b"HFSPOOL2") -> list[bytes]:
-    root.mkdir(parents=True, exist_ok=True)
-    frames = [v2_frame(seq, 10, raw_window(1000 * (seq + 1))) for seq in range(windows)]
-    (root / f"{0:020d}.seg").write_bytes(magic + b"".join(frames))
-    return frames
-
-
-def raw_window(ts: int) -> bytes:
-    data: bytes = window(ts).encoded.result()
-    return data
-
-
-async def test_hfspool2_segment_is_read_and_not_appended_to(tmp_path: Path) -> None:
-    v2_segment(tmp_path, 5)
-    q = SpoolQueue(tmp_path, 1000, 1 << 30, Drops())
-    assert len(q) == 50
-    q.put(window(6000))
-    stamps = stamps_of(await take_all(q))
-    await q.close()
-    assert stamps == [1000 * t for t in range(1, 7)]
-    assert not (tmp_path / f"{0:020d}.seg").exists()  # delivered: deleted
-
-
-async def test_hfspool2_damaged_record_keeps_the_records_after_it(tmp_path: Path) -> None:
-    frames = v2_segment(tmp_path, 8)
-    at = 8 + sum(len(f) for f in frames[:3]) + 30  # inside the fourth record's payload
-    damage(tmp_path / f"{0:020d}.seg", at, b"\xff\xff")
-    drops = Drops()
-    q = SpoolQueue(tmp_path, 1000, 1 << 30, drops)
-    stamps = stamps_of(await take_all(q))
-    await q.close()
-    assert stamps == [1000, 2000, 3000, 5000, 6000, 7000, 8000]
-
-
-async def test_hfspool2_damaged_header_keeps_its_records(tmp_path: Path) -> None:
-    v2_segment(tmp_path, 5)
-    damage(tmp_path / f"{0:020d}.seg", 0, b"\0\0")
-    q = SpoolQueue(tmp_path, 1000, 1 << 30, Drops())
-    stamps = stamps_of(await take_all(q))
-    await q.close()
-    assert stamps == [1000 * t for t in range(1, 6)]
 
 
 # -- a full disk: a real file system of 256 KiB ------------------------------------------------
@@ -358,7 +307,7 @@ def wide_window(ts: int) -> Block:
     from hfsampler.remote_write.encoder import Encoder, QueuedSample
 
     samples = [QueuedSample(s, float(ts % 977 + i), ts) for i, s in enumerate(WIDE)]
-    return Block.ready(Encoder().encode_samples(samples), len(samples))
+    return Encoder().block(samples)
 
 
 async def deliver_all(q: SpoolQueue) -> list[tuple[str, int, float]]:

@@ -1,0 +1,346 @@
+"""Blocks: queued samples in one neutral form that Remote-Write 1.0 and 2.0 both serialize from.
+
+A ``Block`` holds, per series, a reference to its ``Labels`` (encoded once per series and kept
+by the encoder), and the samples as arrays (timestamps in ms, values bit for bit) grouped by
+series in first-seen order, plus the metric families whose 1.0 metadata goes with it. Memory and
+disk queues hold blocks. A shard's batch becomes one block per request: ``merge`` puts each
+series once, its samples in the order they came; ``split`` cuts a request to a size and
+``halve`` cuts one in two after a 413, both at series boundaries and by the size its 1.0
+encoding has (computed, not encoded). Only then is a request serialized (``encoder`` for 1.0,
+``encoder_v2`` for 2.0) and compressed, once. No protobuf is ever read back.
+
+``pack`` and ``unpack`` are a block's bytes on disk (a spool record's payload, before snappy):
+
+    u32 series | u32 samples | u32 families | i64 timestamps[samples] | f64 values[samples] |
+    u32 ends[series] | per series: u32 length | its strings | per family: u32 length | its
+    strings (name, help, type, unit), where strings are u32 count | (u32 length | UTF-8)...
+
+All integers little-endian; ``ends[i]`` is one past series ``i``'s last sample.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from hfsampler.remote_write.protowrite import encode_labels, metadata_entry, varint_len
+from hfsampler.series import Family
+
+_U32 = struct.Struct("<I")
+_HEAD = struct.Struct("<III")
+_SAMPLE_FIXED = 12  # a 1.0 Sample's bytes besides its timestamp's varint (tag, length, value)
+_EMPTY_I64: npt.NDArray[np.int64] = np.empty(0, np.int64)
+_EMPTY_F64: npt.NDArray[np.float64] = np.empty(0, np.float64)
+# Labels kept by a reader of packed blocks; past this many the cache starts over.
+MAX_CACHED_LABELS = 1 << 17
+MAX_CACHED_SERIES_SETS = 32  # the series of a request: a few per shard
+
+
+def _pack_strings(strings: Iterable[str]) -> bytes:
+    parts = [s.encode() for s in strings]
+    return _U32.pack(len(parts)) + b"".join(_U32.pack(len(p)) + p for p in parts)
+
+
+def _unpack_strings(data: bytes) -> list[str]:
+    (count,) = _U32.unpack_from(data, 0)
+    pos = 4
+    out = []
+    for _ in range(count):
+        (length,) = _U32.unpack_from(data, pos)
+        pos += 4
+        out.append(data[pos : pos + length].decode())
+        pos += length
+    if pos != len(data):
+        raise ValueError("labels with trailing bytes")
+    return out
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Labels:
+    """A series' labels, encoded once: what each protocol and the spool need of them.
+
+    Compared by identity: the encoder keeps one per series, a spool reader one per label set.
+    """
+
+    v1: bytes  # the 1.0 TimeSeries.labels entries
+    strings: tuple[str, ...]  # name, value, name, value, ... in byte order of name
+    name: str  # the value of __name__: the metric family
+    packed: bytes  # the strings as a spool stores them
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[str, str]]) -> Labels:
+        """From ``(name, value)`` pairs in the order to send them (``Series.all_labels()``)."""
+        pairs = tuple(pairs)
+        strings = tuple(s for pair in pairs for s in pair)
+        name = next((v for n, v in pairs if n == "__name__"), "")
+        return cls(encode_labels(pairs), strings, name, _pack_strings(strings))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Block:
+    """Samples of some series, grouped by series; the families whose metadata goes with them.
+
+    Series ``i``'s samples are ``[ends[i - 1], ends[i])`` of ``timestamps_ms`` and ``values``,
+    in the order they were queued; each series appears once."""
+
+    series: tuple[Labels, ...]
+    ends: npt.NDArray[np.int64]
+    timestamps_ms: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    families: tuple[Family, ...] = ()
+
+    @property
+    def samples(self) -> int:
+        return len(self.values)
+
+    @classmethod
+    def of(
+        cls,
+        series: Sequence[Labels],
+        timestamps_ms: int | npt.ArrayLike,
+        values: npt.ArrayLike,
+        families: Iterable[Family] = (),
+        *,
+        distinct: bool = False,
+    ) -> Block:
+        """A block of samples given one per entry of ``series`` (a series may come again: its
+        samples are grouped, in the order given; ``distinct``: the caller knows none does);
+        one timestamp for all, or one each."""
+        vals = np.asarray(values, dtype=np.float64)
+        n = len(vals)
+        if isinstance(timestamps_ms, int):
+            ts = np.full(n, timestamps_ms, dtype=np.int64)
+        else:
+            ts = np.asarray(timestamps_ms, dtype=np.int64)
+        fams = tuple(sorted(families, key=lambda f: f.name))
+        if distinct or len(set(map(id, series))) == n:  # the usual case: a window
+            return cls(tuple(series), np.arange(1, n + 1, dtype=np.int64), ts, vals, fams)
+        position: dict[int, int] = {}
+        order: list[Labels] = []
+        for s in series:
+            if id(s) not in position:
+                position[id(s)] = len(order)
+                order.append(s)
+        owner = np.fromiter((position[id(s)] for s in series), np.int64, n)
+        return _grouped(order, owner, ts, vals, fams)
+
+    def counts(self) -> npt.NDArray[np.int64]:
+        """Samples per series."""
+        return np.diff(self.ends, prepend=0)
+
+    def take(self, a: int, b: int, families: tuple[Family, ...] = ()) -> Block:
+        """Series ``a`` to ``b`` (exclusive) with their samples, and ``families``."""
+        lo = int(self.ends[a - 1]) if a > 0 else 0
+        hi = int(self.ends[b - 1]) if b > a else lo
+        return Block(
+            self.series[a:b],
+            self.ends[a:b] - lo,
+            self.timestamps_ms[lo:hi],
+            self.values[lo:hi],
+            families,
+        )
+
+
+def metadata_only(families: Iterable[Family]) -> Block:
+    """A block of metadata and no samples."""
+    return Block((), _EMPTY_I64, _EMPTY_I64, _EMPTY_F64, tuple(families))
+
+
+def _grouped(
+    order: list[Labels],
+    owner: npt.NDArray[np.int64],
+    ts: npt.NDArray[np.int64],
+    vals: npt.NDArray[np.float64],
+    families: tuple[Family, ...],
+) -> Block:
+    if len(owner) > 1 and bool((owner[1:] < owner[:-1]).any()):
+        perm = np.argsort(owner, kind="stable")  # a series' samples keep the order they came in
+        ts, vals = ts[perm], vals[perm]
+    ends = np.cumsum(np.bincount(owner, minlength=len(order))).astype(np.int64)
+    return Block(tuple(order), ends, ts, vals, families)
+
+
+def merge(blocks: Sequence[Block]) -> Block:
+    """One block of several: each series once (the same labels are the same series), its
+    samples in the order of the blocks; the families of every block, in order."""
+    if len(blocks) == 1:
+        return blocks[0]
+    position: dict[bytes, int] = {}
+    order: list[Labels] = []
+    owners = []
+    for block in blocks:
+        index = []
+        for labels in block.series:
+            at = position.get(labels.v1)
+            if at is None:
+                at = position[labels.v1] = len(order)
+                order.append(labels)
+            index.append(at)
+        owners.append(np.repeat(np.array(index, np.int64), block.counts()))
+    families = tuple(f for block in blocks for f in block.families)
+    if not order:
+        return metadata_only(families)
+    return _grouped(
+        order,
+        np.concatenate(owners),
+        np.concatenate([b.timestamps_ms for b in blocks]),
+        np.concatenate([b.values for b in blocks]),
+        families,
+    )
+
+
+def label_lengths(series: tuple[Labels, ...]) -> npt.NDArray[np.int64]:
+    """The bytes of each series' 1.0 labels."""
+    return np.fromiter((len(s.v1) for s in series), np.int64, len(series))
+
+
+def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> list[int]:
+    """The bytes of each top-level entry of the block's 1.0 ``WriteRequest``: a ``TimeSeries``
+    per series, then a metadata entry per family (what ``encoder.write_request`` writes).
+    ``labels``: ``label_lengths(block.series)``, when known."""
+    sizes: list[int] = []
+    if block.series:
+        ts = block.timestamps_ms
+        labels = label_lengths(block.series) if labels is None else labels
+        if block.samples == len(block.series) and ts[0] == ts[-1] and bool((ts == ts[0]).all()):
+            # a window: one sample per series, one timestamp
+            body = labels + (_SAMPLE_FIXED + varint_len(int(ts[0]) % (1 << 64)))
+        else:
+            u = ts.view(np.uint64)
+            vlen = np.ones(len(u), dtype=np.int64)
+            for k in range(1, 10):
+                vlen += u >= np.uint64(1 << (7 * k))
+            upto = np.cumsum(vlen + _SAMPLE_FIXED)[block.ends - 1]
+            body = np.diff(upto, prepend=0) + labels
+        head = np.ones(len(body), dtype=np.int64)
+        for k in range(1, 5):
+            head += body >= (1 << (7 * k))
+        sizes = (1 + head + body).tolist()
+    return sizes + [len(metadata_entry(f)) for f in block.families]
+
+
+class Sizer:
+    """``piece_sizes`` with each series set's label lengths kept: a window's requests have the
+    series of the last one's, in the same order. Safe from several threads: the cache only
+    ever gains whole entries (or is cleared)."""
+
+    def __init__(self) -> None:
+        self._lengths: dict[tuple[Labels, ...], npt.NDArray[np.int64]] = {}
+
+    def __call__(self, block: Block) -> list[int]:
+        lengths = self._lengths.get(block.series)
+        if lengths is None:
+            lengths = label_lengths(block.series)
+            if len(self._lengths) >= MAX_CACHED_SERIES_SETS:
+                self._lengths.clear()
+            self._lengths[block.series] = lengths
+        return piece_sizes(block, lengths)
+
+
+def _cut(block: Block, start: int, stop: int) -> Block:
+    """Entries ``[start, stop)`` of the block (series first, then families) as a block."""
+    n = len(block.series)
+    fams = block.families[max(start - n, 0) : max(stop - n, 0)]
+    return block.take(min(start, n), min(stop, n), fams)
+
+
+def split(block: Block, max_bytes: int, sizes: list[int] | None = None) -> list[Block]:
+    """Blocks whose 1.0 requests take at most ``max_bytes`` each (a single larger entry stays one
+    block), cut at entry boundaries, in order."""
+    sizes = piece_sizes(block) if sizes is None else sizes
+    if sum(sizes) <= max_bytes:
+        return [block]
+    out: list[Block] = []
+    start = size = 0
+    for i, piece in enumerate(sizes):
+        if i > start and size + piece > max_bytes:
+            out.append(_cut(block, start, i))
+            start, size = i, 0
+        size += piece
+    out.append(_cut(block, start, len(sizes)))
+    return out
+
+
+def halve(block: Block) -> tuple[Block, Block] | None:
+    """The block cut in two at the entry boundary nearest the middle of its 1.0 bytes; None for
+    a single entry."""
+    sizes = piece_sizes(block)
+    if len(sizes) < 2:
+        return None
+    total = sum(sizes)
+    ends = np.cumsum(sizes[:-1])
+    cut = int(np.argmin(np.abs(2 * ends - total))) + 1
+    return _cut(block, 0, cut), _cut(block, cut, len(sizes))
+
+
+# -- a block's bytes on disk ---------------------------------------------------------------------
+
+
+def pack(block: Block) -> bytes:
+    """The block as a spool record stores it (before compression)."""
+    parts = [
+        _HEAD.pack(len(block.series), block.samples, len(block.families)),
+        block.timestamps_ms.astype("<i8", copy=False).tobytes(),
+        block.values.astype("<f8", copy=False).tobytes(),
+        block.ends.astype("<u4").tobytes(),
+    ]
+    for labels in block.series:
+        parts += (_U32.pack(len(labels.packed)), labels.packed)
+    for f in block.families:
+        strings = _pack_strings((f.name, f.help, f.type, f.unit))
+        parts += (_U32.pack(len(strings)), strings)
+    return b"".join(parts)
+
+
+class Unpacker:
+    """Reads packed blocks back, one ``Labels`` per label set however many records hold it (so
+    that a backlog's batches find their series by identity, as the encoder's blocks do)."""
+
+    def __init__(self) -> None:
+        self._labels: dict[bytes, Labels] = {}
+
+    def unpack(self, data: bytes) -> Block:
+        """The block ``pack`` wrote; ``ValueError`` for bytes it did not write."""
+        try:
+            return self._unpack(data)
+        except (struct.error, UnicodeDecodeError, IndexError) as exc:
+            raise ValueError(f"not a packed block: {exc}") from exc
+
+    def _unpack(self, data: bytes) -> Block:
+        n_series, n_samples, n_families = _HEAD.unpack_from(data, 0)
+        pos = _HEAD.size
+        ts = np.frombuffer(data, "<i8", n_samples, pos).astype(np.int64)
+        pos += 8 * n_samples
+        values = np.frombuffer(data, "<f8", n_samples, pos).astype(np.float64)
+        pos += 8 * n_samples
+        ends = np.frombuffer(data, "<u4", n_series, pos).astype(np.int64)
+        pos += 4 * n_series
+        if n_series and (ends[-1] != n_samples or bool((np.diff(ends, prepend=0) < 1).any())):
+            raise ValueError("series ends out of order")
+        cache = self._labels
+        if len(cache) > MAX_CACHED_LABELS:
+            cache.clear()
+        series = []
+        for _ in range(n_series):
+            (length,) = _U32.unpack_from(data, pos)
+            packed = data[pos + 4 : pos + 4 + length]
+            pos += 4 + length
+            labels = cache.get(packed)
+            if labels is None:
+                strings = _unpack_strings(packed)
+                pairs = list(zip(strings[::2], strings[1::2], strict=True))
+                labels = cache[packed] = Labels.of(pairs)
+            series.append(labels)
+        families = []
+        for _ in range(n_families):
+            (length,) = _U32.unpack_from(data, pos)
+            name, help_, type_, unit = _unpack_strings(data[pos + 4 : pos + 4 + length])
+            families.append(Family(name, help_, type_, unit))
+            pos += 4 + length
+        if pos != len(data):
+            raise ValueError("trailing bytes")
+        return Block(tuple(series), ends, ts, values, tuple(families))

@@ -91,7 +91,10 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "endpoint_from_url": (("hfsampler.remote_write.config", "endpoint_from_url"),),
     "PROTOBUF_V2": (("hfsampler.remote_write.config", "PROTOBUF_V2"),),
-    "Marker": (("hfsampler.profiling.recording", "Marker"), ("hfsampler.recording", "Marker")),
+    "Marker": (
+        ("hfsampler.profiling.recording_format", "Marker"),
+        ("hfsampler.recording", "Marker"),
+    ),
     "cli_main": (("hfsampler.cli.main", "main"), ("hfsampler.cli", "main")),
     "synthesize": (("sim_recordings", "synthesize"),),  # tests/support, or tests before
     "remote_pb2": (("hfsampler.remote_write.prompb.remote_pb2", ""),),

@@ -12,7 +12,8 @@ from typing import Any
 from hfsampler.cli.aio import run_async
 from hfsampler.config.labels import parse_label
 from hfsampler.durations import parse_duration
-from hfsampler.profiling.recording import Recording, RecordingError
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import RecordingError
 from hfsampler.profiling.replay import TIMEOUT_S, replay
 
 

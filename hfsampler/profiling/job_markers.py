@@ -48,7 +48,7 @@ from hfsampler.markers import (
     WIRE_VERSION,
     clean_name,
 )
-from hfsampler.profiling.recording import MARKER_KINDS, Marker
+from hfsampler.profiling.recording_format import MARKER_KINDS, Marker
 
 log = logging.getLogger(__name__)
 

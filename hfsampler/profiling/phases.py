@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.profiling.recording import Marker, Recording
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import Marker
 
 IntArray = npt.NDArray[np.int64]
 

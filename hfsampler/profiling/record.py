@@ -40,7 +40,8 @@ from hfsampler.errors import ConfigError
 from hfsampler.fields import POWER, locate
 from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.profiling.job_markers import MarkerSocket, OutputTap, parent_pid
-from hfsampler.profiling.recording import Marker, RecordingWriteError, RecordingWriter
+from hfsampler.profiling.recording_format import Marker, RecordingWriteError
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.pipeline import RECORD, RECORD_GRACE_S, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.ring import RingRows

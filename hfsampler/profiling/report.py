@@ -31,7 +31,8 @@ from hfsampler.profiling.pages import (
     plotly_modules,
     summary_html,
 )
-from hfsampler.profiling.recording import Recording, RecordingError
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import RecordingError
 from hfsampler.profiling.report_processes import processes_html
 from hfsampler.profiling.summary import PANELS, Summary
 from hfsampler.profiling.tables import summary_dict

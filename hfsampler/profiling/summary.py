@@ -33,7 +33,8 @@ from hfsampler.fields import (
     Role,
 )
 from hfsampler.profiling.phases import Timeline, read_timeline
-from hfsampler.profiling.recording import RawChunk, Recording, WindowChunk
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import RawChunk, WindowChunk
 from hfsampler.profiling.streams import (
     HISTOGRAM_BIN_W,
     HISTOGRAM_BINS,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hfsampler.fields import CLOCK_EVENT_REASONS
-from hfsampler.profiling.recording import Marker
+from hfsampler.profiling.recording_format import Marker
 from hfsampler.profiling.streams import HISTOGRAM_BIN_W, Held, histogram_quantile
 from hfsampler.profiling.summary import Summary
 

@@ -27,7 +27,7 @@ from hfsampler.profiling.job_markers import (
     compile_patterns,
     pattern_marker,
 )
-from hfsampler.profiling.recording import Marker
+from hfsampler.profiling.recording_format import Marker
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,9 @@ import pytest
 
 from hfsampler.fields import BY_NAME
 from hfsampler.profiling.record import EXIT_INCOMPLETE
-from hfsampler.profiling.recording import Marker, Recording, RecordingWriteError, RecordingWriter
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import Marker, RecordingWriteError
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sources.base import DeviceInfo

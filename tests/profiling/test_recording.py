@@ -12,13 +12,9 @@ import pytest
 
 from hfsampler.cli.main import main
 from hfsampler.fields import BY_NAME
-from hfsampler.profiling.recording import (
-    FORMAT_VERSION,
-    MAGIC,
-    Recording,
-    RecordingError,
-    RecordingWriter,
-)
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import FORMAT_VERSION, MAGIC, RecordingError
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.window import MAX, reduce
@@ -142,7 +138,7 @@ def test_another_format_is_refused_in_one_line_naming_the_file_and_version(
 
 
 def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:
-    from hfsampler.profiling.recording import Marker
+    from hfsampler.profiling.recording_format import Marker
 
     path = tmp_path / "m.hfs"
     w = RecordingWriter(path, {"start_ns": 0}, [], [])
@@ -155,7 +151,7 @@ def test_markers_round_trip_in_time_order(tmp_path: Path) -> None:
 
 
 def test_marker_kind_is_checked() -> None:
-    from hfsampler.profiling.recording import Marker
+    from hfsampler.profiling.recording_format import Marker
 
     with pytest.raises(ValueError, match="marker kind"):
         Marker(0, "pause", "x")

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from sim_recordings import start_for, synthesize
 
-from hfsampler.profiling.recording import Marker, Recording
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import Marker
 from hfsampler.sources.sim.source import SimSource
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from sim_recordings import synthesize
 from test_report import report, report_json
 
 from hfsampler.profiling import phases
-from hfsampler.profiling.recording import Marker
+from hfsampler.profiling.recording_format import Marker
 
 S = 1_700_000_000 * 10**9  # a whole-second start
 MS = 10**6

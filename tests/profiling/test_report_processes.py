@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from test_report import CONSOLE_ERROR, chromium, run_chromium
 
-from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.profiling.report_processes import MAX_POINTS, tracks
 from hfsampler.sources.base import DeviceInfo
 

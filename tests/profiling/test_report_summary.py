@@ -13,7 +13,8 @@ import sim_recordings
 from sim_recordings import synthesize
 from test_report import report, report_json
 
-from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.ring import RingRows
 
 S = 1_700_000_000 * 10**9

@@ -13,7 +13,9 @@ import pytest
 from fake_nvml import FakeNvml, FakeProcess, install, make_fake
 
 from hfsampler.profiling.record import Recorder
-from hfsampler.profiling.recording import Marker, Recording, RecordingWriter
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_format import Marker
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sources.base import DeviceInfo, GpuProcess, SourceSpec
 from hfsampler.sources.registry import open_processes
 from hfsampler.sources.sim.source import SimSource

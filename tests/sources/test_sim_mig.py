@@ -14,7 +14,8 @@ from hfsampler import fields as F
 from hfsampler.cli.main import main
 from hfsampler.errors import ConfigError
 from hfsampler.profiling.record import choose, visible_gpus
-from hfsampler.profiling.recording import Recording, RecordingWriter
+from hfsampler.profiling.recording import Recording
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.profiling.replay import RawBatches, raw_snapshots, window_snapshots
 from hfsampler.profiling.summary import summarize
 from hfsampler.sampling.probe import probe

@@ -15,7 +15,8 @@ import numpy as np
 
 from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select
 from hfsampler.profiling import record
-from hfsampler.profiling.recording import Marker, RecordingWriter
+from hfsampler.profiling.recording_format import Marker
+from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.groups import GroupPlan, plan_groups
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.window import WindowClock, reduce

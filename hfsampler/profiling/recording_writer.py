@@ -14,24 +14,8 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
-from hfsampler.profiling.recording_format import (
-    _FRAME,
-    END,
-    FORMAT_VERSION,
-    HEAD,
-    MAGIC,
-    MARK,
-    PROC,
-    RAW,
-    WIN,
-    Marker,
-    RecordingWriteError,
-    _pack,
-    _reason,
-    _shuffle,
-    _xor_pack,
-    stored_as_float64,
-)
+from hfsampler.profiling import recording_format as fmt
+from hfsampler.profiling.recording_format import Marker, RecordingWriteError
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.window import STATS, WindowStats
@@ -56,15 +40,15 @@ class RecordingWriter:
         try:
             self._f: IO[bytes] = open(self.path, "wb", buffering=0)  # noqa: SIM115 (close())
         except OSError as exc:
-            raise RecordingWriteError(exc.errno, _reason(exc), str(self.path)) from exc
+            raise RecordingWriteError(exc.errno, fmt._reason(exc), str(self.path)) from exc
         self.bytes_written = 0  # up to the end of the last whole chunk
         self.samples_written = 0
         self.failed: RecordingWriteError | None = None  # why the writer stopped, if it did
         self._last_chunk = (0, 0)  # where the last whole chunk starts, and its samples
-        self._write(MAGIC)
+        self._write(fmt.MAGIC)
         meta = {
             **header,
-            "format_version": FORMAT_VERSION,
+            "format_version": fmt.FORMAT_VERSION,
             "stats": [s.name for s in STATS],
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "model_name": d.model_name,
@@ -83,14 +67,15 @@ class RecordingWriter:
                 for g in self.groups
             ],
         }  # fmt: skip
-        self._chunk(HEAD, _pack(meta, []))
+        self._chunk(fmt.HEAD, fmt._pack(meta, []))
         self._wide = [
-            np.array([stored_as_float64(f) for f in g.fields], dtype=np.bool_) for g in self.groups
+            np.array([fmt.stored_as_float64(f) for f in g.fields], dtype=np.bool_)
+            for g in self.groups
         ]
 
     def _chunk(self, tag: bytes, payload: bytes, samples: int = 0) -> None:
         start = self.bytes_written
-        self._write(_FRAME.pack(tag, len(payload), zlib.crc32(payload)) + payload)
+        self._write(fmt._FRAME.pack(tag, len(payload), zlib.crc32(payload)) + payload)
         self.samples_written += samples
         self._last_chunk = (start, samples)
 
@@ -111,7 +96,7 @@ class RecordingWriter:
         self.bytes_written += len(data)
 
     def _stop(self, exc: OSError) -> NoReturn:
-        self.failed = RecordingWriteError(exc.errno, _reason(exc), str(self.path))
+        self.failed = RecordingWriteError(exc.errno, fmt._reason(exc), str(self.path))
         with contextlib.suppress(OSError):
             os.ftruncate(self._f.fileno(), self.bytes_written)
             self._f.seek(self.bytes_written)
@@ -150,11 +135,11 @@ class RecordingWriter:
             (keep // f).astype(np.uint16).tobytes(),
             (keep % f).astype(np.uint16).tobytes(),
             counts[keep].astype(np.uint32).tobytes(),
-            _shuffle(deltas.astype(np.int64)),
-            _xor_pack(v32, np.uint32),
-            _xor_pack(v64, np.uint64),
+            fmt._shuffle(deltas.astype(np.int64)),
+            fmt._xor_pack(v32, np.uint32),
+            fmt._xor_pack(v64, np.uint64),
         ]
-        self._chunk(RAW, _pack(meta, blobs), len(ts))
+        self._chunk(fmt.RAW, fmt._pack(meta, blobs), len(ts))
         return len(ts)
 
     def add_window(
@@ -171,19 +156,19 @@ class RecordingWriter:
             meta["ticks"] = ticks
         blobs = [np.ascontiguousarray(stats[s][sel], np.float64).tobytes() for s in STATS]
         blobs.append(np.ascontiguousarray(stats.count[sel], np.int64).tobytes())
-        self._chunk(WIN, _pack(meta, blobs))
+        self._chunk(fmt.WIN, fmt._pack(meta, blobs))
 
     def add_processes(
         self, t_ns: int, processes: Mapping[int, Sequence[Mapping[str, Any]]]
     ) -> None:
         """Store the GPU compute processes seen at ``t_ns`` (per recorded GPU index)."""
         meta = {"t_ns": t_ns, "gpus": {str(k): list(v) for k, v in processes.items()}}
-        self._chunk(PROC, _pack(meta, []))
+        self._chunk(fmt.PROC, fmt._pack(meta, []))
 
     def add_markers(self, markers: Sequence[Marker]) -> None:
         """Store markers received since the last call (nothing is written for none)."""
         if markers:
-            self._chunk(MARK, _pack({"markers": [m.to_json() for m in markers]}, []))
+            self._chunk(fmt.MARK, fmt._pack({"markers": [m.to_json() for m in markers]}, []))
 
     def _end_after_failure(self, end: Mapping[str, Any]) -> None:
         """After a failed write, the end chunk all the same, so the file says why it ends early:
@@ -191,11 +176,11 @@ class RecordingWriter:
         for attempt in range(2):
             self.failed = None
             try:
-                self._chunk(END, _pack({**end, "samples": self.samples_written}, []))
+                self._chunk(fmt.END, fmt._pack({**end, "samples": self.samples_written}, []))
                 return
             except RecordingWriteError:
                 start, samples = self._last_chunk
-                if attempt or start <= len(MAGIC):
+                if attempt or start <= len(fmt.MAGIC):
                     raise
                 self.bytes_written, self.samples_written = start, self.samples_written - samples
                 self._last_chunk = (0, 0)
@@ -218,7 +203,7 @@ class RecordingWriter:
             if end is not None and stopped is not None:
                 self._end_after_failure(end)
             elif end is not None:
-                self._chunk(END, _pack(end, []))
+                self._chunk(fmt.END, fmt._pack(end, []))
             try:
                 os.fsync(self._f.fileno())
             except OSError as exc:

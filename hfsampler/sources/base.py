@@ -108,11 +108,7 @@ class Source(Protocol):
         ...
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
         """Fill ``values[gpu, field]`` (exported units; NaN where none) and the driver timestamps.
 

@@ -147,11 +147,7 @@ class DcgmSource:
         collection.EmptyValues()
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
         values.fill(np.nan)
         driver_ts_us.fill(0)

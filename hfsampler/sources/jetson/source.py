@@ -141,11 +141,7 @@ class JetsonSource:
         return Inventory((info,), wanted, np.array([supported], dtype=np.bool_))
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
         cached = self._plans.get(id(fields))
         if cached is not None and cached[0] is fields:

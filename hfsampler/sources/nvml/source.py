@@ -138,11 +138,7 @@ class NvmlSource:
         return self._health.errors
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
         if self._reader is None:
             raise SourceError("the NVML source was not opened")

@@ -290,11 +290,7 @@ class SimSource:
         return Inventory(devices, fields, supported)
 
     def read(
-        self,
-        fields: Sequence[Field],
-        values: FloatArray,
-        driver_ts_us: IntArray,
-        now_ns: int,
+        self, fields: Sequence[Field], values: FloatArray, driver_ts_us: IntArray, now_ns: int
     ) -> None:
         reader = self._readers_by_id.get(id(fields))
         if reader is None or reader.fields is not fields:

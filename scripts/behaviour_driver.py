@@ -93,6 +93,7 @@ ENTRY_POINTS: dict[str, tuple[tuple[str, str], ...]] = {
     "PROTOBUF_V2": (("hfsampler.remote_write.config", "PROTOBUF_V2"),),
     "Marker": (
         ("hfsampler.profiling.recording_format", "Marker"),
+        ("hfsampler.profiling.recording", "Marker"),
         ("hfsampler.recording", "Marker"),
     ),
     "cli_main": (("hfsampler.cli.main", "main"), ("hfsampler.cli", "main")),

@@ -15,19 +15,8 @@ from typing import Any
 import numpy as np
 
 from hfsampler.fields import BY_NAME, Role, locate
+from hfsampler.profiling import recording_format as fmt
 from hfsampler.profiling.recording_format import (
-    _FRAME,
-    _SCAN_BYTES,
-    _TAG_CODES,
-    _TAGS,
-    END,
-    FORMAT_VERSION,
-    HEAD,
-    MAGIC,
-    MARK,
-    PROC,
-    RAW,
-    WIN,
     FloatArray,
     IntArray,
     Marker,
@@ -35,9 +24,6 @@ from hfsampler.profiling.recording_format import (
     RecordingError,
     WindowChunk,
     Windows,
-    _unpack,
-    _unshuffle,
-    _xor_unpack,
     stored_as_float64,
 )
 from hfsampler.sampling.groups import GroupPlan
@@ -82,16 +68,16 @@ def _groups(header: Mapping[str, Any]) -> tuple[GroupPlan, ...]:
 
 def _frame_at(fd: int, off: int, size: int) -> tuple[bytes, int] | None:
     """The (tag, payload length) of the whole frame at ``off`` whose checksum holds, else None."""
-    head = os.pread(fd, _FRAME.size, off)
-    if len(head) < _FRAME.size:
+    head = os.pread(fd, fmt._FRAME.size, off)
+    if len(head) < fmt._FRAME.size:
         return None
-    tag, length, crc = _FRAME.unpack(head)
-    start = off + _FRAME.size
+    tag, length, crc = fmt._FRAME.unpack(head)
+    start = off + fmt._FRAME.size
     if start + length > size:
         return None
     check, at = 0, start
     while at < start + length:  # in bounded pieces: a damaged length may claim the whole file
-        piece = os.pread(fd, min(_SCAN_BYTES, start + length - at), at)
+        piece = os.pread(fd, min(fmt._SCAN_BYTES, start + length - at), at)
         if not piece:
             return None
         check, at = zlib.crc32(piece, check), at + len(piece)
@@ -102,12 +88,12 @@ def _next_frame(fd: int, start: int, size: int) -> int | None:
     """Where the next good frame of a known tag begins at or after ``start``, else None."""
     at = start
     while at < size:
-        block = os.pread(fd, _SCAN_BYTES + 3, at)  # + 3: a tag across the block's end
-        hits = sorted(i for tag in _TAGS for i in _find_all(block, tag) if i < _SCAN_BYTES)
+        block = os.pread(fd, fmt._SCAN_BYTES + 3, at)  # + 3: a tag across the block's end
+        hits = sorted(i for tag in fmt._TAGS for i in _find_all(block, tag) if i < fmt._SCAN_BYTES)
         for i in hits:
             if _frame_at(fd, at + i, size) is not None:
                 return at + i
-        at += _SCAN_BYTES
+        at += fmt._SCAN_BYTES
     return None
 
 
@@ -137,11 +123,11 @@ class Recording:
         self.damaged_parts = 0  # stretches of damaged bytes skipped, the reading resumed after
         self.damaged_bytes = 0
         with open(self.path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
+            if f.read(len(fmt.MAGIC)) != fmt.MAGIC:
                 raise RecordingError(f"{self.path}: not an hfsampler recording (bad magic)")
             fd = f.fileno()
             size = os.fstat(fd).st_size
-            off = len(MAGIC)
+            off = len(fmt.MAGIC)
             while off < size:
                 frame = _frame_at(fd, off, size)
                 if frame is None:  # damaged here: go on from the next good frame, if any
@@ -154,49 +140,49 @@ class Recording:
                     off = good
                     continue
                 tag, length = frame
-                tags.append(_TAG_CODES.get(tag, len(_TAGS)))
-                offsets.append(off + _FRAME.size)
+                tags.append(fmt._TAG_CODES.get(tag, len(fmt._TAGS)))
+                offsets.append(off + fmt._FRAME.size)
                 lengths.append(length)
-                off += _FRAME.size + length
+                off += fmt._FRAME.size + length
         self._tags = np.frombuffer(bytes(tags), np.uint8)
         self._offsets = np.frombuffer(offsets, np.int64)
         self._lengths = np.frombuffer(lengths, np.int64)
-        if not len(self._tags) or self._tags[0] != _TAG_CODES[HEAD]:
+        if not len(self._tags) or self._tags[0] != fmt._TAG_CODES[fmt.HEAD]:
             raise RecordingError(f"{self.path}: the header chunk is missing or damaged")
         self._windows: dict[int, Windows] = {}
         self.header, _ = self._load(0)
         found = self.header.get("format_version")
-        if found != FORMAT_VERSION:
+        if found != fmt.FORMAT_VERSION:
             raise RecordingError(
                 f"{self.path}: recording format {found} (this hfsampler reads format "
-                f"{FORMAT_VERSION} only; record the job again)"
+                f"{fmt.FORMAT_VERSION} only; record the job again)"
             )
         self.devices = _devices(self.header)
         self.groups = _groups(self.header)
-        end = self._where(END)
+        end = self._where(fmt.END)
         self.end: dict[str, Any] | None = self._load(int(end[-1]))[0] if len(end) else None
 
     @property
     def frames(self) -> list[Frame]:
         """Every readable frame, in file order."""
         return [
-            Frame(_TAGS[t] if t < len(_TAGS) else b"????", int(o), int(n))
+            Frame(fmt._TAGS[t] if t < len(fmt._TAGS) else b"????", int(o), int(n))
             for t, o, n in zip(self._tags, self._offsets, self._lengths, strict=True)
         ]
 
     def _where(self, tag: bytes) -> IntArray:
-        return np.nonzero(self._tags == _TAG_CODES[tag])[0].astype(np.int64)
+        return np.nonzero(self._tags == fmt._TAG_CODES[tag])[0].astype(np.int64)
 
     def _load(self, index: int) -> tuple[dict[str, Any], list[bytes]]:
         with open(self.path, "rb") as f:
-            return _unpack(os.pread(f.fileno(), int(self._lengths[index]),
+            return fmt._unpack(os.pread(f.fileno(), int(self._lengths[index]),
                                     int(self._offsets[index])))  # fmt: skip
 
     def _payloads(
         self, tags: Sequence[bytes]
     ) -> Iterator[tuple[bytes, dict[str, Any], list[bytes]]]:
         """The frames with one of ``tags``, decoded one at a time, in file order."""
-        codes = np.array([_TAG_CODES[t] for t in tags], np.uint8)
+        codes = np.array([fmt._TAG_CODES[t] for t in tags], np.uint8)
         # zlib's output buffer starts at 16 KiB and grows block by block; started near the size
         # it will reach (the ratio of the last frame of that tag and size class), a raw chunk
         # inflates about a third faster
@@ -208,9 +194,9 @@ class Recording:
                 key = (int(self._tags[k]), length.bit_length())
                 guess = int(length * ratios.get(key, 1.0)) + 64
                 payload = os.pread(fd, length, int(self._offsets[k]))
-                meta, blobs = _unpack(payload, max(guess, zlib.DEF_BUF_SIZE))
+                meta, blobs = fmt._unpack(payload, max(guess, zlib.DEF_BUF_SIZE))
                 ratios[key] = (sum(map(len, blobs)) + 64) / max(1, length)
-                yield _TAGS[self._tags[k]], meta, blobs
+                yield fmt._TAGS[self._tags[k]], meta, blobs
 
     @property
     def complete(self) -> bool:
@@ -256,7 +242,7 @@ class Recording:
 
     def raw_chunks(self, group: int | None = None) -> Iterator[RawChunk]:
         """Every raw chunk (of one group, if given), in file (time) order."""
-        for _, meta, blobs in self._payloads((RAW,)):
+        for _, meta, blobs in self._payloads((fmt.RAW,)):
             if group is None or meta["group"] == group:
                 yield self._raw(meta, blobs)
 
@@ -264,8 +250,8 @@ class Recording:
         """Raw chunks and windows of every group, one at a time in file (time) order: the one
         pass a report makes, holding a single chunk at a time."""
         names: list[str] = list(self.header["stats"])
-        for tag, meta, blobs in self._payloads((RAW, WIN)):
-            if tag == RAW:
+        for tag, meta, blobs in self._payloads((fmt.RAW, fmt.WIN)):
+            if tag == fmt.RAW:
                 yield self._raw(meta, blobs)
             else:
                 yield self._window(meta, blobs, names)
@@ -276,9 +262,9 @@ class Recording:
         fld = np.frombuffer(blobs[1], np.uint16).astype(np.int64)
         counts = np.frombuffer(blobs[2], np.uint32).astype(np.int64)
         n, n32 = int(meta["n"]), int(meta["n32"])
-        ts = np.cumsum(_unshuffle(blobs[3], np.int64, n))
-        v32 = _xor_unpack(blobs[4], np.uint32, np.float32, n32).astype(np.float64)
-        v64 = _xor_unpack(blobs[5], np.uint64, np.float64, n - n32)
+        ts = np.cumsum(fmt._unshuffle(blobs[3], np.int64, n))
+        v32 = fmt._xor_unpack(blobs[4], np.uint32, np.float32, n32).astype(np.float64)
+        v64 = fmt._xor_unpack(blobs[5], np.uint64, np.float64, n - n32)
         wide = np.array([stored_as_float64(f) for f in self.groups[g].fields], dtype=np.bool_)
         if n32 == n or n32 == 0:  # one kind of field only (the fast group: all gauges)
             values = v32 if n32 else v64
@@ -320,7 +306,7 @@ class Recording:
     def window_chunks(self, group: int) -> Iterator[WindowChunk]:
         """One group's windows, one at a time in time order."""
         names: list[str] = list(self.header["stats"])
-        for _, meta, blobs in self._payloads((WIN,)):
+        for _, meta, blobs in self._payloads((fmt.WIN,)):
             if meta["group"] == group:
                 yield self._window(meta, blobs, names)
 
@@ -346,7 +332,7 @@ class Recording:
 
     def process_snapshots(self) -> Iterator[dict[str, Any]]:
         """Each process snapshot in turn: ``{"t_ns": ..., "gpus": {gpu index: [process, ...]}}``."""
-        for _, meta, _ in self._payloads((PROC,)):
+        for _, meta, _ in self._payloads((fmt.PROC,)):
             yield meta
 
     def processes(self) -> list[dict[str, Any]]:
@@ -361,7 +347,7 @@ class Recording:
     def marker_chunks(self) -> Iterator[list[dict[str, Any]]]:
         """Each marker chunk's markers as stored (``Marker.to_json``), in file order: for a
         reader of a million steps that wants no ``Marker`` object each."""
-        for _, meta, _ in self._payloads((MARK,)):
+        for _, meta, _ in self._payloads((fmt.MARK,)):
             yield meta["markers"]
 
     def time_range_ns(self) -> tuple[int, int]:
@@ -371,7 +357,9 @@ class Recording:
         if self.end is not None:
             return start, int(self.end["end_ns"])
         last = start
-        data = np.nonzero(np.isin(self._tags, [_TAG_CODES[RAW], _TAG_CODES[WIN]]))[0]
+        data = np.nonzero(np.isin(self._tags, [fmt._TAG_CODES[fmt.RAW], fmt._TAG_CODES[fmt.WIN]]))[
+            0
+        ]
         for k in data[-2 * max(1, len(self.groups)) :]:
             meta, _ = self._load(int(k))
             last = max(last, int(meta.get("t1_ns", last)))

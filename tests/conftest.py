@@ -20,8 +20,13 @@ from hypothesis import HealthCheck, settings
 ROOT = Path(__file__).resolve().parents[1]
 
 # A shared 2-core runner can stall generation for seconds: a property test judges the property,
-# never the machine's speed (each test's own settings add to these).
-settings.register_profile("hfsampler", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# never the machine's speed (each test's own settings add to these). Every run tries Hypothesis's
+# default hundred examples per property, enough to cover every branch of the encoders and the
+# config parser; `pytest --hypothesis-profile=thorough` tries twenty times as many, for a change
+# to those parts (it adds some minutes).
+_PROPERTY_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("hfsampler", **_PROPERTY_SETTINGS)
+settings.register_profile("thorough", max_examples=2000, **_PROPERTY_SETTINGS)
 settings.load_profile("hfsampler")
 
 LOOP_FACTORIES: Mapping[str, Callable[[], asyncio.AbstractEventLoop]] = {

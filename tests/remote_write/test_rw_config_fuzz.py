@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hfsampler.cli.main import main
@@ -124,12 +124,7 @@ def assert_clean(rc: int, output: str, secrets_placed: bool = True) -> None:
         assert lines[0].startswith("hfsampler: error: "), output
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-    derandomize=bool(os.environ.get("CI")),
-)
+@settings(derandomize=bool(os.environ.get("CI")))
 @given(documents)
 def test_structured_configs_exit_0_or_2(doc: dict[str, Any]) -> None:
     try:
@@ -139,13 +134,13 @@ def test_structured_configs_exit_0_or_2(doc: dict[str, Any]) -> None:
     assert_clean(*check(text))
 
 
-@settings(max_examples=300, deadline=None, derandomize=bool(os.environ.get("CI")))
+@settings(derandomize=bool(os.environ.get("CI")))
 @given(st.text(max_size=200))
 def test_arbitrary_text_exits_0_or_2(text: str) -> None:
     assert_clean(*check(text))
 
 
-@settings(max_examples=150, deadline=None, derandomize=bool(os.environ.get("CI")))
+@settings(derandomize=bool(os.environ.get("CI")))
 @given(st.lists(st.sampled_from(["remote_write:\n", "  - url: ", "http://a/\n", "    ",
                                  "basic_auth: {password: " + SECRET + "}\n", "tenant: [\n",
                                  "flavor: mimir\n", "tls_config:\n", "      ca_file: ''\n",

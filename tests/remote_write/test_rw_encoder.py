@@ -84,7 +84,6 @@ def batches(draw: st.DrawFn) -> tuple[list[QueuedSample], list[Family]]:
     return [QueuedSample(s, v, t) for s, v, t in picks], families
 
 
-@settings(max_examples=300, deadline=None)
 @given(batches())
 def test_fast_path_parses_to_what_protobuf_builds(
     batch: tuple[list[QueuedSample], list[Family]],

@@ -30,7 +30,6 @@ def resolve(req: writev2_pb2.Request) -> list[object]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
 @given(batches(), st.sampled_from([0, 1_700_000_000_000]))
 def test_v2_parses_to_what_the_v1_bytes_describe(
     batch: tuple[list[QueuedSample], list[Family]], start_ms: int

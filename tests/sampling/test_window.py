@@ -37,7 +37,6 @@ def _rows(values: np.ndarray) -> RingRows:
     )
 
 
-@settings(max_examples=200, deadline=None)
 @given(
     hnp.arrays(
         np.float64,

@@ -52,7 +52,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     add_sampling_flags(run)
 
     check = sub.add_parser("check-config", help="validate a config file and print it")
-    check.add_argument("file", metavar="FILE")
+    check.add_argument("file", metavar="FILE", nargs="?")
+    wording = {"--fields-csv": "a dcgm-exporter counters file: alone, or over FILE's fields_csv"}
+    add_sampling_flags(check, ("--fields-csv",), wording=wording)
 
     sub.add_parser("fields", help="list the field catalogue")
     handlers: dict[str, Handler] = {
@@ -85,14 +87,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    config = load_file(args.file)
+    if args.file is None and args.fields_csv is None:
+        raise ConfigError(
+            "check-config", "nothing to check", "give FILE, --fields-csv FILE or both"
+        )
+    config = config_from_args(args, load_file(args.file) if args.file else None)
     fields = config.selected_fields()
     jetson = config.source == "jetson"
     if jetson:  # the fields a Jetson has files for; a per-rail or per-zone one counts once
         fields = tuple(f for f in fields if f.jetson)
-    print(f"{args.file}: OK")
+    print(f"{args.file or args.fields_csv}: OK")
     for warning in config.warnings():
         print(f"  warning: {warning}")
+    for line in config.fields_csv.describe() if config.fields_csv is not None else ():
+        print(f"  {one_line(line)}")
     listen = one_line(str(config.listen))
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {listen}")
     if config.jetson_sysfs_root:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from hfsampler import fields as catalogue
+from hfsampler.config.counters_csv import CountersFile, read_counters_file
 from hfsampler.durations import parse_duration
 from hfsampler.errors import ConfigError
 from hfsampler.remote_write.config import parse_remote_write, parse_size
@@ -179,6 +180,12 @@ def as_absolute_path(value: object, key: str, example: str) -> str:
     if not path.startswith("/"):
         raise ConfigError(key, f"{path!r} is not an absolute path", "start it with /")
     return path
+
+
+def as_counters_file(value: object, key: str, example: str) -> CountersFile | None:
+    """A dcgm-exporter counters file, read now; the empty path turns the setting off."""
+    path = as_text(value, key, example)
+    return read_counters_file(path, key) if path else None
 
 
 def as_remote_write(value: object, key: str, example: str) -> object:

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfsampler import fields as catalogue
+from hfsampler.config.counters_csv import CountersFile, counters_file_flag
 from hfsampler.config.keys import (
     Flag,
     Key,
     as_absolute_path,
     as_bool,
+    as_counters_file,
     as_duration,
     as_instance,
     as_listen,
@@ -173,6 +175,13 @@ class Config:
         doc="field names or groups to sample (fast, slow, gpm; all: per-link NVLink too)",
         flag=Flag("--fields", "comma-separated field names or groups (fast, slow, gpm; all: "
                   "per-link NVLink too)", metavar="LIST", repeat=True, convert=_split_fields),
+    )  # fmt: skip
+    fields_csv: CountersFile | None = key(  # noqa: RUF009 (a frozen dataclass: immutable)
+        None, yaml="fields_csv", type="path", example="/etc/dcgm-exporter/default-counters.csv",
+        parse=as_counters_file,
+        doc="a dcgm-exporter counters file: sample the fields it names (with fields: both)",
+        flag=Flag("--fields-csv", "dcgm-exporter counters file (FIELD, type, help): sample the "
+                  "fields it names; '' for none", metavar="FILE", convert=counters_file_flag),
     )  # fmt: skip
     remote_write: tuple[EndpointConfig, ...] = key(
         (), yaml="remote_write", type="list of endpoints", parse=as_remote_write,
@@ -356,6 +365,7 @@ class Config:
     def warnings(self) -> list[str]:
         """What is accepted but will not do what it might seem to: said at check and at start."""
         out = self.label_warnings() + self.lane_warnings()
+        out += self.fields_csv.warnings() if self.fields_csv is not None else []
         default_max = QueueConfig().max_shards
         for i, ep in enumerate(self.remote_write):
             if ep.queue.max_shards != default_max:
@@ -422,7 +432,10 @@ class Config:
         return parse_listen(self.listen)[1] if self.listen else DEFAULT_INSTANCE_PORT
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
-        chosen = catalogue.select(self.fields)
+        if self.fields_csv is not None:  # the file's fields and those of `fields` besides
+            chosen = self.fields_csv.select(self.fields)
+        else:
+            chosen = catalogue.select(self.fields)
         return catalogue.regroup(chosen, dict(self.field_groups))
 
 

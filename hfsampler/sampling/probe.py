@@ -305,11 +305,15 @@ def apply_recommendation(config: Config, result: ProbeResult) -> Config:
         return config
     kept = {n: min(s, config.window_s) for n, s in result.intervals_s.items()}
     names = [f.name for f in config.selected_fields()]
-    fields = config.fields
+    fields, counters = config.fields, config.fields_csv
     if any(n not in result.field_groups for n in names):
         fields = tuple(n for n in dict.fromkeys(names) if n in result.field_groups)
+        # the counters file's fields are added to `fields`: it must leave out the same ones
+        counters = counters.only(fields) if counters is not None else None
     groups = dict(result.field_groups)
-    return replace(config, intervals_s=kept, field_groups=groups, fields=fields)
+    return replace(
+        config, intervals_s=kept, field_groups=groups, fields=fields, fields_csv=counters
+    )
 
 
 def _ms(v: float | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,6 +188,27 @@ def test_intervals_auto_leaves_out_a_field_the_probe_found_unsupported() -> None
     ]
     nothing = P.ProbeResult("sim", ("x",), 1.0, tuple(probes[1:]), (), 1.0, 2.0, 5e5, {}, {})
     assert P.apply_recommendation(config, nothing) is config
+
+
+def test_intervals_auto_leaves_out_of_a_counters_file_what_the_probe_found_unsupported(
+    tmp_path: Path,
+) -> None:
+    """`fields_csv` and `intervals: auto` on a GPU without GPM: the file's profiling row leaves
+    the selection with the probe's verdict, and its other rows keep the file's help."""
+    from hfsampler.config.loader import from_mapping
+
+    path = tmp_path / "counters.csv"
+    path.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, Die (in C)\nDCGM_FI_PROF_SM_ACTIVE, gauge, a\n")
+    probes = [
+        P.FieldProbe("DCGM_FI_DEV_GPU_TEMP", F.SLOW, True, 1, 2, (0.1,), "timestamps", 9),
+        P.FieldProbe("DCGM_FI_PROF_SM_ACTIVE", F.GPM, False, None, None, (), "none", 0),
+    ]
+    intervals, groups = P.recommend(probes, 10.0)
+    result = P.ProbeResult("sim", ("x",), 1.0, tuple(probes), (), 1.0, 2.0, 5e5, intervals, groups)
+    applied = P.apply_recommendation(from_mapping({"fields_csv": str(path)}), result)
+    assert [(f.name, f.group, f.help) for f in applied.selected_fields()] == [
+        ("DCGM_FI_DEV_GPU_TEMP", "every_100ms", "Die (in C)")
+    ]
 
 
 def test_recommend_keeps_per_link_nvlink_off_the_fastest_groups() -> None:

@@ -200,3 +200,18 @@ def test_the_config_key_and_its_flag_check_the_file_at_load(
     assert f"web_config_file: {good}: no TLS; basic auth for 1 user(s)" in out
     assert "web_config_file is not used: listen is empty" in out
     assert HASH not in out
+
+
+def test_the_example_in_the_deployment_docs_loads(tmp_path: Path, pki: Pki) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text()
+    section = page.split("## A protected /metrics", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "tls").mkdir()
+    for src, name in ((pki.server_cert, "tls.crt"), (pki.server_key, "tls.key"),
+                      (pki.ca_file, "ca.crt")):  # fmt: skip
+        (tmp_path / "tls" / name).write_bytes(src.read_bytes())
+    web = load_web_config(write(tmp_path / "web.yml", example))
+    assert web.describe() == (
+        "TLS TLS12 to TLS13, client certificates RequireAndVerifyClientCert; basic auth for 1 "
+        "user(s); headers Strict-Transport-Security"
+    )

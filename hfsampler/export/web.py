@@ -123,7 +123,7 @@ class WebGate:
         self._ssl = server_context(self.config.tls) if self.config.tls is not None else None
         self._broken: str | None = None  # why the file on disk is not in force
         self._verified = VerdictCache()
-        self._bcrypt_lock = asyncio.Lock()  # one bcrypt at a time: each takes a core for ~50 ms
+        self._bcrypt_lock = asyncio.Lock()  # one bcrypt at a time: ~70 ms of a core at cost 10
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The context to listen with (None: plain HTTP): it follows the files as they change."""
@@ -181,12 +181,15 @@ class WebGate:
         checked = hashed if hashed is not None else _NO_USER_HASH
         key = self._verified.key(user, checked, password)
         verdict = self._verified.get(key)
-        if verdict is None:
-            async with self._bcrypt_lock:  # blocking work, and CPU: off the loop, one at a time
+        if verdict is not None:
+            return verdict
+        async with self._bcrypt_lock:  # blocking work, and CPU: off the loop, one at a time
+            verdict = self._verified.get(key)  # a scrape waiting behind its twin's check
+            if verdict is None:
                 loop = asyncio.get_running_loop()
-                verdict = await loop.run_in_executor(None, _check, password, checked)
-            verdict = verdict and hashed is not None
-            self._verified.set(key, verdict)
+                matched = await loop.run_in_executor(None, _check, password, checked)
+                verdict = matched and hashed is not None
+                self._verified.set(key, verdict)
         return verdict
 
     async def add_headers(self, request: web.Request, response: web.StreamResponse) -> None:

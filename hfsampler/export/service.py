@@ -2,7 +2,8 @@
 
 The pipeline (``sampling.pipeline``: the sampler, its rings' readers and the window clock, with
 `run`'s catch-up policy) yields each window; the service turns it into one snapshot, serves the
-latest on /metrics, hands it to every remote writer, and on a signal or at the end of
+latest on /metrics (behind TLS and basic auth when ``web_config_file`` says so: ``export.web``),
+hands it to every remote writer, and on a signal or at the end of
 ``--duration`` sends stale markers, flushes, and frees shared memory.
 """
 

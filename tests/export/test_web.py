@@ -174,6 +174,28 @@ async def test_mutual_tls_serves_only_a_client_with_a_certificate_from_the_ca(
     assert isinstance(seen["foreign"], str), seen
 
 
+async def test_min_version_refuses_an_older_client(tmp_path: Path, pki: Pki) -> None:
+    web = tmp_path / "web.yml"
+    write_json(web, {"tls_server_config": {
+        "cert_file": str(pki.server_cert), "key_file": str(pki.server_key),
+        "min_version": "TLS13"}})  # fmt: skip
+    seen: dict[str, object] = {}
+
+    async def scenario(port: int) -> None:
+        url = f"https://127.0.0.1:{port}/metrics"
+        seen["TLS 1.3"] = (await get(url, client_ssl(pki)))[0]
+        old = client_ssl(pki)
+        old.maximum_version = ssl.TLSVersion.TLSv1_2
+        with pytest.raises(aiohttp.ClientError) as err:
+            await get(url, old)
+        seen["TLS 1.2"] = str(err.value)
+
+    await serve(web, scenario)
+    assert seen["TLS 1.3"] == 200
+    # the handshake fails; asyncio closes it without sending its alert
+    assert str(seen["TLS 1.2"]).startswith("Cannot connect to host"), seen
+
+
 @pytest.mark.both_loops
 async def test_a_rotated_certificate_and_a_changed_file_are_used_without_a_restart(
     tmp_path: Path, pki: Pki, other_pki: Pki, caplog: pytest.LogCaptureFixture

@@ -3,8 +3,8 @@
 The pipeline (``sampling.pipeline``: the sampler, its rings' readers and the window clock, with
 `run`'s catch-up policy) yields each window; the service turns it into one snapshot, serves the
 latest on /metrics (behind TLS and basic auth when ``web_config_file`` says so: ``export.web``),
-hands it to every remote writer, and on a signal or at the end of
-``--duration`` sends stale markers, flushes, and frees shared memory.
+hands it to every remote writer, and on a signal or at the end of ``--duration`` sends stale
+markers, flushes, and frees shared memory.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from hfsampler.cli.aio import run_async
 from hfsampler.config.flags import add_sampling_flags, config_from_args
 from hfsampler.config.loader import load_file
 from hfsampler.config.settings import Config
+from hfsampler.config.webconfig import load_web_config
 from hfsampler.errors import ConfigError, HfsamplerError
 from hfsampler.sampling.plan import build_run
 
@@ -103,6 +104,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"  {one_line(line)}")
     listen = one_line(str(config.listen))
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {listen}")
+    if config.web_config_file:
+        web = load_web_config(config.web_config_file)
+        print(f"  web_config_file: {one_line(web.path)}: {one_line(web.describe())}")
     if config.jetson_sysfs_root:
         root = one_line(config.jetson_sysfs_root)
         print(f"  jetson.sysfs_root: {root} (tests only: a Jetson reads /)")

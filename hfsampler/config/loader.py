@@ -1,6 +1,6 @@
-"""The YAML file: read safely, each top-level and nested key handed to its declaration (``KEYS``).
+"""The config file: each top-level and nested key handed to its declaration (``KEYS``).
 
-A key given twice, YAML nested past reason, a file that is not UTF-8: one ``ConfigError`` each.
+Read by ``config.yamlfile`` (a key given twice, a file that is not UTF-8: one ``ConfigError``).
 Every key the file names that hfsampler does not take (a typo, a Prometheus key it has no use
 for, in the file or its ``remote_write`` block) is named in one message, so a pasted block is
 fixed in one edit, not one key per run.
@@ -8,16 +8,14 @@ fixed in one edit, not one key per run.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from hfsampler.config.keys import Key, expect
 from hfsampler.config.settings import KEYS, Config
+from hfsampler.config.yamlfile import read_yaml, unknown_key
 from hfsampler.durations import parse_prometheus_duration
 from hfsampler.errors import ConfigError, one_error
 from hfsampler.remote_write.keys import unsupported_keys
@@ -58,12 +56,6 @@ _TOP, _BLOCKS = _names()
 TOP_LEVEL_KEYS = (*_TOP, *_BLOCKS)  # every key the file may have at its top level
 
 
-def _unknown(key: str, allowed: Sequence[str], where: str = "") -> ConfigError:
-    close = difflib.get_close_matches(key, allowed, n=1)
-    fix = f"did you mean {close[0]!r}?" if close else "known keys: " + ", ".join(allowed)
-    return ConfigError(f"{where}{key}", "unknown key", fix)
-
-
 def _block_example(block: str) -> str:
     sub, first = next(iter(_BLOCKS[block].items()))
     return f"{{{sub}: {first.example}}}"
@@ -74,10 +66,10 @@ def _check_names(data: Mapping[object, object]) -> None:
     problems: list[ConfigError] = []
     for name, value in data.items():
         if not isinstance(name, str) or name not in TOP_LEVEL_KEYS:
-            problems.append(_unknown(str(name), TOP_LEVEL_KEYS))
+            problems.append(unknown_key(str(name), TOP_LEVEL_KEYS))
         elif name in _BLOCKS and isinstance(value, dict):
             known = tuple(_BLOCKS[name])
-            problems += [_unknown(str(s), known, f"{name}.") for s in value if s not in known]
+            problems += [unknown_key(str(s), known, f"{name}.") for s in value if s not in known]
         elif name == "remote_write":
             problems += unsupported_keys(value, name)
     if problems:
@@ -110,67 +102,6 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
     return replace(base or Config(), **kw)
 
 
-class _DuplicateKeyError(yaml.YAMLError):
-    def __init__(self, key: object, first_line: int, line: int) -> None:
-        super().__init__(f"{key}: given twice")
-        self.key = key
-        self.first_line = first_line
-        self.line = line
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping.
-
-    PyYAML keeps the last value without a word; Prometheus (Go's strict YAML) refuses the file,
-    so a block pasted between the two must mean the same in both. A merge key (``<<``) may still
-    be overridden: only keys written in the mapping itself count.
-    """
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[object, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            try:
-                if key in seen:
-                    raise _DuplicateKeyError(key, seen[key], line)
-                seen[key] = line
-            except TypeError:
-                continue  # an unhashable key: the safe loader names that problem itself
-        mapping: dict[Any, Any] = super().construct_mapping(node, deep)
-        return mapping
-
-
 def load_file(path: str | Path, base: Config | None = None) -> Config:
     """Read and validate a config file; its keys replace those of ``base`` (an earlier file)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            "--config", f"cannot read {p}: {exc.strerror}", "check the path"
-        ) from None
-    except UnicodeDecodeError:
-        raise ConfigError("--config", f"{p} is not UTF-8 text", "save it as UTF-8") from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
-    except RecursionError:
-        # PyYAML builds nested nodes recursively: a file nested hundreds deep runs out of stack
-        raise ConfigError(
-            str(p), "is nested too deeply to be a config file", "check its brackets and indents"
-        ) from None
-    except _DuplicateKeyError as exc:
-        where = (
-            f"on line {exc.line}"
-            if exc.line == exc.first_line
-            else f"at lines {exc.first_line} and {exc.line}"
-        )
-        raise ConfigError(str(p), f"{exc.key}: given twice, {where}", "keep one") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(str(p), f"{problem}{where}", "fix the YAML syntax") from None
-    return from_mapping(data, base)
+    return from_mapping(read_yaml(path, "--config"), base)

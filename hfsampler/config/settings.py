@@ -46,6 +46,7 @@ from hfsampler.config.labels import (
     check_utf8,
     parse_label,
 )
+from hfsampler.config.webconfig import load_web_config
 from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError, why_not_writable
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES, realtime_group
@@ -155,6 +156,13 @@ class Config:
         doc="the /metrics address; empty: serve no /metrics",
         flag=Flag("--listen", "/metrics address; '' turns it off", metavar="HOST:PORT",
                   convert=_blank_is_none),
+    )  # fmt: skip
+    web_config_file: str | None = key(
+        None, yaml="web_config_file", type="path", example="/etc/hfsampler/web-config.yml",
+        parse=as_text_or_none, doc="TLS and basic auth for /metrics, in Prometheus's web "
+        "configuration format (node_exporter's --web.config.file); re-read when it changes",
+        flag=Flag("--web-config-file", "TLS and basic auth for /metrics (Prometheus's web "
+                  "configuration file)", metavar="FILE", convert=_blank_is_none),
     )  # fmt: skip
     duration_s: float | None = key(
         None, yaml="duration", type="duration", parse=as_duration,
@@ -306,6 +314,8 @@ class Config:
                 )
         if self.listen is not None:
             parse_listen(self.listen)
+        if self.web_config_file is not None:
+            load_web_config(self.web_config_file)  # refused now, not at the first scrape
         if self.duration_s is not None and self.duration_s <= 0:
             raise ConfigError("duration", "must be positive", "e.g. 10s")
         if self.log_level not in LOG_LEVELS:
@@ -366,6 +376,8 @@ class Config:
         """What is accepted but will not do what it might seem to: said at check and at start."""
         out = self.label_warnings() + self.lane_warnings()
         out += self.fields_csv.warnings() if self.fields_csv is not None else []
+        if self.web_config_file is not None and not self.listen:
+            out.append("web_config_file is not used: listen is empty, so no /metrics is served")
         default_max = QueueConfig().max_shards
         for i, ep in enumerate(self.remote_write):
             if ep.queue.max_shards != default_max:

@@ -2,8 +2,9 @@
 
 The pipeline (``sampling.pipeline``: the sampler, its rings' readers and the window clock, with
 `run`'s catch-up policy) yields each window; the service turns it into one snapshot, serves the
-latest on /metrics, hands it to every remote writer, and on a signal or at the end of
-``--duration`` sends stale markers, flushes, and frees shared memory.
+latest on /metrics (behind TLS and basic auth when ``web_config_file`` says so: ``export.web``),
+hands it to every remote writer, and on a signal or at the end of ``--duration`` sends stale
+markers, flushes, and frees shared memory.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
 from hfsampler.export.metrics import MetricModel
+from hfsampler.export.web import WebGate
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.config import EndpointConfig
@@ -358,17 +360,28 @@ class Service:
         if not self.config.listen:
             return None
         host, port = parse_listen(self.config.listen)
-        app = web.Application()
+        # read again now: the file may have changed since the configuration was loaded
+        gate = WebGate(self.config.web_config_file) if self.config.web_config_file else None
+        app = web.Application(middlewares=[gate.middleware] if gate is not None else [])
         app.router.add_get("/metrics", self._handle_metrics)
         app.router.add_get("/healthz", self._handle_health)
+        if gate is not None:
+            app.on_response_prepare.append(gate.add_headers)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
+        ssl_context = gate.ssl_context() if gate is not None else None
         try:
-            await web.TCPSite(runner, host, port).start()
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
         except OSError as exc:
             await runner.cleanup()
             raise OSError(f"cannot listen on {self.config.listen}: {exc.strerror}") from None
-        log.info("serving /metrics and /healthz on http://%s:%d", host, port)
+        log.info(
+            "serving /metrics and /healthz on %s://%s:%d%s",
+            "https" if ssl_context is not None else "http",
+            host,
+            port,
+            f" ({gate.config.describe()})" if gate is not None else "",
+        )
         return runner
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:

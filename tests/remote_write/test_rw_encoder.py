@@ -6,7 +6,7 @@ import math
 import struct
 
 import snappy
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from test_rw_encoder import batches, bits
 

@@ -6,16 +6,24 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import importlib.util
+import json
 import os
+import shutil
 import sys
 import tempfile
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import IO, Any
 
 import pytest
 import uvloop
 from hypothesis import HealthCheck, settings
+from run_dir import RUN_DIR_VARIABLE
+from run_dir import run_dir as shared_run_dir
+from xdist.scheduler import LoadScopeScheduling
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # default hundred examples per property, enough to cover every branch of the encoders and the
 # config parser; `pytest --hypothesis-profile=thorough` tries twenty times as many, for a change
 # to those parts (it adds some minutes).
-_PROPERTY_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+_PROPERTY_SETTINGS: dict[str, Any] = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow],
+}
 settings.register_profile("hfsampler", **_PROPERTY_SETTINGS)
 settings.register_profile("thorough", max_examples=2000, **_PROPERTY_SETTINGS)
 settings.load_profile("hfsampler")
@@ -44,41 +55,134 @@ def pytest_asyncio_loop_factories(
 
 
 # The suite runs on several workers (pyproject's addopts), each module on one worker (its
-# fixtures start once). A test that measures the machine's time (tick lateness, deadlines, rates:
-# ``pytest.mark.alone``) must not share the CPUs: such tests are collected first, and each takes
-# the lock exclusively while every other test takes it shared. The turnstile gives the exclusive
-# side precedence: once an alone test waits, the others finish the test they are in and wait for
-# it, instead of starving it to the end of the run (and the rest of its worker's queue with it).
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
-_LOCK = Path(tempfile.gettempdir()) / f"hfsampler-tests-{_RUN}.lock"
-_TURNSTILE = Path(tempfile.gettempdir()) / f"hfsampler-tests-{_RUN}.turnstile"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("alone") is None)  # stable: alone first
+# fixtures start once). The tests that measure the machine's time (tick lateness, deadlines,
+# rates: ``pytest.mark.alone``) must not share the CPUs. They form one unit of work, the first one
+# handed out, so they run one after another on one worker while every other worker waits at a
+# barrier before its first test; then the rest runs in parallel with nothing to wait for. (A
+# lock taken around each timing test made it wait for whatever long test was running elsewhere,
+# and everyone else wait with it: that cost the suite minutes.)
+ALONE_SCOPE = "timing tests, alone"
+_ALONE_STARTS_WITHIN_S = 120.0  # the barrier's bound, should the timing unit never start
 
 
 def _is_alone(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker("alone") is not None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The controller's directory for the workers' barrier (they inherit its environment).
+    if "PYTEST_XDIST_WORKER" not in os.environ and RUN_DIR_VARIABLE not in os.environ:
+        run_dir = tempfile.mkdtemp(prefix="hfsampler-tests-")
+        os.environ[RUN_DIR_VARIABLE] = run_dir
+        config.add_cleanup(lambda: shutil.rmtree(run_dir, ignore_errors=True))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not _is_alone(item))  # stable: alone first
+    global _ALONE_IN_SESSION
+    _ALONE_IN_SESSION = any(_is_alone(item) for item in items)
+    run_dir = shared_run_dir()
+    if run_dir is not None and "PYTEST_XDIST_WORKER" in os.environ:
+        # For the controller's scheduler, which sees node ids only; every worker writes the same.
+        marked = {
+            mark: [item.nodeid for item in items if item.get_closest_marker(mark) is not None]
+            for mark in ("alone", "long")
+        }
+        partial = run_dir / f"marked.{os.environ['PYTEST_XDIST_WORKER']}"
+        partial.write_text(json.dumps(marked))
+        partial.replace(run_dir / "marked.json")
+
+
+_ALONE_IN_SESSION = False
+
+
+class _WorkQueue(OrderedDict[str, dict[str, bool]]):
+    """xdist's queue of units (biggest first), with the timing unit first and the long ones
+    next: a minute-long module handed out last would end the run alone."""
+
+    def __init__(self, long_scopes: set[str]) -> None:
+        super().__init__()
+        self.long_scopes = long_scopes
+
+    def __setitem__(self, key: str, value: dict[str, bool]) -> None:
+        super().__setitem__(key, value)
+        if key in self.long_scopes:
+            self.move_to_end(key, last=False)
+        if ALONE_SCOPE in self:
+            self.move_to_end(ALONE_SCOPE, last=False)
+
+
+class _AloneFirstScheduling(LoadScopeScheduling):
+    """xdist's loadscope, with the timing tests gathered into one unit handed out first, and the
+    units holding a ``long`` test handed out next."""
+
+    def __init__(self, config: pytest.Config, log: object = None) -> None:
+        super().__init__(config, log)
+        self._long_scopes: set[str] = set()
+        self.workqueue = _WorkQueue(self._long_scopes)
+        self._marked: dict[str, set[str]] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._marked is None:
+            run_dir = shared_run_dir()
+            path = run_dir / "marked.json" if run_dir is not None else None
+            found = json.loads(path.read_text()) if path and path.exists() else {}
+            self._marked = {mark: set(found.get(mark, ())) for mark in ("alone", "long")}
+        if nodeid in self._marked["alone"]:
+            return ALONE_SCOPE
+        scope: str = super()._split_scope(nodeid)
+        if nodeid in self._marked["long"]:
+            self._long_scopes.add(scope)
+        return scope
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") != "loadscope":
+        return None  # another distribution asked for by name: xdist's own
+    return _AloneFirstScheduling(config, log)
+
+
+_alone_lock: IO[str] | None = None  # held by the worker running the timing unit
+
+
+def _wait_for_timing_tests(run_dir: Path) -> None:
+    started = run_dir / "alone.started"
+    since = time.monotonic()
+    while not (run_dir / "alone.done").exists():
+        if started.exists():
+            with (run_dir / "alone.lock").open("a") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    return  # its worker is gone without saying it was done (a crash)
+                except BlockingIOError:
+                    pass
+        elif time.monotonic() - since > _ALONE_STARTS_WITHIN_S:
+            return
+        time.sleep(0.05)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
-    if "PYTEST_XDIST_WORKER" not in os.environ:
+    global _alone_lock
+    run_dir = shared_run_dir()
+    if "PYTEST_XDIST_WORKER" not in os.environ or run_dir is None or not _ALONE_IN_SESSION:
         return (yield)
-    with _TURNSTILE.open("a") as turnstile, _LOCK.open("a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if _is_alone(item):
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        else:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)  # only passing through
-            fcntl.flock(lock, fcntl.LOCK_SH)
-        try:
-            return (yield)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            if _is_alone(item) and not _is_alone(nextitem):
-                fcntl.flock(turnstile, fcntl.LOCK_UN)
+    if not _is_alone(item):
+        _wait_for_timing_tests(run_dir)
+        return (yield)
+    if _alone_lock is None:
+        _alone_lock = (run_dir / "alone.lock").open("a")
+        fcntl.flock(_alone_lock, fcntl.LOCK_EX)  # a second worker's timing tests wait
+        (run_dir / "alone.started").touch()
+    try:
+        return (yield)
+    finally:
+        if not _is_alone(nextitem):
+            (run_dir / "alone.done").touch()
+            fcntl.flock(_alone_lock, fcntl.LOCK_UN)
+            _alone_lock.close()
+            _alone_lock = None
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,9 @@ The fake libnvidia-ml is put under pynvml in the CLI and in the sampler process 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,25 +20,34 @@ import pytest
 import receivers as rx
 from conformance import ConformanceReceiver
 
-# The layout changes at a wall-clock time: hfsampler must have started and pushed the first
-# layout by then, with a margin for a slow start on a loaded machine.
 pytestmark = pytest.mark.integration
 
 DURATION_S = 14
-CHANGE_AFTER_S = 8.0
+CHANGE_DELAY_S = 1.0  # from the moment the receiver holds the first layout
 BEFORE = [[1, "3g.40gb"], [5, "2g.20gb"], [13, "1g.10gb"]]
 AFTER = [[1, "3g.40gb"], [13, "1g.10gb"], [6, "1g.10gb"]]
 FIELDS = "power_usage,gpu_temp,fb_used,fb_free,fb_total,sm_active"
 PROFILE_MIB = {"3g.40gb": 40 * 1024, "2g.20gb": 20 * 1024, "1g.10gb": 10 * 1024}
 
 
-def _scenario() -> dict[str, Any]:
-    return {
-        "gpus": 2,
-        "mig": {"0": BEFORE},
-        "change_at_ns": time.time_ns() + int(CHANGE_AFTER_S * 1e9),
-        "mig_after": {"0": AFTER},
-    }
+def _scenario(change_file: Path) -> dict[str, Any]:
+    after = {"0": AFTER}
+    return {"gpus": 2, "mig": {"0": BEFORE}, "change_file": str(change_file), "mig_after": after}
+
+
+def _change_once_stored(holds_the_first_layout: Callable[[], bool], change_file: Path) -> int:
+    """Tell the fake (in every process of the run) to change the layout a moment from now, once
+    the receiver holds instance 5: a wall-clock time fixed in advance was missed whenever a
+    loaded machine started hfsampler slowly. Returns the change's time (ns)."""
+    deadline = time.monotonic() + DURATION_S - 4  # time enough after it for the new layout
+    while not holds_the_first_layout():
+        assert time.monotonic() < deadline, "the first MIG layout never reached the receiver"
+        time.sleep(0.1)
+    change_ns = time.time_ns() + int(CHANGE_DELAY_S * 1e9)
+    written = change_file.with_suffix(".tmp")
+    written.write_text(str(change_ns))
+    written.replace(change_file)
+    return change_ns
 
 
 def _args(url: str, cluster: str) -> list[str]:
@@ -46,12 +58,19 @@ def _args(url: str, cluster: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def mig_run(prometheus: rx.Prometheus) -> tuple[rx.CliRun, int]:
-    scenario = _scenario()
+def mig_run(
+    prometheus: rx.Prometheus, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[rx.CliRun, int]:
+    change_file = tmp_path_factory.mktemp("mig") / "change"
     cluster = f"mig-{prometheus.version()}"
     args = _args(prometheus.write_url, cluster)
-    run = rx.run_cli(args, timeout_s=DURATION_S + 60, env=rx.fake_nvml_env(scenario)).check()
-    return run, int(scenario["change_at_ns"])
+    env = rx.fake_nvml_env(_scenario(change_file))
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(rx.run_cli, args, DURATION_S + 60, env)
+        query = f'DCGM_FI_DEV_FB_TOTAL{{cluster="{cluster}",GPU_I_ID="5"}}'
+        change_ns = _change_once_stored(lambda: bool(prometheus.wait_for(query, 0)), change_file)
+        run = running.result().check()
+    return run, change_ns
 
 
 def _cluster(prometheus: rx.Prometheus) -> str:
@@ -127,10 +146,14 @@ def test_mig_run_copying_device_fields_is_conformant(tmp_path: Path) -> None:
     """The strict receiver, with dcgm-exporter's copying on: GPU fields on every instance too."""
     config = tmp_path / "hfsampler.yml"
     config.write_text("mig: {copy_device_fields: true}\n")
+    change_file = tmp_path / "change"
     with ConformanceReceiver() as receiver:
         args = [*_args(receiver.url, "mig-conformance"), "--config", str(config)]
-        proc = rx.spawn_cli(args, tmp_path / "run.log", env=rx.fake_nvml_env(_scenario()))
+        env = rx.fake_nvml_env(_scenario(change_file))
+        proc = rx.spawn_cli(args, tmp_path / "run.log", env=env)
         try:
+            fb_of_5 = partial(receiver.series_named, "DCGM_FI_DEV_FB_USED", GPU_I_ID="5")
+            _change_once_stored(lambda: bool(fb_of_5()), change_file)
             assert proc.wait(timeout=DURATION_S + 60) == 0, (tmp_path / "run.log").read_text()
         finally:
             rx.stop_cli(proc)

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from run_dir import made_once
 from test_report import CONSOLE_ERROR, FIGURE, chromium, run_chromium, truth_energy_j
 
 from hfsampler.profiling.recording import Recording
@@ -48,15 +49,17 @@ def _hfsampler(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    where = tmp_path_factory.mktemp("e2e")
-    script = where / "train.py"
-    script.write_text(textwrap.dedent(JOB))
-    out = where / "train.hfs"
-    made = _hfsampler("record", "--source", "sim", "--quiet", "-o", str(out),
-                      "--mark-pattern", r"== (?P<phase>epoch \d+) ==",
-                      "--", sys.executable, str(script))  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    return out
+    """Made once: the timing test and the page test run on different workers."""
+
+    def make(where: Path) -> None:
+        script = where / "train.py"
+        script.write_text(textwrap.dedent(JOB))
+        made = _hfsampler("record", "--source", "sim", "--quiet", "-o", str(where / "train.hfs"),
+                          "--mark-pattern", r"== (?P<phase>epoch \d+) ==",
+                          "--", sys.executable, str(script))  # fmt: skip
+        assert made.returncode == 0, made.stderr
+
+    return made_once("e2e", tmp_path_factory, make) / "train.hfs"
 
 
 @pytest.mark.alone  # it measures time: no other test runs meanwhile

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from run_dir import made_once
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,13 +36,16 @@ def _dead_url() -> str:
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("replay-faults") / "run.hfs"
-    subprocess.run(
-        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
-         str(out), "--", sys.executable, "-c", "import time; time.sleep(2)"],
-        env=_env(), check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return out
+    """Made once: the timing test and the others run on different workers."""
+
+    def make(where: Path) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+             str(where / "run.hfs"), "--", sys.executable, "-c", "import time; time.sleep(2)"],
+            env=_env(), check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+    return made_once("replay-faults", tmp_path_factory, make) / "run.hfs"
 
 
 @pytest.mark.alone  # it measures time: no other test runs meanwhile

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_dir import made_once
 from test_report import CONSOLE_ERROR, chromium, run_chromium
 
 from hfsampler.profiling.recording import Recording
@@ -23,19 +24,23 @@ GIB = 1 << 30
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    """A sim recording around a 3.5 s job, and the job's pid."""
-    tmp = tmp_path_factory.mktemp("proc")
-    run = tmp / "run.hfs"
-    job = "import os, time; print(os.getpid(), flush=True); time.sleep(3.5)"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
-         str(run), "--", sys.executable, "-c", job],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return run, int(proc.stdout.split()[0])
+    """A sim recording around a 3.5 s job, and the job's pid (made once: the timing test and the
+    page test run on different workers)."""
+
+    def make(where: Path) -> None:
+        job = "import os, time; print(os.getpid(), flush=True); time.sleep(3.5)"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
+             str(where / "run.hfs"), "--", sys.executable, "-c", job],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (where / "pid").write_text(proc.stdout.split()[0])
+
+    where = made_once("report-processes", tmp_path_factory, make)
+    return where / "run.hfs", int((where / "pid").read_text())
 
 
 def _report(run: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -3,8 +3,10 @@
 On ``PYTHONPATH`` only where a test sets ``HFSAMPLER_FAKE_NVML`` (a JSON scenario), so `hfsampler
 run --source nvml` and the sampler process it spawns (a fresh interpreter, which imports this
 module too) see the same fake GPUs. The scenario: ``gpus`` (count), ``mig`` ({gpu index: [[GPU
-instance id, profile], ...]}: MIG on with those instances), and optionally ``change_at_ns`` with
-``mig_after``, the layout from that wall-clock time on, in every process alike.
+instance id, profile], ...]}: MIG on with those instances), and optionally ``change_file`` with
+``mig_after``: once the test writes a wall-clock time (ns) into that file, the layout from that
+time on, in every process alike. The test writes it when a receiver holds the first layout, so a
+slow start on a loaded machine cannot skip it.
 """
 
 from __future__ import annotations
@@ -35,15 +37,19 @@ if _SCENARIO:
     _apply(_spec.get("mig", {}))
     for _gpu in _nvml.gpus:
         _gpu.mig_capable = True  # the others: H100s with MIG mode off
-    _change_at = _spec.get("change_at_ns")
-    if _change_at is not None:
-        delay_s = (int(_change_at) - time.time_ns()) / 1e9
-        _after = _spec["mig_after"]
-        if delay_s <= 0:
-            _apply(_after)
-        else:
-            timer = threading.Timer(delay_s, _apply, (_after,))
-            timer.daemon = True
-            timer.start()
+
+    def _change_when_told(path: Path, after: dict[str, list[list[object]]]) -> None:
+        while not path.exists():
+            time.sleep(0.01)
+        delay_s = (int(path.read_text()) - time.time_ns()) / 1e9
+        time.sleep(max(delay_s, 0.0))
+        _apply(after)
+
+    if "change_file" in _spec:
+        threading.Thread(
+            target=_change_when_told,
+            args=(Path(_spec["change_file"]), _spec["mig_after"]),
+            daemon=True,
+        ).start()
     _pynvml.nvmlLib = _fake.FakeLib(_nvml)
     _pynvml._nvmlGetFunctionPointer_cache = {}

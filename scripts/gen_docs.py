@@ -131,6 +131,9 @@ def _nvml_call_names(key: str) -> list[str]:
 
 
 def _nvml_source(f: Any) -> str:
+    if f.window_count:
+        counted = ", ".join(f"`{r}`" for r in f.requires)
+        return f"counted from {counted} over a trailing window"
     parts = []
     if f.nvml_field:
         parts.append(f"field `{f.nvml_field}`")
@@ -170,6 +173,8 @@ def metrics_reference() -> str:
     rows = []
     for f in catalogue.CATALOGUE:
         label = "xid" if f.nvml_call == "xid_count" else f.per
+        if f.window_count:
+            label = "xid" if f.window_count == "xid" else "clock_event"
         series = f"`{f.name}`" + (f" (label `{label}`)" if label else "")
         if f.kind is catalogue.Kind.GAUGE:
             series += f" and {gauge_note}"

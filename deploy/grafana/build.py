@@ -141,7 +141,7 @@ def realtime() -> db.Dashboard:
                     [green, (80, "orange"), (85, "red")]),
         status_stat("Throttled (power + thermal), last 5 m",
                     f"(rate(DCGM_FI_DEV_POWER_VIOLATION{{{s}}}[5m])"
-                    f" + rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{s}}}[5m])) / 1e6",
+                    f" + rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{s}}}[5m])) / 1e9",
                     "percentunit", [green, (0.05, "orange"), (0.2, "red")]),
         status_stat("Last XID", f"DCGM_FI_DEV_XID_ERRORS{{{s}}}", "none", [green, (1, "red")]),
         status_stat("NVML answers", 'hfsampler_gpu_up{Hostname=~"$Hostname", gpu=~"$gpu"}',

@@ -170,9 +170,9 @@ class Config:
     fields: tuple[str, ...] | None = key(
         None, yaml="fields", type="list of names", example="[fast]", parse=as_names,
         shown_default="the default selection",
-        doc="field names or groups to sample (fast, slow, gpm; all: per-link NVLink too)",
+        doc="field names or groups to sample (fast, slow, gpm; all: the opt-in ones too)",
         flag=Flag("--fields", "comma-separated field names or groups (fast, slow, gpm; all: "
-                  "per-link NVLink too)", metavar="LIST", repeat=True, convert=_split_fields),
+                  "the opt-in ones too)", metavar="LIST", repeat=True, convert=_split_fields),
     )  # fmt: skip
     remote_write: tuple[EndpointConfig, ...] = key(
         (), yaml="remote_write", type="list of endpoints", parse=as_remote_write,
@@ -196,7 +196,7 @@ class Config:
     hostname: str | None = key(
         None, yaml="hostname", type="string", example="gpu-node-17", parse=as_text_or_none,
         reload="labels", doc="the host label's value; none: the machine's (in a pod: not the node)",
-        flag=Flag("--hostname", "the Hostname label (in Kubernetes: the node's name)",
+        flag=Flag("--hostname", "the host label's value (in Kubernetes: the node's name)",
                   metavar="NAME", convert=_blank_is_none),
     )  # fmt: skip
     instance: str | None = key(
@@ -249,6 +249,16 @@ class Config:
         "Hostname", yaml="host_label", type="label name", example="hostname", parse=as_text,
         reload="labels", doc="the host label's name: dcgm-exporter's Hostname, or hostname",
     )  # fmt: skip
+    xid_count_window_s: float = key(
+        300.0, yaml="xid_count_window", type="duration", parse=as_duration, shown_default="5m",
+        reload="labels", doc="DCGM_EXP_XID_ERRORS_COUNT's trailing window (dcgm-exporter's "
+        "--xid-count-window-size)",
+    )  # fmt: skip
+    clock_events_count_window_s: float = key(
+        300.0, yaml="clock_events_count_window", type="duration", parse=as_duration,
+        shown_default="5m", reload="labels", doc="DCGM_EXP_CLOCK_EVENTS_COUNT's trailing window "
+        "(dcgm-exporter's --clock-events-count-window-size)",
+    )  # fmt: skip
     dcgm_path: str | None = key(
         None, yaml="dcgm.path", type="path", example="/usr/local/dcgm/bindings/python3",
         spec="dcgm_path",
@@ -281,6 +291,16 @@ class Config:
             raise ConfigError("gpus", f"{self.sim_gpus} GPUs", "give between 1 and 1024")
         if self.window_s < 0.01 or self.window_s > 3600:
             raise ConfigError("window", f"{self.window_s}s is out of range", "use 10ms to 1h")
+        for name, count_s in (
+            ("xid_count_window", self.xid_count_window_s),
+            ("clock_events_count_window", self.clock_events_count_window_s),
+        ):
+            if not self.window_s <= count_s <= 86400:
+                raise ConfigError(
+                    name,
+                    f"{count_s:g}s is out of range",
+                    "use one window (--window) to 24h; dcgm-exporter's is 5m",
+                )
         for group, interval in self.intervals_s.items():
             if to_ns(interval) < _MIN_INTERVAL_NS:
                 raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")
@@ -422,8 +442,13 @@ class Config:
         return parse_listen(self.listen)[1] if self.listen else DEFAULT_INSTANCE_PORT
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
-        chosen = catalogue.select(self.fields)
+        """The selected fields a source reads (not those counted from them: ``counted_fields``)."""
+        chosen = [f for f in catalogue.select(self.fields) if f.window_count is None]
         return catalogue.regroup(chosen, dict(self.field_groups))
+
+    def counted_fields(self) -> tuple[catalogue.Field, ...]:
+        """The selected fields the export stage counts from others (dcgm-exporter's DCGM_EXP_*)."""
+        return tuple(f for f in catalogue.select(self.fields) if f.window_count is not None)
 
 
 def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str, float]) -> None:

@@ -58,9 +58,10 @@ class Field:
     opt_in: bool = False
     # the field's per-MIG-instance twin (expand_mig): read on MIG instance rows, not on GPUs
     mig_instance: bool = False
-    # not read from a device: counted by the export stage over a trailing window of the
-    # fields in ``requires`` (hfsampler.export.event_counts names what: "xid", "clock_events")
-    window_count: str | None = None
+    # not read from a device: counted by the export stage from the series of the fields in
+    # ``requires`` (hfsampler.export.event_counts: "xid", "clock_events" over a trailing
+    # window; "xid_total", "clock_events_total" since start)
+    counted: str | None = None
     requires: tuple[str, ...] = ()  # selecting this field selects these too
 
     @property
@@ -141,9 +142,12 @@ CATALOGUE: tuple[Field, ...] = (
     # the next value; expand_xid makes it one series per code (an `xid` label)
     Field("hfsampler_xid_events_total", "XID events the driver reported since hfsampler started.",
           "1", Kind.COUNTER, SLOW, nvml_call="xid_count"),
-    # dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT, counted from the two above; opt-in there too
+    # dcgm-exporter's DCGM_EXP_XID_ERRORS_*, counted from the two above; opt-in there too
     Field("DCGM_EXP_XID_ERRORS_COUNT", "XID errors observed during the configured time window.",
-          "1", Kind.STATE, SLOW, window_count="xid", opt_in=True,
+          "1", Kind.STATE, SLOW, counted="xid", opt_in=True,
+          requires=("DCGM_FI_DEV_XID_ERRORS", "hfsampler_xid_events_total")),
+    Field("DCGM_EXP_XID_ERRORS_TOTAL", "Total XID errors observed since exporter start.", "1",
+          Kind.COUNTER, SLOW, counted="xid_total", opt_in=True,
           requires=("DCGM_FI_DEV_XID_ERRORS", "hfsampler_xid_events_total")),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "1",
           Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
@@ -158,8 +162,9 @@ CATALOGUE: tuple[Field, ...] = (
           "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_RETIRED_SBE", opt_in=True),
     Field("DCGM_FI_DEV_RETIRED_DBE", "Total number of retired pages due to double-bit errors.",
           "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_RETIRED_DBE", opt_in=True),
-    Field("DCGM_FI_DEV_RETIRED_PENDING", "Total number of pages pending retirement.", "1",
-          Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_RETIRED_PENDING", opt_in=True),
+    Field("DCGM_FI_DEV_RETIRED_PENDING",
+          "Whether pages are pending retirement (1 means pending and 0 means not pending).", "1",
+          Kind.STATE, SLOW, nvml_field="NVML_FI_DEV_RETIRED_PENDING", opt_in=True),
     # Memory
     Field("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "MiB", Kind.GAUGE, FAST,
           nvml_call="fb_free", scale=_MIB, jetson="mem_available"),
@@ -173,18 +178,19 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
           "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
-    # All links together, dcgm-exporter's opt-in rows
-    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-          "Total number of NVLink flow-control CRC errors.", "1", Kind.COUNTER, SLOW,
-          nvml_field="NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", opt_in=True),
-    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-          "Total number of NVLink data CRC errors.", "1", Kind.COUNTER, SLOW,
+    # All links together (pre-Hopper): dcgm-exporter's opt-in rows, under DCGM's current names
+    # (dcgm-exporter 4.8.3's files named them ..._COUNT_TOTAL)
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+          "Total number of NVLink flow-control CRC errors across all lanes.", "1", Kind.COUNTER,
+          SLOW, nvml_field="NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL",
+          "Total number of NVLink data CRC errors across all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", opt_in=True),
-    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", "Total number of NVLink retries.", "1",
-          Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-          opt_in=True),
-    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-          "Total number of NVLink recovery errors.", "1", Kind.COUNTER, SLOW,
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+          "Total number of NVLink replay errors across all lanes.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL",
+          "Total number of NVLink recovery errors across all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", opt_in=True),
     # Per link (a `link` label, one series per link active at open; hfsampler.sources.nvml_nvlink).
     # DCGM's per-link fields keyed by a link entity, one field id for every link, give the names;
@@ -226,7 +232,11 @@ CATALOGUE: tuple[Field, ...] = (
           Kind.BITMASK, FAST, nvml_call="clocks_event_reasons"),
     Field("DCGM_EXP_CLOCK_EVENTS_COUNT",
           "Clock events observed during the configured time window.", "1", Kind.STATE, SLOW,
-          window_count="clock_events", opt_in=True, requires=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",)),
+          counted="clock_events", opt_in=True, requires=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",)),
+    Field("DCGM_EXP_CLOCK_EVENTS_TOTAL",
+          "Total clock events observed since exporter start (edge-counted).", "1", Kind.COUNTER,
+          SLOW, counted="clock_events_total", opt_in=True,
+          requires=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",)),
     # Violation time in ns as NVML counts it (nvmlViolationTime_t.violationTime) and DCGM
     # passes it on (dcgm_fields.h; dcgm-exporter's help says ns since its PR #589), so
     # rate(...[5m]) / 1e9 is the fraction of time throttled, as for dcgm-exporter.

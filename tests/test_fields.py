@@ -43,7 +43,7 @@ def test_names_unique_and_every_field_readable() -> None:
     names = [f.name for f in CATALOGUE]
     assert len(names) == len(set(names))
     for f in CATALOGUE:
-        assert f.nvml_readable or f.jetson or f.window_count, f.name
+        assert f.nvml_readable or f.jetson or f.counted, f.name
         assert all(r in fields.BY_NAME for r in f.requires), f.name
         if f.nvml_field and "{link}" in f.nvml_field:  # one id per link: NVML has links 0-11
             for link in (0, 11):
@@ -156,8 +156,7 @@ def test_roles_pick_the_best_field_recorded() -> None:
 
 
 # What dcgm-exporter's counters files leave commented out (opt-in) and hfsampler reads or counts:
-# etc/default-counters.csv at NVIDIA/dcgm-exporter 7ad58324 (4.8.3), and the power limits its
-# 4.8.4 made opt-in (docs/dcgm-exporter-parity.md).
+# etc/default-counters.csv at NVIDIA/dcgm-exporter 8dc9e11b (4.8.4; docs/dcgm-exporter-parity.md).
 DCGM_EXPORTER_OPT_IN = {
     "DCGM_FI_DEV_POWER_VIOLATION",
     "DCGM_FI_DEV_THERMAL_VIOLATION",
@@ -172,14 +171,16 @@ DCGM_EXPORTER_OPT_IN = {
     "DCGM_FI_DEV_RETIRED_SBE",
     "DCGM_FI_DEV_RETIRED_DBE",
     "DCGM_FI_DEV_RETIRED_PENDING",
-    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL",
     "DCGM_FI_DEV_POWER_MGMT_LIMIT",
     "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
     "DCGM_EXP_XID_ERRORS_COUNT",
     "DCGM_EXP_CLOCK_EVENTS_COUNT",
+    "DCGM_EXP_XID_ERRORS_TOTAL",
+    "DCGM_EXP_CLOCK_EVENTS_TOTAL",
 }
 
 
@@ -189,7 +190,7 @@ def test_catalogue_has_dcgm_exporter_opt_in_rows_and_new_ones_stay_opt_in() -> N
     assert fields.BY_NAME.keys() >= DCGM_EXPORTER_OPT_IN
     default = {f.name for f in fields.select(None)}
     assert "DCGM_FI_DEV_ENFORCED_POWER_LIMIT" not in default
-    assert not {f.name for f in CATALOGUE if f.window_count} & default
+    assert not {f.name for f in CATALOGUE if f.counted} & default
     assert "DCGM_FI_DEV_POWER_MGMT_LIMIT" in default  # the shipped alerts read it
 
 

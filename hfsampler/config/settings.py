@@ -196,7 +196,7 @@ class Config:
     hostname: str | None = key(
         None, yaml="hostname", type="string", example="gpu-node-17", parse=as_text_or_none,
         reload="labels", doc="the host label's value; none: the machine's (in a pod: not the node)",
-        flag=Flag("--hostname", "the host label's value (in Kubernetes: the node's name)",
+        flag=Flag("--hostname", "the Hostname label (in Kubernetes: the node's name)",
                   metavar="NAME", convert=_blank_is_none),
     )  # fmt: skip
     instance: str | None = key(
@@ -295,11 +295,9 @@ class Config:
             ("xid_count_window", self.xid_count_window_s),
             ("clock_events_count_window", self.clock_events_count_window_s),
         ):
-            if not self.window_s <= count_s <= 86400:
+            if not 0 < count_s <= 86400:
                 raise ConfigError(
-                    name,
-                    f"{count_s:g}s is out of range",
-                    "use one window (--window) to 24h; dcgm-exporter's is 5m",
+                    name, f"{count_s:g}s is out of range", "use up to 24h; dcgm-exporter's is 5m"
                 )
         for group, interval in self.intervals_s.items():
             if to_ns(interval) < _MIN_INTERVAL_NS:
@@ -443,12 +441,12 @@ class Config:
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
         """The selected fields a source reads (not those counted from them: ``counted_fields``)."""
-        chosen = [f for f in catalogue.select(self.fields) if f.window_count is None]
+        chosen = [f for f in catalogue.select(self.fields) if f.counted is None]
         return catalogue.regroup(chosen, dict(self.field_groups))
 
     def counted_fields(self) -> tuple[catalogue.Field, ...]:
         """The selected fields the export stage counts from others (dcgm-exporter's DCGM_EXP_*)."""
-        return tuple(f for f in catalogue.select(self.fields) if f.window_count is not None)
+        return tuple(f for f in catalogue.select(self.fields) if f.counted is not None)
 
 
 def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str, float]) -> None:

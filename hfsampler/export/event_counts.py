@@ -1,12 +1,12 @@
-"""dcgm-exporter's windowed event counts: DCGM_EXP_XID_ERRORS_COUNT and DCGM_EXP_CLOCK_EVENTS_COUNT.
+"""dcgm-exporter's DCGM_EXP_XID_ERRORS_COUNT and _TOTAL, DCGM_EXP_CLOCK_EVENTS_COUNT and _TOTAL.
 
-dcgm-exporter (4.8.3: ``internal/pkg/collector/expcollector.go`` with ``xid_collector.go`` and
-``clock_events_collector.go``) asks DCGM at each scrape for every stored value of
-DCGM_FI_DEV_XID_ERRORS, or of DCGM_FI_DEV_CLOCKS_EVENT_REASONS, from the last window (5 min by
-default) and counts them per GPU: per XID code (label ``xid``), and per reason bit set in each
-value (label ``clock_event``, DCGM's reason names). A GPU with nothing in the window has one series
-without that label, at 0. Every series carries ``window_size_in_ms``. Nothing is reset: the window
-slides, so a code's series ends one window after its last event (here with a stale marker).
+dcgm-exporter (4.8.3 and 4.8.4: ``internal/pkg/collector/expcollector.go`` with
+``xid_collector.go`` and ``clock_events_collector.go``) asks DCGM at each scrape for every stored
+value of DCGM_FI_DEV_XID_ERRORS, or of DCGM_FI_DEV_CLOCKS_EVENT_REASONS, from the last window (5
+min by default) and counts them per GPU: per XID code (label ``xid``), and per reason bit set in
+each value (label ``clock_event``, DCGM's reason names). A GPU with nothing in the window has one
+series without that label, at 0. Every series carries ``window_size_in_ms``. Nothing is reset: the
+window slides, so a code's series ends one window after its last event (here with a stale marker).
 
 Here the counts come from each window's own series, so /metrics and every Remote-Write endpoint
 see the same values. XID events are the increase of ``hfsampler_xid_events_total`` per code:
@@ -17,6 +17,11 @@ same window. Clock events count the windows whose DCGM_FI_DEV_CLOCKS_EVENT_REASO
 the window, so a 2 ms throttle counts) had the reason's bit, where dcgm-exporter counts its polls
 of the field (one per collect interval, 30 s by default): the same alert fires on ``> 0``, while
 the count itself is per window here (up to 300 in 5 min with 1 s windows, 10 there).
+
+The ``_TOTAL`` counters (4.8.3, ``xid_total_collector.go``, ``clock_events_total_collector.go``)
+count since start, one series per code or reason seen, none before: XID events as above, and
+clock events edge-counted, a reason counting once each time it turns on, a reason already on at
+the first value not counted. Here an edge is between two windows' ORs.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from hfsampler.series import Series, SeriesRegistry
 
 XID_FAMILY = "DCGM_EXP_XID_ERRORS_COUNT"
 CLOCK_EVENTS_FAMILY = "DCGM_EXP_CLOCK_EVENTS_COUNT"
+XID_TOTAL_FAMILY = "DCGM_EXP_XID_ERRORS_TOTAL"
+CLOCK_EVENTS_TOTAL_FAMILY = "DCGM_EXP_CLOCK_EVENTS_TOTAL"
 XID_COUNTER = "hfsampler_xid_events_total"
 LAST_XID = "DCGM_FI_DEV_XID_ERRORS"
 CLOCK_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"
@@ -99,8 +106,29 @@ class _Counter:
                 out.append((registry.series(self.family, {**labels, self.label: value}), n))
 
 
+class _Total:
+    """One family's counts since start, per GPU and code or reason: a series once one is seen."""
+
+    def __init__(self, family: str, label: str) -> None:
+        self.family = family
+        self.label = label
+        self.totals: dict[tuple[Identity, str], float] = {}
+
+    def emit(
+        self,
+        gpus: Mapping[Identity, dict[str, str]],
+        registry: SeriesRegistry,
+        out: list[tuple[Series, float]],
+    ) -> None:
+        for (gpu, value), n in sorted(self.totals.items()):
+            base = gpus.get(gpu)
+            if base is not None:
+                out.append((registry.series(self.family, {**base, self.label: value}), n))
+
+
 class EventCounts:
-    """Counts XIDs and clock events per GPU over trailing windows, from a window's series."""
+    """Counts XIDs and clock events per GPU, over trailing windows and since start, from each
+    window's series."""
 
     def __init__(
         self,
@@ -111,9 +139,9 @@ class EventCounts:
         clock_events_window_s: float = 300.0,
         previous: EventCounts | None = None,
     ) -> None:
-        """``counted``: the selected fields with a ``window_count``; ``previous``: the counts a
-        reload replaces, whose events and XID totals carry over."""
-        kinds = {f.window_count: f for f in counted}
+        """``counted``: the selected fields with a ``counted``; ``previous``: the counts a
+        reload replaces, whose events, totals and last values carry over."""
+        kinds = {f.counted for f in counted}
         self._registry = registry
         self._xid = _Counter(XID_FAMILY, "xid", xid_window_s) if "xid" in kinds else None
         self._clock = (
@@ -121,56 +149,88 @@ class EventCounts:
             if "clock_events" in kinds
             else None
         )
+        self._xid_total = _Total(XID_TOTAL_FAMILY, "xid") if "xid_total" in kinds else None
+        self._clock_total = (
+            _Total(CLOCK_EVENTS_TOTAL_FAMILY, "clock_event")
+            if "clock_events_total" in kinds
+            else None
+        )
         for f in counted:
             registry.family(f.name, f.help, f.prometheus_type, f.unit)
-        self._xid_totals: dict[tuple[Identity, str], float] = {}
+        self._xid_seen: dict[tuple[Identity, str], float] = {}  # hfsampler_xid_events_total
+        self._reasons: dict[Identity, int] = {}  # each GPU's last reason bits
         if previous is not None:
-            self._xid_totals = previous._xid_totals
+            self._xid_seen, self._reasons = previous._xid_seen, previous._reasons
             for mine, theirs in ((self._xid, previous._xid), (self._clock, previous._clock)):
                 if mine is not None and theirs is not None:
                     mine.events = theirs.events
+            for total, before in (
+                (self._xid_total, previous._xid_total),
+                (self._clock_total, previous._clock_total),
+            ):
+                if total is not None and before is not None:
+                    total.totals = before.totals
 
     def __bool__(self) -> bool:
-        return self._xid is not None or self._clock is not None
+        return any(c is not None for c in (self._xid, self._clock, self._xid_total,
+                                          self._clock_total))  # fmt: skip
 
     def add(self, window: Iterable[tuple[Series, float]], t_ns: int) -> list[tuple[Series, float]]:
         """This window's count series, from its other series (``window``) ending at ``t_ns``."""
+        xids = self._xid is not None or self._xid_total is not None
+        clocks = self._clock is not None or self._clock_total is not None
         xid_gpus: dict[Identity, dict[str, str]] = {}
         clock_gpus: dict[Identity, dict[str, str]] = {}
         last_xid: dict[Identity, float] = {}
         increases: list[tuple[Identity, str, float]] = []
+        reasons: list[tuple[Identity, str]] = []  # active in this window
         for s, value in window:
-            if s.name == XID_COUNTER and self._xid is not None:
+            if s.name == XID_COUNTER and xids:
                 labels = dict(s.labels)
                 code = labels.pop("xid", XID_OTHER)
                 gpu = _identity(labels)
                 xid_gpus.setdefault(gpu, labels)
                 # counts start at 0 when the sampler opens, so a first value is all increase
-                before = self._xid_totals.get((gpu, code), 0.0)
-                self._xid_totals[gpu, code] = value
+                before = self._xid_seen.get((gpu, code), 0.0)
+                self._xid_seen[gpu, code] = value
                 if value > before:
                     increases.append((gpu, code, value - before))
             elif s.name == LAST_XID:
                 last_xid[_identity(dict(s.labels))] = value
-            elif s.name == CLOCK_EVENT_REASONS and self._clock is not None:
+            elif s.name == CLOCK_EVENT_REASONS and clocks:
                 labels = dict(s.labels)
                 gpu = _identity(labels)
                 clock_gpus[gpu] = labels
                 bits = int(value) if value == value else 0
-                self._clock.events.extend(
-                    _Event(t_ns, gpu, name, 1.0)
-                    for bit, name in CLOCK_EVENT_NAMES.items()
-                    if bits & bit
-                )
+                reasons.extend((gpu, name) for bit, name in CLOCK_EVENT_NAMES.items() if bits & bit)
+                before_bits = self._reasons.get(gpu)
+                self._reasons[gpu] = bits
+                if self._clock_total is not None and before_bits is not None:
+                    # edge-counted: a reason counts when it turns on; one on at the first
+                    # value is no transition seen (dcgm-exporter primes the same way)
+                    for bit, name in CLOCK_EVENT_NAMES.items():
+                        if bits & ~before_bits & bit:
+                            key = (gpu, name)
+                            self._clock_total.totals[key] = self._clock_total.totals.get(key, 0) + 1
         out: list[tuple[Series, float]] = []
-        if self._xid is not None:
+        if xids:
             for gpu, code, n in increases:
                 if code == XID_OTHER:
                     last = last_xid.get(gpu, 0.0)
                     if last > 0 and str(int(last)) not in _KNOWN_XIDS:
                         code = str(int(last))
-                self._xid.events.append(_Event(t_ns, gpu, code, n))
+                if self._xid is not None:
+                    self._xid.events.append(_Event(t_ns, gpu, code, n))
+                if self._xid_total is not None:
+                    key = (gpu, code)
+                    self._xid_total.totals[key] = self._xid_total.totals.get(key, 0.0) + n
+        if self._xid is not None:
             self._xid.emit(t_ns, xid_gpus, self._registry, out)
+        if self._xid_total is not None:
+            self._xid_total.emit(xid_gpus, self._registry, out)
         if self._clock is not None:
+            self._clock.events.extend(_Event(t_ns, gpu, name, 1.0) for gpu, name in reasons)
             self._clock.emit(t_ns, clock_gpus, self._registry, out)
+        if self._clock_total is not None:
+            self._clock_total.emit(clock_gpus, self._registry, out)
         return out

@@ -390,3 +390,18 @@ def test_a_group_as_fast_as_the_lane_but_not_on_it_is_warned_about(
     assert "fastest group, fast" in line
     assert from_mapping({"intervals": {"fast": "1ms", "slow": "10ms"}}).lane_warnings() == []
     assert from_mapping({"intervals": {"fast": "100ms", "slow": "100ms"}}).lane_warnings() == []
+
+
+def test_dcgm_exporter_count_windows() -> None:
+    """dcgm-exporter's 5 m count windows, and the fields they count from."""
+    c = from_mapping({})
+    assert (c.xid_count_window_s, c.clock_events_count_window_s) == (300.0, 300.0)
+    assert from_mapping({"clock_events_count_window": "30s"}).clock_events_count_window_s == 30.0
+    with pytest.raises(ConfigError, match=r"xid_count_window: 0s is out of range"):
+        from_mapping({"xid_count_window": "0s"})
+    counted = from_mapping({"fields": ["DCGM_EXP_XID_ERRORS_COUNT"]})
+    assert [f.name for f in counted.counted_fields()] == ["DCGM_EXP_XID_ERRORS_COUNT"]
+    assert {f.name for f in counted.selected_fields()} == {
+        "DCGM_FI_DEV_XID_ERRORS",
+        "hfsampler_xid_events_total",
+    }

@@ -105,7 +105,12 @@ async def test_windowed_counts_of_an_xid_burst_and_clock_events_as_dcgm_exporter
         scrape_after(k)
     async with ConformanceReceiver() as rx:
         config = {
-            "fields": ["DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_CLOCK_EVENTS_COUNT"],
+            "fields": [
+                "DCGM_EXP_XID_ERRORS_COUNT",
+                "DCGM_EXP_CLOCK_EVENTS_COUNT",
+                "DCGM_EXP_XID_ERRORS_TOTAL",
+                "DCGM_EXP_CLOCK_EVENTS_TOTAL",
+            ],
             "xid_count_window": "3s",
             "clock_events_count_window": "3s",
             "listen": f"127.0.0.1:{port}",
@@ -134,6 +139,24 @@ async def test_windowed_counts_of_an_xid_burst_and_clock_events_as_dcgm_exporter
     ]
     for k, want in enumerate(expected, start=1):
         assert _counts(pages[k], CLOCK, "1", "clock_event") == want, k
+
+    # since start: a series per code or reason once seen, never at 0 before; the clock
+    # reasons turned on once (edge-counted), however many windows they stayed on
+    for k in range(1, 7):
+        totals = _series(pages[k], "DCGM_EXP_XID_ERRORS_TOTAL")
+        assert {(dict(lb)["gpu"], dict(lb)["xid"]): v for lb, v in totals.items()} == {
+            ("1", "79"): 3.0,
+            ("1", "200"): 2.0,
+        }, k
+        edges = _series(pages[k], "DCGM_EXP_CLOCK_EVENTS_TOTAL")
+        assert {(dict(lb)["gpu"], dict(lb)["clock_event"]): v for lb, v in edges.items()} == {
+            ("1", "power_cap"): 1.0,
+            ("1", "hw_thermal"): 1.0,
+        }, k
+    assert "# TYPE DCGM_EXP_XID_ERRORS_TOTAL counter" in pages[1]
+    assert "window_size_in_ms" not in "".join(
+        ln for ln in pages[1].splitlines() if ln.startswith("DCGM_EXP_XID_ERRORS_TOTAL{")
+    )
 
     # the receiver: the same values, and the code's series ended with a stale marker
     (labels, samples), *others = rx.series_named(XID, gpu="1", xid="79").items()

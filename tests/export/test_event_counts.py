@@ -65,3 +65,27 @@ def test_a_reload_keeps_the_window_and_the_totals() -> None:
     assert _counts(again, _window(79, {C79: 5}), 3 * S) == {"79": 5.0}
     assert _counts(again, _window(79, {C79: 5}), 4 * S) == {"79": 1.0}  # the first slid out
     assert _counts(again, _window(79, {C79: 5}), 6 * S) == {"-": 0.0}
+
+
+def test_clock_events_total_counts_a_reason_each_time_it_turns_on() -> None:
+    reasons = fields.BY_NAME["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]
+    inv = SimSource(1).open((reasons,))
+    counted = (fields.BY_NAME["DCGM_EXP_CLOCK_EVENTS_TOTAL"],)
+    model = MetricModel(inv.devices, {"c": (reasons,)}, SelfMetrics(), counted=counted)
+
+    def totals(bits: int, t_ns: int) -> dict[str, float]:
+        m = np.array([[float(bits)]])
+        w = WindowStats(0, 1, (reasons,), {s.name: m for s in STATS}, np.ones((1, 1), np.int64))
+        snap = model.snapshot({"c": w}, np.array([True]), t_ns)
+        return {
+            dict(s.labels)["clock_event"]: v
+            for s, v in snap.items()
+            if s.name == "DCGM_EXP_CLOCK_EVENTS_TOTAL"
+        }
+
+    assert totals(0x4, 1 * S) == {}  # on at the first value: no transition seen
+    assert totals(0x4, 2 * S) == {}
+    assert totals(0x0, 3 * S) == {}
+    assert totals(0x44, 4 * S) == {"power_cap": 1.0, "hw_thermal": 1.0}
+    assert totals(0x40, 5 * S) == {"power_cap": 1.0, "hw_thermal": 1.0}
+    assert totals(0x44, 6 * S) == {"power_cap": 2.0, "hw_thermal": 1.0}

@@ -134,7 +134,7 @@ def _nvml_source(f: Any) -> str:
     if f.counted:
         counted = ", ".join(f"`{r}`" for r in f.requires)
         span = "since start" if f.counted.endswith("_total") else "over a trailing window"
-        return f"counted from {counted} {span}"
+        return f"counted from {counted} {span} ([how](dcgm-exporter-parity.md))"
     parts = []
     if f.nvml_field:
         parts.append(f"field `{f.nvml_field}`")

@@ -196,7 +196,7 @@ class Config:
     hostname: str | None = key(
         None, yaml="hostname", type="string", example="gpu-node-17", parse=as_text_or_none,
         reload="labels", doc="the host label's value; none: the machine's (in a pod: not the node)",
-        flag=Flag("--hostname", "the Hostname label (in Kubernetes: the node's name)",
+        flag=Flag("--hostname", "the host label's value (in Kubernetes: the node's name)",
                   metavar="NAME", convert=_blank_is_none),
     )  # fmt: skip
     instance: str | None = key(
@@ -245,9 +245,11 @@ class Config:
         DEFAULT_MAX_RING_BYTES, yaml="max_ring_bytes", type="size", parse=as_size,
         shown_default="256MiB", doc="the most shared memory the sample rings may take",
     )  # fmt: skip
+    # dcgm-exporter 4.8.3 and newer spell it `hostname` (its PR #655); `Hostname` until 4.8.2
     host_label: str = key(
-        "Hostname", yaml="host_label", type="label name", example="hostname", parse=as_text,
-        reload="labels", doc="the host label's name: dcgm-exporter's Hostname, or hostname",
+        "hostname", yaml="host_label", type="label name", example="Hostname", parse=as_text,
+        reload="labels",
+        doc="the host label's name: hostname, as dcgm-exporter 4.8.3 on; Hostname, as before",
     )  # fmt: skip
     xid_count_window_s: float = key(
         300.0, yaml="xid_count_window", type="duration", parse=as_duration, shown_default="5m",

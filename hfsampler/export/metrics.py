@@ -52,7 +52,7 @@ SELF_PREFIX = "hfsampler_"  # hfsampler's own families, beside dcgm-exporter's D
 
 def host_labels(
     hostname: str | None = None,
-    host_label: str = "Hostname",
+    host_label: str = "hostname",
     instance: str | None = None,
     instance_port: int = DEFAULT_INSTANCE_PORT,
 ) -> dict[str, str]:
@@ -114,7 +114,7 @@ class MetricModel:
         hostname: str | None = None,
         stale_after_windows: int = 5,
         *,
-        host_label: str = "Hostname",
+        host_label: str = "hostname",
         instance: str | None = None,
         instance_port: int = DEFAULT_INSTANCE_PORT,
         copy_device_fields: bool = False,

@@ -81,6 +81,14 @@ class _Counter:
         self.window_ns = round(window_s * 1e9)
         self.window_ms = str(round(window_s * 1e3))
         self.events: deque[_Event] = deque()
+        # the events' sum per GPU and label, kept as they come and go: a 10 ms window with a
+        # 5 min count is 30,000 windows of events, not summed again each window
+        self.counts: dict[Identity, dict[str, float]] = {}
+
+    def add(self, event: _Event) -> None:
+        self.events.append(event)
+        per = self.counts.setdefault(event.gpu, {})
+        per[event.label] = per.get(event.label, 0.0) + event.count
 
     def emit(
         self,
@@ -91,14 +99,14 @@ class _Counter:
     ) -> None:
         """Drop what left the window (t_ns - window, t_ns]; one series per GPU and label."""
         while self.events and self.events[0].t_ns <= t_ns - self.window_ns:
-            self.events.popleft()
-        counts: dict[Identity, dict[str, float]] = {}
-        for e in self.events:
-            per = counts.setdefault(e.gpu, {})
-            per[e.label] = per.get(e.label, 0.0) + e.count
+            e = self.events.popleft()
+            per = self.counts[e.gpu]
+            per[e.label] -= e.count
+            if per[e.label] <= 0:
+                del per[e.label]
         for gpu, base in gpus.items():
             labels = {**base, WINDOW_LABEL: self.window_ms}
-            found = counts.get(gpu)
+            found = self.counts.get(gpu)
             if not found:
                 out.append((registry.series(self.family, labels), 0.0))
                 continue
@@ -163,7 +171,7 @@ class EventCounts:
             self._xid_seen, self._reasons = previous._xid_seen, previous._reasons
             for mine, theirs in ((self._xid, previous._xid), (self._clock, previous._clock)):
                 if mine is not None and theirs is not None:
-                    mine.events = theirs.events
+                    mine.events, mine.counts = theirs.events, theirs.counts
             for total, before in (
                 (self._xid_total, previous._xid_total),
                 (self._clock_total, previous._clock_total),
@@ -220,7 +228,7 @@ class EventCounts:
                     if last > 0 and str(int(last)) not in _KNOWN_XIDS:
                         code = str(int(last))
                 if self._xid is not None:
-                    self._xid.events.append(_Event(t_ns, gpu, code, n))
+                    self._xid.add(_Event(t_ns, gpu, code, n))
                 if self._xid_total is not None:
                     key = (gpu, code)
                     self._xid_total.totals[key] = self._xid_total.totals.get(key, 0.0) + n
@@ -229,7 +237,8 @@ class EventCounts:
         if self._xid_total is not None:
             self._xid_total.emit(xid_gpus, self._registry, out)
         if self._clock is not None:
-            self._clock.events.extend(_Event(t_ns, gpu, name, 1.0) for gpu, name in reasons)
+            for gpu, name in reasons:
+                self._clock.add(_Event(t_ns, gpu, name, 1.0))
             self._clock.emit(t_ns, clock_gpus, self._registry, out)
         if self._clock_total is not None:
             self._clock_total.emit(clock_gpus, self._registry, out)

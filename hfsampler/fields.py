@@ -58,6 +58,11 @@ class Field:
     opt_in: bool = False
     # the field's per-MIG-instance twin (expand_mig): read on MIG instance rows, not on GPUs
     mig_instance: bool = False
+    # not read from a device: counted by the export stage from the series of the fields in
+    # ``requires`` (hfsampler.export.event_counts: "xid", "clock_events" over a trailing
+    # window; "xid_total", "clock_events_total" since start)
+    counted: str | None = None
+    requires: tuple[str, ...] = ()  # selecting this field selects these too
 
     @property
     def prometheus_type(self) -> str:
@@ -100,8 +105,16 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
           "mJ", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
           nvml_call="total_energy", jetson="gpu_rail_energy"),
+    # DCGM reads these two with nvmlDeviceGetPowerManagementLimit (the limit set, e.g. by
+    # `nvidia-smi -pl`) and nvmlDeviceGetEnforcedPowerLimit (the lowest of every limiter, out of
+    # band ones too); dcgm-exporter has both opt-in (4.8.4). The set limit stays in hfsampler's
+    # defaults: its shipped alerts and the report's power line read it.
     Field("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", "W", Kind.GAUGE, SLOW,
-          nvml_field="NVML_FI_DEV_POWER_CURRENT_LIMIT", nvml_call="power_limit", scale=1e-3),
+          nvml_call="power_mgmt_limit", scale=1e-3),
+    Field("DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+          "Power limit the driver enforces after every limiter (in W).", "W", Kind.GAUGE, SLOW,
+          nvml_field="NVML_FI_DEV_POWER_CURRENT_LIMIT", nvml_call="power_limit", scale=1e-3,
+          opt_in=True),
     # PCIe
     Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "1", Kind.COUNTER,
           SLOW, nvml_field="NVML_FI_DEV_PCIE_REPLAY_COUNTER"),
@@ -129,6 +142,13 @@ CATALOGUE: tuple[Field, ...] = (
     # the next value; expand_xid makes it one series per code (an `xid` label)
     Field("hfsampler_xid_events_total", "XID events the driver reported since hfsampler started.",
           "1", Kind.COUNTER, SLOW, nvml_call="xid_count"),
+    # dcgm-exporter's DCGM_EXP_XID_ERRORS_*, counted from the two above; opt-in there too
+    Field("DCGM_EXP_XID_ERRORS_COUNT", "XID errors observed during the configured time window.",
+          "1", Kind.STATE, SLOW, counted="xid", opt_in=True,
+          requires=("DCGM_FI_DEV_XID_ERRORS", "hfsampler_xid_events_total")),
+    Field("DCGM_EXP_XID_ERRORS_TOTAL", "Total XID errors observed since exporter start.", "1",
+          Kind.COUNTER, SLOW, counted="xid_total", opt_in=True,
+          requires=("DCGM_FI_DEV_XID_ERRORS", "hfsampler_xid_events_total")),
     Field("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", "1",
           Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
     Field("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", "1",
@@ -137,6 +157,14 @@ CATALOGUE: tuple[Field, ...] = (
           "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
     Field("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Total number of double-bit persistent ECC errors.",
           "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
+    # Retired pages (pre-Ampere; Ampere and newer remap rows instead): opt-in, as there
+    Field("DCGM_FI_DEV_RETIRED_SBE", "Total number of retired pages due to single-bit errors.",
+          "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_RETIRED_SBE", opt_in=True),
+    Field("DCGM_FI_DEV_RETIRED_DBE", "Total number of retired pages due to double-bit errors.",
+          "1", Kind.COUNTER, SLOW, nvml_field="NVML_FI_DEV_RETIRED_DBE", opt_in=True),
+    Field("DCGM_FI_DEV_RETIRED_PENDING",
+          "Whether pages are pending retirement (1 means pending and 0 means not pending).", "1",
+          Kind.STATE, SLOW, nvml_field="NVML_FI_DEV_RETIRED_PENDING", opt_in=True),
     # Memory
     Field("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "MiB", Kind.GAUGE, FAST,
           nvml_call="fb_free", scale=_MIB, jetson="mem_available"),
@@ -150,6 +178,20 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
           "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
           nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
+    # All links together (pre-Hopper): dcgm-exporter's opt-in rows, under DCGM's current names
+    # (dcgm-exporter 4.8.3's files named them ..._COUNT_TOTAL)
+    Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+          "Total number of NVLink flow-control CRC errors across all lanes.", "1", Kind.COUNTER,
+          SLOW, nvml_field="NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL",
+          "Total number of NVLink data CRC errors across all lanes.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+          "Total number of NVLink replay errors across all lanes.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", opt_in=True),
+    Field("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL",
+          "Total number of NVLink recovery errors across all lanes.", "1", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", opt_in=True),
     # Per link (a `link` label, one series per link active at open; hfsampler.sources.nvml_nvlink).
     # DCGM's per-link fields keyed by a link entity, one field id for every link, give the names;
     # its older per-link ids (DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0 ... _L17) are these
@@ -188,12 +230,35 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
           "Clock event (throttle) reasons as NVML's reason bits.", "1",
           Kind.BITMASK, FAST, nvml_call="clocks_event_reasons"),
+    Field("DCGM_EXP_CLOCK_EVENTS_COUNT",
+          "Clock events observed during the configured time window.", "1", Kind.STATE, SLOW,
+          counted="clock_events", opt_in=True, requires=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",)),
+    Field("DCGM_EXP_CLOCK_EVENTS_TOTAL",
+          "Total clock events observed since exporter start (edge-counted).", "1", Kind.COUNTER,
+          SLOW, counted="clock_events_total", opt_in=True,
+          requires=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",)),
+    # Violation time in ns as NVML counts it (nvmlViolationTime_t.violationTime) and DCGM
+    # passes it on (dcgm_fields.h; dcgm-exporter's help says ns since its PR #589), so
+    # rate(...[5m]) / 1e9 is the fraction of time throttled, as for dcgm-exporter.
     Field("DCGM_FI_DEV_POWER_VIOLATION",
-          "Throttling duration due to power constraints (in us).", "us", Kind.COUNTER, SLOW,
-          nvml_field="NVML_FI_DEV_PERF_POLICY_POWER", scale=1e-3),
+          "Throttling duration due to power constraints (in ns).", "ns", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_POWER"),
     Field("DCGM_FI_DEV_THERMAL_VIOLATION",
-          "Throttling duration due to thermal constraints (in us).", "us", Kind.COUNTER, SLOW,
-          nvml_field="NVML_FI_DEV_PERF_POLICY_THERMAL", scale=1e-3),
+          "Throttling duration due to thermal constraints (in ns).", "ns", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_THERMAL"),
+    # commented out (opt-in) in dcgm-exporter's counters files, so opt-in here
+    Field("DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+          "Throttling duration due to sync-boost constraints (in ns).", "ns", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_SYNC_BOOST", opt_in=True),
+    Field("DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+          "Throttling duration due to board limit constraints (in ns).", "ns", Kind.COUNTER,
+          SLOW, nvml_field="NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT", opt_in=True),
+    Field("DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+          "Throttling duration due to low utilization (in ns).", "ns", Kind.COUNTER, SLOW,
+          nvml_field="NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION", opt_in=True),
+    Field("DCGM_FI_DEV_RELIABILITY_VIOLATION",
+          "Throttling duration due to reliability constraints (in ns).", "ns", Kind.COUNTER,
+          SLOW, nvml_field="NVML_FI_DEV_PERF_POLICY_RELIABILITY", opt_in=True),
     # Board state
     Field("DCGM_FI_DEV_FAN_SPEED", "Fan speed (in %).", "%", Kind.GAUGE, SLOW, nvml_call="fan"),
     Field("DCGM_FI_DEV_PSTATE", "Performance state (0 fastest, 15 slowest).", "1", Kind.GAUGE,
@@ -368,7 +433,8 @@ class Role:
 POWER_INSTANT = Role(("DCGM_FI_DEV_POWER_USAGE_INSTANT",))
 POWER_AVERAGE = Role(("DCGM_FI_DEV_POWER_USAGE",))  # the driver's 1 s average, what a scrape sees
 POWER = POWER_INSTANT | POWER_AVERAGE  # power draw: instant power, else the 1 s average
-POWER_LIMIT = Role(("DCGM_FI_DEV_POWER_MGMT_LIMIT",))
+# the limit in force: the enforced one where selected, else the one set
+POWER_LIMIT = Role(("DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT"))
 POWER_VIOLATION = Role(("DCGM_FI_DEV_POWER_VIOLATION",))
 ENERGY = Role(("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",))
 FB_USED = Role(("DCGM_FI_DEV_FB_USED",))
@@ -403,8 +469,10 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
     Names may omit the ``DCGM_FI_DEV_`` (or ``DCGM_FI_PROF_``) prefix and are case-insensitive.
     Catalogue order is kept. Without selectors: every field but the opt-in ones (per-link
     NVLink: up to 18 links times 12 series per GPU, more than the rest of a GPU's series
-    together, so a fleet upgrading gets them when it asks, as with dcgm-exporter's defaults);
-    a group leaves them out too, ``all`` and their names select them.
+    together, so a fleet upgrading gets them when it asks, as with dcgm-exporter's defaults;
+    and the fields new to hfsampler that dcgm-exporter's counters files leave commented out);
+    a group leaves them out too, ``all`` and their names select them. A field counted from
+    others (``requires``) brings them along.
     """
     if selectors is None:
         return DEFAULT_SELECTION
@@ -431,6 +499,7 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
             wanted.add(found)
     if not wanted:
         raise ConfigError("fields", "selects no field", "name at least one field or group")
+    wanted.update(r for name in list(wanted) for r in BY_NAME[name].requires)
     return tuple(f for f in CATALOGUE if f.name in wanted)
 
 

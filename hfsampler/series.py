@@ -70,7 +70,7 @@ class Series:
     def all_labels(self) -> tuple[tuple[str, str], ...]:
         """Labels as Remote-Write sends them: ``__name__`` included, all in byte order of name.
 
-        ``__name__`` is no exception to the order: ``Hostname`` < ``UUID`` < ``__name__`` <
+        ``__name__`` is no exception to the order: ``GPU_I_ID`` < ``UUID`` < ``__name__`` <
         ``device``. Receivers that check (Thanos Receive, Mimir) refuse any other order.
         """
         at = bisect.bisect_left(self.labels, "__name__", key=lambda label: label[0])

@@ -131,6 +131,10 @@ def _nvml_call_names(key: str) -> list[str]:
 
 
 def _nvml_source(f: Any) -> str:
+    if f.counted:
+        counted = ", ".join(f"`{r}`" for r in f.requires)
+        span = "since start" if f.counted.endswith("_total") else "over a trailing window"
+        return f"counted from {counted} {span} ([how](dcgm-exporter-parity.md))"
     parts = []
     if f.nvml_field:
         parts.append(f"field `{f.nvml_field}`")
@@ -170,6 +174,8 @@ def metrics_reference() -> str:
     rows = []
     for f in catalogue.CATALOGUE:
         label = "xid" if f.nvml_call == "xid_count" else f.per
+        if f.counted:
+            label = "xid" if f.counted.startswith("xid") else "clock_event"
         series = f"`{f.name}`" + (f" (label `{label}`)" if label else "")
         if f.kind is catalogue.Kind.GAUGE:
             series += f" and {gauge_note}"

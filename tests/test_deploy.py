@@ -252,10 +252,10 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
                     continue
                 firing.add(name)
                 fired = [e["exp_labels"] for e in exp]
-                hosts_gpus = {(f.get("Hostname"), f.get("gpu")) for f in fired}
+                hosts_gpus = {(f.get("hostname"), f.get("gpu")) for f in fired}
                 others = [
                     i for i in inputs
-                    if not any(f'Hostname="{h}"' in i and (g is None or f'gpu="{g}"' in i)
+                    if not any(f'hostname="{h}"' in i and (g is None or f'gpu="{g}"' in i)
                                for h, g in hosts_gpus)
                 ]  # fmt: skip
                 if others:

@@ -43,7 +43,8 @@ def test_names_unique_and_every_field_readable() -> None:
     names = [f.name for f in CATALOGUE]
     assert len(names) == len(set(names))
     for f in CATALOGUE:
-        assert f.nvml_readable or f.jetson, f.name
+        assert f.nvml_readable or f.jetson or f.counted, f.name
+        assert all(r in fields.BY_NAME for r in f.requires), f.name
         if f.nvml_field and "{link}" in f.nvml_field:  # one id per link: NVML has links 0-11
             for link in (0, 11):
                 constant = f.nvml_field.format(link=link)
@@ -94,9 +95,10 @@ def test_per_link_fields_are_opt_in() -> None:
     """Not by default nor with their group: by name or ``all``, beside what was chosen."""
     per_link = {f.name for f in CATALOGUE if f.per == "link"}
     assert len(per_link) == 6
-    assert {f.name for f in CATALOGUE if f.opt_in} == per_link
+    opt_in = {f.name for f in CATALOGUE if f.opt_in}
+    assert per_link <= opt_in
     default = {f.name for f in fields.select(None)}
-    assert default == {f.name for f in CATALOGUE} - per_link
+    assert default == {f.name for f in CATALOGUE} - opt_in
     assert not per_link & {f.name for f in fields.select(["fast", "slow", "gpm"])}
     chosen = {f.name for f in fields.select(["slow", "NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"])}
     assert chosen & per_link == {"DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"}
@@ -151,3 +153,70 @@ def test_roles_pick_the_best_field_recorded() -> None:
     assert fields.locate(fields.GPU_TEMP, [(fb,), (power,)]) is None
     with pytest.raises(ValueError, match="catalogue"):
         fields.Role(("DCGM_FI_DEV_NO_SUCH_FIELD",))
+
+
+# What dcgm-exporter's counters files leave commented out (opt-in) and hfsampler reads or counts:
+# etc/default-counters.csv at NVIDIA/dcgm-exporter 8dc9e11b (4.8.4; docs/dcgm-exporter-parity.md).
+DCGM_EXPORTER_OPT_IN = {
+    "DCGM_FI_DEV_POWER_VIOLATION",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+    "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+    "DCGM_FI_DEV_RETIRED_PENDING",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_TOTAL",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_TOTAL",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+    "DCGM_EXP_XID_ERRORS_COUNT",
+    "DCGM_EXP_CLOCK_EVENTS_COUNT",
+    "DCGM_EXP_XID_ERRORS_TOTAL",
+    "DCGM_EXP_CLOCK_EVENTS_TOTAL",
+}
+
+
+def test_catalogue_has_dcgm_exporter_opt_in_rows_and_new_ones_stay_opt_in() -> None:
+    """Every opt-in row hfsampler can serve is there; the ones hfsampler did not have before
+    are opt-in here too (the older ones stay in the defaults: a series more breaks no query)."""
+    assert fields.BY_NAME.keys() >= DCGM_EXPORTER_OPT_IN
+    default = {f.name for f in fields.select(None)}
+    assert "DCGM_FI_DEV_ENFORCED_POWER_LIMIT" not in default
+    assert not {f.name for f in CATALOGUE if f.counted} & default
+    assert "DCGM_FI_DEV_POWER_MGMT_LIMIT" in default  # the shipped alerts read it
+
+
+def test_violation_time_is_in_ns_as_nvml_counts_it() -> None:
+    for name in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTIL", "RELIABILITY"):
+        f = fields.BY_NAME[f"DCGM_FI_DEV_{name}_VIOLATION"]
+        assert (f.unit, f.scale, f.kind) == ("ns", 1.0, Kind.COUNTER), f.name
+        assert "(in ns)" in f.help
+
+
+def test_a_counted_field_brings_the_fields_it_counts() -> None:
+    chosen = {f.name for f in fields.select(["DCGM_EXP_XID_ERRORS_COUNT"])}
+    assert chosen == {
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "hfsampler_xid_events_total",
+    }
+    clock = {f.name for f in fields.select(["dcgm_exp_clock_events_count"])}
+    assert clock == {"DCGM_EXP_CLOCK_EVENTS_COUNT", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"}
+
+
+def test_power_limit_role_prefers_the_enforced_limit() -> None:
+    both = fields.select(["POWER_MGMT_LIMIT", "ENFORCED_POWER_LIMIT"])
+    found = fields.pick(fields.POWER_LIMIT, both)
+    assert found is not None
+    assert found.name == "DCGM_FI_DEV_ENFORCED_POWER_LIMIT"
+    found = fields.pick(fields.POWER_LIMIT, fields.select(None))
+    assert found is not None
+    assert found.name == "DCGM_FI_DEV_POWER_MGMT_LIMIT"

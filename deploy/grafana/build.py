@@ -27,11 +27,11 @@ from grafana_foundation_sdk.models import prometheus as pm
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-HOST_SEL = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+HOST_SEL = 'cluster=~"$cluster", hostname=~"$hostname", gpu=~"$gpu"'
 # a GPU's own series: a MIG instance's (GPU_I_ID set, and device fields copied onto it with
 # mig.copy_device_fields) are the instance dashboard's, never a second line for the same GPU
 GPU_SEL = HOST_SEL + ', GPU_I_ID=""'
-GPU_LEGEND = "{{Hostname}} gpu {{gpu}}"
+GPU_LEGEND = "{{hostname}} gpu {{gpu}}"
 MEM_TOTAL = "(DCGM_FI_DEV_FB_USED{%s} + DCGM_FI_DEV_FB_FREE{%s} + DCGM_FI_DEV_FB_RESERVED{%s})"
 
 
@@ -51,15 +51,15 @@ def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
 
 
 def variables(d: db.Dashboard, *, multi: bool = True) -> db.Dashboard:
-    """Data source, then cluster → Hostname → gpu, each narrowing the next."""
+    """Data source, then cluster → hostname → gpu, each narrowing the next."""
     d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     chain = [
         ("cluster", "label_values(DCGM_FI_DEV_POWER_USAGE, cluster)"),
-        ("Hostname", 'label_values(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster"}, Hostname)'),
+        ("hostname", 'label_values(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster"}, hostname)'),
         (
             "gpu",
             'label_values(DCGM_FI_DEV_POWER_USAGE{cluster=~"$cluster", '
-            'Hostname=~"$Hostname"}, gpu)',
+            'hostname=~"$hostname"}, gpu)',
         ),
     ]
     for name, q in chain:
@@ -141,10 +141,10 @@ def realtime() -> db.Dashboard:
                     [green, (80, "orange"), (85, "red")]),
         status_stat("Throttled (power + thermal), last 5 m",
                     f"(rate(DCGM_FI_DEV_POWER_VIOLATION{{{s}}}[5m])"
-                    f" + rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{s}}}[5m])) / 1e6",
+                    f" + rate(DCGM_FI_DEV_THERMAL_VIOLATION{{{s}}}[5m])) / 1e9",
                     "percentunit", [green, (0.05, "orange"), (0.2, "red")]),
         status_stat("Last XID", f"DCGM_FI_DEV_XID_ERRORS{{{s}}}", "none", [green, (1, "red")]),
-        status_stat("NVML answers", 'hfsampler_gpu_up{Hostname=~"$Hostname", gpu=~"$gpu"}',
+        status_stat("NVML answers", 'hfsampler_gpu_up{hostname=~"$hostname", gpu=~"$gpu"}',
                     "bool_yes_no", [(None, "red"), (1, "green")]),
         status_stat("Correctable remapped rows", f"DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS{{{s}}}",
                     "none", [green, (1, "orange"), (64, "red")]),
@@ -159,7 +159,7 @@ def realtime() -> db.Dashboard:
 
 def band(title: str, name: str, unit: str, span: str) -> timeseries.Panel:
     """mean, with the window min and max as a shaded band, downsampled without losing peaks."""
-    s = 'cluster=~"$cluster", Hostname=~"$Hostname", gpu=~"$gpu"'
+    s = 'cluster=~"$cluster", hostname=~"$hostname", gpu=~"$gpu"'
     return (
         timeseries.Panel()
         .title(f"{title}, {span}")
@@ -404,7 +404,7 @@ def fleet() -> db.Dashboard:
 # -- 5. MIG instances ---------------------------------------------------------------------------
 
 MIG_SEL = HOST_SEL + ', GPU_I_ID!="", GPU_I_PROFILE=~"$GPU_I_PROFILE"'
-MIG_LEGEND = "{{Hostname}} gpu {{gpu}} / {{GPU_I_ID}} ({{GPU_I_PROFILE}})"
+MIG_LEGEND = "{{hostname}} gpu {{gpu}} / {{GPU_I_ID}} ({{GPU_I_PROFILE}})"
 
 
 def instance_panel(title: str, expr: str, unit: str, desc: str) -> timeseries.Panel:
@@ -440,7 +440,7 @@ def mig() -> db.Dashboard:
         .query(
             {
                 "query": 'label_values(DCGM_FI_DEV_FB_TOTAL{cluster=~"$cluster", '
-                'Hostname=~"$Hostname", gpu=~"$gpu", GPU_I_ID!=""}, GPU_I_PROFILE)',
+                'hostname=~"$hostname", gpu=~"$gpu", GPU_I_ID!=""}, GPU_I_PROFILE)',
                 "refId": "GPU_I_PROFILE",
             }
         )

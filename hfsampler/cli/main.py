@@ -139,6 +139,8 @@ def cmd_fields(args: argparse.Namespace) -> int:
             how = f"gpm:{f.gpm_metric} (or DCGM field {f.dcgm_field})"
         if f.nvml_field and f.nvml_call:
             how += f" (fallback call:{f.nvml_call})"
+        if f.counted:
+            how = f"counted from {', '.join(f.requires)}"
         jetson = (f.jetson or "-") + (f" per {f.per}" if f.per else "")
         if f.opt_in:
             how += " (opt-in: by name or all)"

@@ -128,10 +128,9 @@ class CountersFile:
                 "`hfsampler fields` lists them; name some in the file or in fields",
             )
         helps = self.help_texts()
-        return tuple(
+        return tuple(  # through the catalogue's selection: a counted field brings what it counts
             replace(f, help=helps[f.name]) if f.name in helps else f
-            for f in catalogue.CATALOGUE
-            if f.name in wanted
+            for f in catalogue.select(sorted(wanted))
         )
 
     def only(self, names: Iterable[str]) -> CountersFile:

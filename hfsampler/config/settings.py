@@ -180,9 +180,9 @@ class Config:
     fields: tuple[str, ...] | None = key(
         None, yaml="fields", type="list of names", example="[fast]", parse=as_names,
         shown_default="the default selection",
-        doc="field names or groups to sample (fast, slow, gpm; all: per-link NVLink too)",
+        doc="field names or groups to sample (fast, slow, gpm; all: the opt-in ones too)",
         flag=Flag("--fields", "comma-separated field names or groups (fast, slow, gpm; all: "
-                  "per-link NVLink too)", metavar="LIST", repeat=True, convert=_split_fields),
+                  "the opt-in ones too)", metavar="LIST", repeat=True, convert=_split_fields),
     )  # fmt: skip
     fields_csv: CountersFile | None = key(  # noqa: RUF009 (a frozen dataclass: immutable)
         None, yaml="fields_csv", type="path", example="/etc/dcgm-exporter/default-counters.csv",
@@ -213,7 +213,7 @@ class Config:
     hostname: str | None = key(
         None, yaml="hostname", type="string", example="gpu-node-17", parse=as_text_or_none,
         reload="labels", doc="the host label's value; none: the machine's (in a pod: not the node)",
-        flag=Flag("--hostname", "the Hostname label (in Kubernetes: the node's name)",
+        flag=Flag("--hostname", "the host label's value (in Kubernetes: the node's name)",
                   metavar="NAME", convert=_blank_is_none),
     )  # fmt: skip
     instance: str | None = key(
@@ -262,9 +262,21 @@ class Config:
         DEFAULT_MAX_RING_BYTES, yaml="max_ring_bytes", type="size", parse=as_size,
         shown_default="256MiB", doc="the most shared memory the sample rings may take",
     )  # fmt: skip
+    # dcgm-exporter 4.8.3 and newer spell it `hostname` (its PR #655); `Hostname` until 4.8.2
     host_label: str = key(
-        "Hostname", yaml="host_label", type="label name", example="hostname", parse=as_text,
-        reload="labels", doc="the host label's name: dcgm-exporter's Hostname, or hostname",
+        "hostname", yaml="host_label", type="label name", example="Hostname", parse=as_text,
+        reload="labels",
+        doc="the host label's name: hostname, as dcgm-exporter 4.8.3 on; Hostname, as before",
+    )  # fmt: skip
+    xid_count_window_s: float = key(
+        300.0, yaml="xid_count_window", type="duration", parse=as_duration, shown_default="5m",
+        reload="labels", doc="DCGM_EXP_XID_ERRORS_COUNT's trailing window (dcgm-exporter's "
+        "--xid-count-window-size)",
+    )  # fmt: skip
+    clock_events_count_window_s: float = key(
+        300.0, yaml="clock_events_count_window", type="duration", parse=as_duration,
+        shown_default="5m", reload="labels", doc="DCGM_EXP_CLOCK_EVENTS_COUNT's trailing window "
+        "(dcgm-exporter's --clock-events-count-window-size)",
     )  # fmt: skip
     dcgm_path: str | None = key(
         None, yaml="dcgm.path", type="path", example="/usr/local/dcgm/bindings/python3",
@@ -298,6 +310,14 @@ class Config:
             raise ConfigError("gpus", f"{self.sim_gpus} GPUs", "give between 1 and 1024")
         if self.window_s < 0.01 or self.window_s > 3600:
             raise ConfigError("window", f"{self.window_s}s is out of range", "use 10ms to 1h")
+        for name, count_s in (
+            ("xid_count_window", self.xid_count_window_s),
+            ("clock_events_count_window", self.clock_events_count_window_s),
+        ):
+            if not 0 < count_s <= 86400:
+                raise ConfigError(
+                    name, f"{count_s:g}s is out of range", "use up to 24h; dcgm-exporter's is 5m"
+                )
         for group, interval in self.intervals_s.items():
             if to_ns(interval) < _MIN_INTERVAL_NS:
                 raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")
@@ -444,11 +464,18 @@ class Config:
         return parse_listen(self.listen)[1] if self.listen else DEFAULT_INSTANCE_PORT
 
     def selected_fields(self) -> tuple[catalogue.Field, ...]:
-        if self.fields_csv is not None:  # the file's fields and those of `fields` besides
-            chosen = self.fields_csv.select(self.fields)
-        else:
-            chosen = catalogue.select(self.fields)
+        """The selected fields a source reads (not those counted from them: ``counted_fields``)."""
+        chosen = [f for f in self._chosen_fields() if f.counted is None]
         return catalogue.regroup(chosen, dict(self.field_groups))
+
+    def counted_fields(self) -> tuple[catalogue.Field, ...]:
+        """The selected fields the export stage counts from others (dcgm-exporter's DCGM_EXP_*)."""
+        return tuple(f for f in self._chosen_fields() if f.counted is not None)
+
+    def _chosen_fields(self) -> tuple[catalogue.Field, ...]:
+        if self.fields_csv is not None:  # the file's fields and those of `fields` besides
+            return self.fields_csv.select(self.fields)
+        return catalogue.select(self.fields)
 
 
 def check_intervals(fields: Sequence[catalogue.Field], intervals_s: Mapping[str, float]) -> None:

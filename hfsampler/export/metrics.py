@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler.export.event_counts import EventCounts
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
 from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
@@ -51,7 +52,7 @@ SELF_PREFIX = "hfsampler_"  # hfsampler's own families, beside dcgm-exporter's D
 
 def host_labels(
     hostname: str | None = None,
-    host_label: str = "Hostname",
+    host_label: str = "hostname",
     instance: str | None = None,
     instance_port: int = DEFAULT_INSTANCE_PORT,
 ) -> dict[str, str]:
@@ -113,13 +114,19 @@ class MetricModel:
         hostname: str | None = None,
         stale_after_windows: int = 5,
         *,
-        host_label: str = "Hostname",
+        host_label: str = "hostname",
         instance: str | None = None,
         instance_port: int = DEFAULT_INSTANCE_PORT,
         copy_device_fields: bool = False,
+        counted: Sequence[Field] = (),
+        xid_count_window_s: float = 300.0,
+        clock_events_count_window_s: float = 300.0,
         previous: MetricModel | None = None,
     ) -> None:
-        """``previous``: the model this one replaces (a reload changed the labels). Its series
+        """``counted``: the selected fields counted from the others' series over a trailing
+        window (``export.event_counts``, dcgm-exporter's DCGM_EXP_*).
+
+        ``previous``: the model this one replaces (a reload changed the labels). Its series
         that this one has too keep their identity (ids, so a writer's shard and caches); the
         others end with stale markers in this one's first snapshot, at that window's time."""
         self.devices = tuple(devices)
@@ -145,6 +152,13 @@ class MetricModel:
         ]
         for name, fields in groups.items():
             self._groups[name] = self._build_group(tuple(fields))
+        self.event_counts: EventCounts = EventCounts(
+            counted,
+            self.registry,
+            xid_window_s=xid_count_window_s,
+            clock_events_window_s=clock_events_count_window_s,
+            previous=previous.event_counts if previous is not None else None,
+        )
         for d in self_metrics.definitions():  # known before any window: senders read them
             self.registry.family(d.name, d.help, d.type)
 
@@ -304,6 +318,11 @@ class MetricModel:
                 alive[s.id] = s
                 series.append(s)
                 values.append(window_s / n)
+        if self.event_counts:
+            for s, v in self.event_counts.add(zip(series, values, strict=True), t1_ns):
+                alive[s.id] = s
+                series.append(s)
+                values.append(v)
         self._self_series(series, values, alive)
         ended = [s for sid, s in self._live.items() if sid not in alive]
         self.registry.forget(ended)

@@ -102,6 +102,9 @@ class Service:
             instance=config.instance,
             instance_port=config.instance_port,
             copy_device_fields=config.mig_copy_device_fields,
+            counted=config.counted_fields(),
+            xid_count_window_s=config.xid_count_window_s,
+            clock_events_count_window_s=config.clock_events_count_window_s,
             previous=previous,
         )
 

@@ -178,16 +178,16 @@ def test_check_config_warns_of_an_external_label_hfsampler_sets_itself(
 ) -> None:
     """``external_labels: {gpu: x}`` passed as OK; the series' own label wins, so say so."""
     path = tmp_path / "c.yml"
-    path.write_text("external_labels: {gpu: x, Hostname: h, GPU_I_ID: '1', cluster: eu1}\n")
+    path.write_text("external_labels: {gpu: x, hostname: h, GPU_I_ID: '1', cluster: eu1}\n")
     assert main(["check-config", str(path)]) == 0
     warnings = [x for x in capsys.readouterr().out.splitlines() if "warning:" in x]
     assert [w.split(":")[1].strip() for w in warnings] == [
         "external_labels.GPU_I_ID",
-        "external_labels.Hostname",
         "external_labels.gpu",
+        "external_labels.hostname",
     ]
-    assert "a series' own label wins over an external one" in warnings[2]
-    assert "hostname, host_label and instance" in warnings[1]
+    assert "a series' own label wins over an external one" in warnings[1]
+    assert "hostname, host_label and instance" in warnings[2]
     own = from_mapping({"host_label": "node", "external_labels": {"node": "n"}})
     assert "external_labels.node" in own.label_warnings()[0]
 
@@ -390,3 +390,20 @@ def test_a_group_as_fast_as_the_lane_but_not_on_it_is_warned_about(
     assert "fastest group, fast" in line
     assert from_mapping({"intervals": {"fast": "1ms", "slow": "10ms"}}).lane_warnings() == []
     assert from_mapping({"intervals": {"fast": "100ms", "slow": "100ms"}}).lane_warnings() == []
+
+
+def test_dcgm_exporter_defaults_host_label_and_count_windows() -> None:
+    """The host label as dcgm-exporter 4.8.3 and newer spell it; its 5 m count windows."""
+    c = from_mapping({})
+    assert c.host_label == "hostname"
+    assert (c.xid_count_window_s, c.clock_events_count_window_s) == (300.0, 300.0)
+    assert from_mapping({"host_label": "Hostname"}).host_label == "Hostname"
+    assert from_mapping({"clock_events_count_window": "30s"}).clock_events_count_window_s == 30.0
+    with pytest.raises(ConfigError, match=r"xid_count_window: 0s is out of range"):
+        from_mapping({"xid_count_window": "0s"})
+    counted = from_mapping({"fields": ["DCGM_EXP_XID_ERRORS_COUNT"]})
+    assert [f.name for f in counted.counted_fields()] == ["DCGM_EXP_XID_ERRORS_COUNT"]
+    assert {f.name for f in counted.selected_fields()} == {
+        "DCGM_FI_DEV_XID_ERRORS",
+        "hfsampler_xid_events_total",
+    }

@@ -57,7 +57,7 @@ def test_names_labels_and_siblings() -> None:
     assert values[("hfsampler_windows_total", "")] == 1
     series = next(s for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE")
     labels = dict(series.labels)
-    assert labels["Hostname"] == "node1"
+    assert labels["hostname"] == "node1"
     assert labels["cluster"] == "eu1"
     assert labels["device"] == "nvidia0"
     assert labels["modelName"] == "hfsampler sim H200"
@@ -134,22 +134,22 @@ def test_a_reloaded_model_keeps_its_series_and_ends_the_others_in_its_first_wind
 
 
 def test_a_series_own_labels_win_over_external_labels() -> None:
-    """``external_labels: {gpu: x, Hostname: h}`` made every GPU's series one (the receiver
+    """``external_labels: {gpu: x, hostname: h}`` made every GPU's series one (the receiver
     kept one GPU); as in Prometheus, an external label only fills in a name a series lacks."""
     inv = SimSource(2).open([POWER, ENERGY, XID])
     sm = SelfMetrics()
     sm.define("hfsampler_gpu_up", "Up.", "gauge")
     sm.set("hfsampler_gpu_up", 1.0, {"gpu": "1"})
-    external = {"gpu": "x", "Hostname": "h", "cluster": "eu1"}
+    external = {"gpu": "x", "hostname": "h", "cluster": "eu1"}
     model = MetricModel(inv.devices, {"g": (POWER, ENERGY, XID)}, sm, external, hostname="node1")
     w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
     snap = model.snapshot(w, np.array([True, True]), 1_000_000_000)
     power = [dict(s.labels) for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE"]
     assert sorted(lb["gpu"] for lb in power) == ["0", "1"]
-    assert {(lb["Hostname"], lb["cluster"]) for lb in power} == {("node1", "eu1")}
+    assert {(lb["hostname"], lb["cluster"]) for lb in power} == {("node1", "eu1")}
     assert len({(s.name, s.labels) for s in snap.series}) == len(snap.series)  # none alike
     up = next(dict(s.labels) for s in snap.series if s.name == "hfsampler_gpu_up")
-    assert (up["gpu"], up["Hostname"], up["cluster"]) == ("1", "node1", "eu1")
+    assert (up["gpu"], up["hostname"], up["cluster"]) == ("1", "node1", "eu1")
     model.set_extra_labels([{"pod": "p0"}, {}])  # attribution relabels a GPU: still its own
     again = model.snapshot(w, np.array([True, True]), 2_000_000_000)
     text = exposition.render(again)
@@ -238,12 +238,15 @@ def test_instance_label_as_a_scrape_would_add_it() -> None:
 
 
 def test_host_label_name_is_chosen() -> None:
-    (first, _) = _labels_of(_model(host_label="hostname"), "DCGM_FI_DEV_POWER_USAGE")
-    assert first["hostname"] == "node1"
-    assert "Hostname" not in first
-    (selfm,) = _labels_of(_model(host_label="hostname"), "hfsampler_windows_total")
-    assert selfm["hostname"] == "node1"
-    assert "Hostname" not in selfm
+    """``hostname`` by default (dcgm-exporter 4.8.3 on); ``Hostname`` (4.8.2 and before) asked."""
+    (default, _) = _labels_of(_model(), "DCGM_FI_DEV_POWER_USAGE")
+    assert default["hostname"] == "node1"
+    (first, _) = _labels_of(_model(host_label="Hostname"), "DCGM_FI_DEV_POWER_USAGE")
+    assert first["Hostname"] == "node1"
+    assert "hostname" not in first
+    (selfm,) = _labels_of(_model(host_label="Hostname"), "hfsampler_windows_total")
+    assert selfm["Hostname"] == "node1"
+    assert "hostname" not in selfm
 
 
 def test_per_instance_fields_are_one_series_each_with_their_label() -> None:
@@ -286,7 +289,7 @@ def test_metrics_page_leaves_instance_to_the_scrape() -> None:
     assert any(dict(s.labels).get("instance") for s in snap.series)  # pushes carry it
     text = render(snap)
     assert "instance=" not in text
-    assert 'Hostname="node1"' in text
+    assert 'hostname="node1"' in text
 
 
 def test_a_statistic_the_window_lacks_is_left_out() -> None:
@@ -316,7 +319,7 @@ def test_xid_counter_per_code_carries_the_gpu_labels_and_its_code() -> None:
     assert got[("1", "79")] == 5.0
     assert got[("0", "79")] == 0.0
     s = next(s for s in snap.series if s.name == "hfsampler_xid_events_total")
-    assert {"UUID", "Hostname", "modelName", "xid"} <= dict(s.labels).keys()
+    assert {"UUID", "hostname", "modelName", "xid"} <= dict(s.labels).keys()
     # a window without a fresh sample keeps the count: a counter never drops back
     empty = [[np.nan] * len(xids)] * 2
     again = _as_dict_xid(model.snapshot({"x": _stats(xids, empty)}, np.array([True, True]), 2))

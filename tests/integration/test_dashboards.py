@@ -172,7 +172,7 @@ def test_instance_view_shows_each_instance(fed_prometheus: RulesPrometheus) -> N
     """The MIG dashboard's memory panel has one series per instance, by GPU_I_ID and profile."""
     dash = json.loads((DASHBOARDS / "hfsampler-mig.json").read_text())
     values = _variable_values(fed_prometheus, dash)
-    values.update(gpu=".*", GPU_I_PROFILE=".*", Hostname=".*", cluster=".*")
+    values.update(gpu=".*", GPU_I_PROFILE=".*", hostname=".*", cluster=".*")
     (panel,) = [p for p in _panels(dash) if p["title"] == "Memory used"]
     expr = _fill(panel["targets"][0]["expr"], values)
     rows = fed_prometheus.query(expr, time_s=fed_prometheus.live_until_s)

@@ -115,7 +115,7 @@ def test_series_and_labels(prometheus: rx.Prometheus, jetson_run: JetsonRun) -> 
         assert labels["modelName"] == board.model
         assert labels["DCGM_FI_DRIVER_VERSION"] == board.l4t
         assert labels["pci_bus_id"] == board.gpu_device
-        assert labels["Hostname"] == hostname
+        assert labels["hostname"] == hostname
         uuids.add(labels["UUID"])
     assert not missing, "\n".join(missing)
     assert len(uuids) == 1

@@ -92,7 +92,7 @@ def test_per_instance_series_as_dcgm_exporter_labels_them(
         assert labels["MIG_UUID"].startswith("MIG-00000000-")
         assert labels["device"] == "nvidia0"
         assert labels["modelName"] == "NVIDIA H100 80GB HBM3"
-        assert labels["Hostname"]
+        assert labels["hostname"]
         assert {v for _, v in samples} == {PROFILE_MIB[labels["GPU_I_PROFILE"]]}
     assert by_gi["5"][0]["GPU_I_PROFILE"] == "2g.20gb"
     assert by_gi["6"][0]["GPU_I_PROFILE"] == "1g.10gb"

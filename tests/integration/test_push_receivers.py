@@ -30,7 +30,7 @@ GPUS = 2
 WINDOW_MS = 1000
 DURATION_S = 8
 EXTERNAL = {"cluster": "ci"}
-DEVICE_LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id",
+DEVICE_LABELS = ("gpu", "UUID", "device", "modelName", "hostname", "pci_bus_id",
                  "DCGM_FI_DRIVER_VERSION")  # fmt: skip
 POWER_INSTANT = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
 ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
@@ -272,7 +272,7 @@ def test_series_and_labels(receivers: dict[str, rx.Receiver], sim_push: SimPush,
             assert labels["modelName"] == dev.model_name
             assert labels["pci_bus_id"] == dev.pci_bus_id
             assert labels["DCGM_FI_DRIVER_VERSION"] == dev.driver_version
-            assert labels["Hostname"] == hostname
+            assert labels["hostname"] == hostname
             assert labels["cluster"] == "ci"
     assert not missing, f"{name} lacks series:\n" + "\n".join(missing)
 

@@ -235,7 +235,7 @@ def test_instance_series_carry_dcgm_exporters_labels(fake: FakeNvml, source: Nvm
         assert lab["MIG_UUID"].startswith("MIG-")
         assert lab["modelName"] == devices[0].model_name
         assert lab["device"] == "nvidia0"
-        assert lab["Hostname"] == "node1"
+        assert lab["hostname"] == "node1"
     assert len([lab for lab in fb if "GPU_I_ID" not in lab]) == 2  # each GPU's whole memory
     power = [dict(s.labels) for s in snap.series if s.name == "DCGM_FI_DEV_POWER_USAGE"]
     assert len(power) == 2

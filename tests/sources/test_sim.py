@@ -82,7 +82,7 @@ def test_throttling_sets_reason_bit_lowers_clock_and_counts_violation() -> None:
     names = ["DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
     before, _ = _read(src, names, mid - 1_000_000)
     after, _ = _read(src, names, mid)
-    assert after[0, 0] - before[0, 0] == 1000.0  # 1 ms of throttling, in µs
+    assert after[0, 0] - before[0, 0] == 1_000_000.0  # 1 ms of throttling, in ns
     assert after[0, 1] > before[0, 1]
 
 

@@ -131,7 +131,8 @@ def _per_s(rate: float, ts_us: int) -> float:
 
 # Call reading keys the fake understands, by C function (key -> what it answers):
 #   clock_sm, clock_mem (GetClockInfo), temperature_gpu (GetTemperature), power_usage,
-#   total_energy, power_limit, util_gpu, util_mem (GetUtilizationRates),
+#   total_energy, power_limit (GetEnforcedPowerLimit), power_mgmt_limit
+#   (GetPowerManagementLimit), util_gpu, util_mem (GetUtilizationRates),
 #   util_enc, util_dec, fb_total, fb_free, fb_used, fb_reserved (GetMemoryInfo[_v2]),
 #   clocks_event_reasons (both the Event and the older Throttle name), fan, pstate.
 
@@ -278,8 +279,20 @@ def standard_gpu(i: int) -> FakeGpu:
         "NVML_FI_DEV_REMAPPED_COR": FakeReading(0.0, 1_000_000, u),
         "NVML_FI_DEV_REMAPPED_UNC": FakeReading(0.0, 1_000_000, u),
         "NVML_FI_DEV_REMAPPED_FAILURE": FakeReading(0.0, 1_000_000, u),
+        # violation time in ns, as the driver counts it: 1.5 ms power-capped so far
         "NVML_FI_DEV_PERF_POLICY_POWER": FakeReading(1.5e6, 1_000_000, ull),
         "NVML_FI_DEV_PERF_POLICY_THERMAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_PERF_POLICY_SYNC_BOOST": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT": FakeReading(2.5e5, 1_000_000, ull),
+        "NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_PERF_POLICY_RELIABILITY": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_RETIRED_SBE": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_RETIRED_DBE": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_RETIRED_PENDING": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": FakeReading(0.0, 1_000_000, ull),
+        "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": FakeReading(0.0, 1_000_000, ull),
         # 2 GB/s and 4 GB/s of PCIe traffic, counted in bytes
         "NVML_FI_DEV_PCIE_COUNT_TX_BYTES": FakeReading(lambda ts: ts * 2_000.0, 20_000, ull),
         "NVML_FI_DEV_PCIE_COUNT_RX_BYTES": FakeReading(lambda ts: ts * 4_000.0, 20_000, ull),
@@ -292,6 +305,7 @@ def standard_gpu(i: int) -> FakeGpu:
         "power_usage": FakeReading(_power(300_000 + i, 1000, 100_000), 100_000),
         "total_energy": FakeReading(lambda ts: float(ts // 1000), 20_000),
         "power_limit": FakeReading(700_000.0, 1_000_000),
+        "power_mgmt_limit": FakeReading(700_000.0, 1_000_000),
         "util_gpu": FakeReading(lambda ts: float((ts // 166_000) % 100), 166_000),
         "util_mem": FakeReading(30.0, 166_000),
         "util_enc": FakeReading(0.0, 166_000),
@@ -629,6 +643,9 @@ class FakeLib:
 
     def _c_nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
         return self._reading("nvmlDeviceGetEnforcedPowerLimit", handle, "power_limit", out)
+
+    def _c_nvmlDeviceGetPowerManagementLimit(self, handle: Any, out: Any) -> int:
+        return self._reading("nvmlDeviceGetPowerManagementLimit", handle, "power_mgmt_limit", out)
 
     def _c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
         code, gpu = self._device("nvmlDeviceGetUtilizationRates", handle)

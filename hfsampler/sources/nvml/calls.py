@@ -344,7 +344,8 @@ CALL_FIELDS: dict[str, CallField] = {
     "temperature_gpu": CallField("temperature_gpu", _value),
     "power_usage": CallField("power_usage", _value),
     "total_energy": CallField("total_energy", _value),
-    "power_limit": CallField("power_limit", _value),
+    "power_limit": CallField("power_limit", _value),  # the enforced one
+    "power_mgmt_limit": CallField("power_mgmt_limit", _value),  # the one set
     "util_gpu": CallField("utilization", _attr("gpu")),
     "util_mem": CallField("utilization", _attr("memory")),
     "util_enc": CallField("encoder", _first),
@@ -387,6 +388,7 @@ READERS: dict[str, tuple[Reader, ...]] = {
     "power_usage": (lambda h: pynvml.nvmlDeviceGetPowerUsage(h),),
     "total_energy": (lambda h: pynvml.nvmlDeviceGetTotalEnergyConsumption(h),),
     "power_limit": (lambda h: pynvml.nvmlDeviceGetEnforcedPowerLimit(h),),
+    "power_mgmt_limit": (lambda h: pynvml.nvmlDeviceGetPowerManagementLimit(h),),
     "utilization": (lambda h: pynvml.nvmlDeviceGetUtilizationRates(h),),
     "encoder": (lambda h: pynvml.nvmlDeviceGetEncoderUtilization(h),),
     "decoder": (lambda h: pynvml.nvmlDeviceGetDecoderUtilization(h),),

@@ -88,6 +88,7 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_DEV_POWER_USAGE": Profile(330.0, 2.0, 20_000_000),
     "DCGM_FI_DEV_POWER_USAGE_INSTANT": Profile(330.0, 15.0, 1_000_000),
     "DCGM_FI_DEV_POWER_MGMT_LIMIT": Profile(POWER_CAP_W, 0.0, 100_000_000),
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT": Profile(POWER_CAP_W, 0.0, 100_000_000),
     "DCGM_FI_DEV_PCIE_TX_THROUGHPUT": Profile(2.0e6, 2.0e5, 20_000_000),
     "DCGM_FI_DEV_PCIE_RX_THROUGHPUT": Profile(4.0e6, 4.0e5, 20_000_000),
     "DCGM_FI_DEV_GPU_UTIL": Profile(90.0, 8.0, 1_000_000),
@@ -566,7 +567,7 @@ class SimSource:
         violation = counters.get(POWER_VIOLATION.name)
         if violation is not None:
             throttled = self._within(_THROTTLE_BUCKET_NS, "throttle", self._gpu_ids, t)[0]
-            violation += np.where(throttled, dt_ns / 1e3, 0.0)
+            violation += np.where(throttled, float(dt_ns), 0.0)  # ns, as NVML counts it
         for name, counter in counters.items():
             rate = _PROFILES.get(_base(name), _DEFAULT_PROFILE).rate_per_s
             if rate:

@@ -137,7 +137,7 @@ def test_every_unknown_name_in_one_warning_line(tmp_path: Path) -> None:
     path = _write(
         tmp_path,
         "DCGM_FI_DEV_GPU_TEMP, gauge, t\n"
-        "DCGM_FI_DEV_RETIRED_SBE, counter, r\n"
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, v\n"
         "DCGM_EXP_GPU_HEALTH_STATUS, gauge, h\n"
         "DCGM_FI_NVML_VERSION, label, v\n"
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0, counter, l0\n"
@@ -147,7 +147,8 @@ def test_every_unknown_name_in_one_warning_line(tmp_path: Path) -> None:
     assert [f.name for f in config.selected_fields()] == ["DCGM_FI_DEV_GPU_TEMP"]
     assert _left_out_line(config.warnings()) == (
         f"fields_csv: {path}: hfsampler has no field for these, left out: "
-        "DCGM_FI_DEV_RETIRED_SBE, DCGM_EXP_GPU_HEALTH_STATUS, DCGM_FI_NVML_VERSION (a label), "
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS, DCGM_EXP_GPU_HEALTH_STATUS, "
+        "DCGM_FI_NVML_VERSION (a label), "
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0, dcgm_gpu_temp"
     )
 
@@ -216,7 +217,7 @@ def test_a_row_dcgm_exporter_refuses_is_refused_naming_key_file_and_line(
 def test_a_missing_file_or_one_selecting_nothing_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"fields_csv: cannot read .*nope\.csv"):
         from_mapping({"fields_csv": str(tmp_path / "nope.csv")})
-    path = _write(tmp_path, "# only comments\nDCGM_FI_DEV_RETIRED_SBE, counter, r\n")
+    path = _write(tmp_path, "# only comments\nDCGM_FI_DEV_VGPU_LICENSE_STATUS, gauge, v\n")
     with pytest.raises(ConfigError, match="selects no field hfsampler has"):
         from_mapping({"fields_csv": path})
     # with `fields` besides, the file may select nothing of its own
@@ -326,3 +327,11 @@ async def test_run_on_the_sim_serves_what_the_shipped_file_selects(
                    "hfsampler_xid_events_total", "DCGM_FI_DEV_POWER_VIOLATION"):  # fmt: skip
         assert not re.search(rf"^{absent}[{{_ ]", page, re.M), absent
     assert "left out: DCGM_FI_DEV_VGPU_LICENSE_STATUS" in caplog.text
+
+
+def test_a_counted_row_brings_the_fields_it_counts(tmp_path: Path) -> None:
+    """dcgm-exporter's DCGM_EXP_* rows are counted from other fields the file need not name."""
+    path = _write(tmp_path, "DCGM_EXP_CLOCK_EVENTS_COUNT, gauge, clock events\n")
+    config = from_mapping({"fields_csv": path})
+    assert [f.name for f in config.counted_fields()] == ["DCGM_EXP_CLOCK_EVENTS_COUNT"]
+    assert [f.name for f in config.selected_fields()] == ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]

@@ -1,0 +1,349 @@
+"""The ``Monitor``: what any window of a job's own code cost, measured from inside the job.
+
+It starts the sampler process `run` uses (its own, in the background: ``sampling.pipeline``'s
+``Pipeline``, built by ``sampling.plan.build_run`` from a ``Config`` as `run` builds it), sampling
+only what a window needs (power, the energy counter, throttle reasons, memory used) every
+millisecond into the shared-memory rings. ``begin_window`` only takes the time; ``end_window``
+takes the time again and reads that span straight from the rings (a binary search and a copy of
+the window's rows of a few columns, reduced in ``monitor.measurement``): no window boundary to
+wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window is also sent
+as a phase (``markers.edge``), with the same edges, so the report shows it.
+
+Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
+guards the open windows only). The rings hold ``history_s``: a window that began before the oldest
+row they still hold cannot be measured exactly and raises ``WindowTooLongError``, which says how
+long a history it needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import threading
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from types import TracebackType
+
+import numpy as np
+
+from hfsampler import markers
+from hfsampler.config.settings import Config
+from hfsampler.errors import (
+    ConfigError,
+    DriverNotFoundError,
+    HfsamplerError,
+    NoPermissionError,
+    SourceError,
+)
+from hfsampler.fields import (
+    CLOCK_EVENTS,
+    ENERGY,
+    FB_USED,
+    POWER,
+    POWER_AVERAGE,
+    POWER_INSTANT,
+    locate,
+)
+from hfsampler.monitor.gpus import choose
+from hfsampler.monitor.measurement import (
+    Measurement,
+    counter_difference,
+    reduce_span,
+    throttled,
+)
+from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
+from hfsampler.sampling.plan import RunPlan, build_run
+from hfsampler.sampling.ring import IndexArray, Ring, RingRows, cells
+
+SOURCES = ("auto", "nvml", "jetson", "sim")
+# What a window needs, and nothing else: the fewer fields, the cheaper each tick.
+FIELDS = (*POWER_INSTANT.names, *POWER_AVERAGE.names, *CLOCK_EVENTS.names, *FB_USED.names,
+          *ENERGY.names)  # fmt: skip
+DEFAULT_HISTORY_S = 60.0
+# The energy counter answers only for windows this many of its sampling intervals long.
+COUNTER_STEPS = 10
+_NO_DRIVER_FIX = (
+    "install the NVIDIA driver (in a container: run it with --gpus all, or the NVIDIA device "
+    "plugin); to try the Monitor without a GPU, Monitor(source='sim')"
+)
+_PERMISSION_FIX = (
+    "run as a user who may open /dev/nvidiactl and /dev/nvidia* (often the video group), or in "
+    "a container given the GPUs"
+)
+
+
+class WindowTooLongError(HfsamplerError, ValueError):
+    """A window began before the oldest sample the rings still hold."""
+
+
+class Monitor:
+    """Energy, power, throttling and memory of any window of the job's code, per GPU.
+
+    ::
+
+        with Monitor() as mon:                  # the GPUs this process uses
+            for step, batch in enumerate(loader):
+                mon.begin_window("step")
+                train_step(batch)
+                m = mon.end_window("step")
+                log(step, m.time, m.total_energy, m.gpu_peak_power[0])
+
+    ``gpu_indices``: the GPUs as the job numbers them (``cuda:N``); by default ``LOCAL_RANK``'s
+    where it is set, else every GPU ``CUDA_VISIBLE_DEVICES`` leaves visible. ``source``: auto
+    (NVML, else a Jetson's sysfs; no GPU is an error), nvml, jetson or sim (simulated GPUs).
+    ``config``: the rest as `run` reads it (the intervals, the sim's GPUs and seed, the ring
+    cap), e.g. ``hfsampler.config.loader.load_file``'s. ``history_s``: how long a window may be.
+    No GPU, no permission to the driver, or no room in ``/dev/shm`` raise here, naming the cause
+    and the fix.
+    """
+
+    def __init__(
+        self,
+        gpu_indices: Sequence[int] | None = None,
+        *,
+        source: str = "auto",
+        config: Config | None = None,
+        history_s: float = DEFAULT_HISTORY_S,
+        clock: Clock = WALL,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``clock`` and ``env`` are for tests: a ``VirtualClock`` samples in this process as the
+        clock moves; ``env`` stands for ``os.environ``."""
+        if source not in SOURCES:
+            raise ConfigError("source", f"unknown source {source!r}", "use " + ", ".join(SOURCES))
+        if not 1.0 <= history_s <= 4 * 3600:
+            raise ConfigError("history_s", f"{history_s:g} s", "give 1 s to 4 h")
+        env = os.environ if env is None else env
+        base = config if config is not None else Config()
+        kind = _source_kind(source, base)
+        run_config = dataclasses.replace(
+            base, source=kind, fields=FIELDS, window_s=history_s / 4, auto_intervals=False,
+            listen=None, remote_write=(),
+        )  # fmt: skip
+        plan = build_run(run_config)
+        chosen = choose(plan.inventory.devices, gpu_indices, env)
+        uuids = {i: plan.inventory.devices[r].uuid for i, r in chosen.items()}
+        plan = plan.only(sorted(chosen.values()))
+        rows = {d.uuid: r for r, d in enumerate(plan.inventory.devices) if d.is_gpu}
+        self.gpus: dict[int, int] = {i: rows[u] for i, u in uuids.items()}  # cuda index -> row
+        self._rows = list(self.gpus.values())
+        self._plan = plan
+        self._parts = _Parts.of(plan)
+        self._cells = cells(self._rows, self._parts.cols)
+        self._clock = clock
+        self._open: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+        self._markers = markers.enabled()
+        self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        try:
+            self._pipeline.start()
+        except BaseException:
+            self.close()
+            raise
+        self.history_s = history_s
+
+    @property
+    def source(self) -> str:
+        return self._plan.spec.kind
+
+    # -- windows ---------------------------------------------------------------------------------
+
+    def begin_window(self, key: Hashable) -> None:
+        """Start the window ``key`` now (a ``ValueError`` if it is open already)."""
+        t_ns = self._clock.now_ns()
+        with self._lock:
+            if key in self._open:
+                raise ValueError(f"window {key!r} is open already: end it, or use another key")
+            self._open[key] = t_ns
+        if self._markers:
+            markers.edge("begin", _name(key), t_ns)
+
+    def end_window(self, key: Hashable) -> Measurement:
+        """End the window ``key`` now and measure it (a ``KeyError`` if it was never begun)."""
+        t_ns = self._clock.now_ns()
+        with self._lock:
+            t0_ns = self._open.pop(key, None)
+        if t0_ns is None:
+            raise KeyError(f"window {key!r} was never begun (or has ended already)")
+        if self._markers:
+            markers.edge("end", _name(key), t_ns)
+        return self.measure(t0_ns, t_ns)
+
+    @contextlib.contextmanager
+    def window(self, name: str) -> Iterator[Window]:
+        """``with mon.window("eval") as w: ...``, then ``w.measurement``; a window of its own
+        even where another coroutine or thread opened one of the same name."""
+        w = Window(name)
+        self.begin_window(w)
+        try:
+            yield w
+        finally:
+            w.measurement = self.end_window(w)
+
+    def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
+        """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
+        if self._pipeline is None:
+            raise RuntimeError("the Monitor is closed")
+        p = self._parts
+        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        if rows is None:
+            raise self._too_long(t0_ns, t1_ns)
+        span = reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events)
+        counter = self._counter(t0_ns, t1_ns)
+        idx = list(self.gpus)
+        energy, covered = span.energy_j.tolist(), span.covered_s.tolist()
+        mean = [e / s if s > 0 else math.nan for e, s in zip(energy, covered, strict=True)]
+        peak, p99, memory = span.peak_w.tolist(), span.p99_w.tolist(), span.memory_mib.tolist()
+        return Measurement(
+            time=(t1_ns - t0_ns) / 1e9,
+            gpu_energy=dict(zip(idx, energy, strict=True)),
+            gpu_mean_power=dict(zip(idx, mean, strict=True)),
+            gpu_peak_power=dict(zip(idx, peak, strict=True)),
+            gpu_p99_power=dict(zip(idx, p99, strict=True)),
+            gpu_throttled_time={i: throttled(span.bits_ns, g) for g, i in enumerate(idx)},
+            gpu_memory_high_water_mib=dict(zip(idx, memory, strict=True)),
+            gpu_energy_counter=dict(zip(idx, counter, strict=True)),
+        )
+
+    def _counter(self, t0_ns: int, t1_ns: int) -> list[float | None]:
+        """Per GPU, the energy counter's answer in J where the window is long enough: the
+        counter's mean power between its own updates (its rise over their driver timestamps)
+        times the window, so that its ~100 ms steps are not taken for the job's energy."""
+        none: list[float | None] = [None] * len(self._rows)
+        p = self._parts
+        if p.energy is None or self._pipeline is None:
+            return none
+        group, col = p.energy
+        if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
+            return none
+        rows = _span(self._pipeline.sampler.rings[group], cells(self._rows, [col]), t0_ns, t1_ns)
+        if rows is None:
+            return none
+        rise_mj, span_ns = counter_difference(
+            rows.time_ns, rows.driver_ts_us[:, :, 0], rows.values[:, :, 0], t1_ns
+        )
+        ok = np.isfinite(rise_mj) & (span_ns >= (t1_ns - t0_ns) / 2)
+        joules = rise_mj / 1e3 * (t1_ns - t0_ns) / np.where(ok, span_ns, 1.0)
+        return [float(j) if k else None for j, k in zip(joules, ok, strict=True)]
+
+    def _too_long(self, t0_ns: int, t1_ns: int) -> WindowTooLongError:
+        need = (t1_ns - t0_ns) / 1e9
+        return WindowTooLongError(
+            f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of samples "
+            f"the Monitor keeps (history_s); give Monitor(history_s={max(need * 2, 60):.0f}) "
+            "to measure windows this long"
+        )
+
+    # -- life ------------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self._pipeline is not None and self._pipeline.alive()
+
+    def close(self) -> None:
+        """Stop the sampler process and free its shared memory; safe to call twice."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class Window:
+    """A window opened by ``Monitor.window``: its name, and its ``measurement`` once ended."""
+
+    __slots__ = ("measurement", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.measurement: Measurement | None = None
+
+    def __repr__(self) -> str:
+        return f"Window({self.name!r})"
+
+
+def _name(key: Hashable) -> str:
+    return key.name if isinstance(key, Window) else str(key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Parts:
+    """Where each quantity is: the power's group, and the columns of it a window reads."""
+
+    group: str
+    cols: list[int]  # the group's columns a window reads, in this order:
+    power: int  # positions in ``cols``
+    memory: int | None  # None: not sampled with the power
+    events: int | None
+    energy: tuple[str, int] | None  # the energy counter's group and column
+    intervals_ns: dict[str, int]
+
+    @classmethod
+    def of(cls, plan: RunPlan) -> _Parts:
+        groups = [g.fields for g in plan.groups]
+        power = locate(POWER, groups)
+        if power is None:
+            raise SourceError(f"the {plan.spec.kind} source reports no power for these GPUs")
+        # throttle reasons and memory are read with the power, from its ring, when they are in
+        # its group (the fast one, by default)
+        found = [locate(role, groups) for role in (CLOCK_EVENTS, FB_USED)]
+        cols = [power[1], *(f[1] for f in found if f is not None and f[0] == power[0])]
+        events, memory = (cols.index(f[1]) if f is not None and f[0] == power[0] else None
+                          for f in found)  # fmt: skip
+        energy = locate(ENERGY, groups)
+        intervals = {g.name: int(g.interval_s * 1e9) for g in plan.groups}
+        return cls(
+            plan.groups[power[0]].name, cols, 0, memory, events,
+            None if energy is None else (plan.groups[energy[0]].name, energy[1]), intervals,
+        )  # fmt: skip
+
+
+def _span(
+    ring: Ring, cells: tuple[IndexArray, IndexArray], t0_ns: int, t1_ns: int
+) -> RingRows | None:
+    """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
+    None when the ring no longer holds that one."""
+    first, oldest = ring.seq_at(t0_ns)
+    stop, _ = ring.seq_at(t1_ns + 1)
+    if first > oldest:
+        start = first - 1
+    elif oldest == 0:  # nothing sampled before the window: its first sample holds from its start
+        start = first
+    else:
+        return None
+    rows, whole = ring.columns(start, stop, cells)
+    if not whole:
+        return None
+    if start == first and len(rows):
+        rows.driver_ts_us[0] = t0_ns // 1000
+    return rows
+
+
+def _source_kind(source: str, config: Config) -> str:
+    """The source to open: ``auto`` and ``nvml`` insist on a usable driver (no silent sim)."""
+    if source in ("sim", "jetson"):
+        return source
+    from hfsampler.sources.jetson.sysfs import is_tegra
+    from hfsampler.sources.nvml.source import probe_driver
+
+    reason = probe_driver()
+    if reason is None:
+        return "nvml"
+    if source == "auto" and is_tegra(config.jetson_sysfs_root or "/"):
+        return "jetson"
+    if "permission" in reason:
+        raise NoPermissionError(f"the Monitor cannot read the GPUs: {reason} ({_PERMISSION_FIX})")
+    raise DriverNotFoundError(f"no GPU for the Monitor to measure: {reason} ({_NO_DRIVER_FIX})")

@@ -96,6 +96,9 @@ def reduce_span(
     """The span's reductions from ring rows ``[row, gpu, field]`` (``rows.values`` is changed:
     NaN becomes 0); ``power``, ``memory``, ``events``: their fields' positions."""
     values = rows.values
+    if not len(values):  # nothing sampled yet: the sampler has only just started
+        nan = np.full(values.shape[1], np.nan)
+        return Span(nan, np.zeros(values.shape[1]), nan, nan, nan, None)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
     missing = np.isnan(values)
     held[missing] = 0.0

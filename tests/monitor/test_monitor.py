@@ -8,17 +8,19 @@ sim) in this process as the clock moves, one millisecond per move, so a 2 s wind
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 from fake_nvml import install, make_fake, remove_library
 from known_power import MS_NS, KnownPower
 
-from hfsampler import Measurement, Monitor
+from hfsampler import Measurement, Monitor, markers
 from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError, DriverNotFoundError, NoPermissionError
 from hfsampler.fields import POWER_INSTANT
 from hfsampler.monitor.monitor import WindowTooLongError
+from hfsampler.profiling.job_markers import MarkerSocket
 from hfsampler.sampling.ring import SHM_DIR_ENV
 from hfsampler.sampling.stepping import VirtualClock
 from hfsampler.sources.nvml import calls
@@ -222,3 +224,24 @@ def test_no_room_in_dev_shm_is_an_error_that_names_the_fix(
     monkeypatch.setenv(SHM_DIR_ENV, "/nonexistent-shm-dir")
     with pytest.raises(ConfigError, match=r"nonexistent-shm-dir.*mount a writable tmpfs"):
         Monitor(source="sim", clock=VirtualClock(START_NS), env={})
+
+
+def test_under_record_each_window_is_a_phase_with_the_same_edges(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = VirtualClock(time.time_ns())  # the recorder takes markers of about now only
+    inbox = MarkerSocket()  # what `hfsampler record` names to its job
+    monkeypatch.setenv(markers.ENV, str(inbox.path))
+    try:
+        with Monitor(source="sim", clock=clock, env={}) as mon:
+            t0 = clock.now_ns()
+            with mon.window("eval"):
+                run_ms(clock, 10)
+            t1 = clock.now_ns()
+        deadline = time.monotonic() + 30
+        while inbox.received + inbox.rejected < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        got = [(m.kind, m.name, m.t_ns) for m in inbox.drain()]
+    finally:
+        inbox.close()
+    assert got == [("begin", "eval", t0), ("end", "eval", t1)]

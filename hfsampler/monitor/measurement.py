@@ -74,6 +74,39 @@ class Span:
     p99_w: FloatArray
     memory_mib: FloatArray  # NaN: no memory field
     bits_ns: FloatArray | None  # [reason, gpu]: how long each throttle reason held; None: none
+    # [gpu, watt]: how long the power was at each whole watt; kept by running statistics only
+    histogram_ns: FloatArray | None = None
+
+    def merge(self, later: Span) -> Span:
+        """This span and the one right after it, as one: sums and maxima are exact; the p99
+        comes from the two histograms, to ``HISTOGRAM_W``."""
+        covered = self.covered_s + later.covered_s
+        energy = np.nan_to_num(self.energy_j) + np.nan_to_num(later.energy_j)
+        energy[covered <= 0] = np.nan
+        bits = self.bits_ns if later.bits_ns is None else later.bits_ns
+        if self.bits_ns is not None and later.bits_ns is not None:
+            bits = self.bits_ns + later.bits_ns
+        histogram = None
+        p99 = np.full_like(energy, np.nan)
+        if self.histogram_ns is not None and later.histogram_ns is not None:
+            histogram = self.histogram_ns + later.histogram_ns
+            p99 = histogram_quantile(histogram, P99)
+        return Span(energy, covered, np.fmax(self.peak_w, later.peak_w), p99,
+                    np.fmax(self.memory_mib, later.memory_mib), bits, histogram)  # fmt: skip
+
+
+HISTOGRAM_W = 1.0  # the running statistics' power histogram: whole watts
+HISTOGRAM_BINS = 4096
+
+
+def histogram_quantile(histogram_ns: FloatArray, q: float) -> FloatArray:
+    """Per GPU, the middle of the watt the power stayed at or under for the fraction ``q`` of
+    the time (NaN: no time)."""
+    cum = np.cumsum(histogram_ns, axis=1)
+    total = cum[:, -1]
+    at = (cum < q * total[:, None]).sum(axis=1)
+    out: FloatArray = np.where(total > 0, (at + 0.5) * HISTOGRAM_W, np.nan)
+    return out
 
 
 def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> FloatArray:
@@ -91,14 +124,22 @@ def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> F
 
 
 def reduce_span(
-    rows: RingRows, t0_ns: int, t1_ns: int, power: int, memory: int | None, events: int | None
+    rows: RingRows,
+    t0_ns: int,
+    t1_ns: int,
+    power: int,
+    memory: int | None,
+    events: int | None,
+    histogram: bool = False,
 ) -> Span:
     """The span's reductions from ring rows ``[row, gpu, field]`` (``rows.values`` is changed:
-    NaN becomes 0); ``power``, ``memory``, ``events``: their fields' positions."""
+    NaN becomes 0); ``power``, ``memory``, ``events``: their fields' positions; ``histogram``:
+    keep the power's histogram too (``Span.merge`` needs it)."""
     values = rows.values
     if not len(values):  # nothing sampled yet: the sampler has only just started
         nan = np.full(values.shape[1], np.nan)
-        return Span(nan, np.zeros(values.shape[1]), nan, nan, nan, None)
+        empty = np.zeros((values.shape[1], HISTOGRAM_BINS)) if histogram else None
+        return Span(nan, np.zeros(values.shape[1]), nan, nan, nan, None, empty)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
     missing = np.isnan(values)
     held[missing] = 0.0
@@ -122,7 +163,13 @@ def reduce_span(
         on = (values[:, :, events].astype(np.int64)[:, :, None] & _BITS) != 0  # [row, gpu, bit]
         bits = (on * held[:, :, events, None]).sum(axis=0).T
     memory_mib = top[:, memory] if memory is not None else np.full(gpus, np.nan)
-    return Span(energy, covered / 1e9, top[:, power], p99, memory_mib, bits)
+    hist: FloatArray | None = None
+    if histogram:
+        watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)
+        at = (watt + column * HISTOGRAM_BINS).ravel()
+        counts = np.bincount(at, weights=h.ravel(), minlength=gpus * HISTOGRAM_BINS)
+        hist = counts.astype(np.float64).reshape(gpus, HISTOGRAM_BINS)
+    return Span(energy, covered / 1e9, top[:, power], p99, memory_mib, bits, hist)
 
 
 def throttled(bits_ns: FloatArray | None, gpu: int) -> dict[str, float]:

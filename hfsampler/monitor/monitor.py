@@ -10,9 +10,10 @@ wait for, nothing heavy in the job's process. Under ``hfsampler record`` each wi
 as a phase (``markers.edge``), with the same edges, so the report shows it.
 
 Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
-guards the open windows only). The rings hold ``history_s``: a window that began before the oldest
-row they still hold cannot be measured exactly and raises ``WindowTooLongError``, which says how
-long a history it needed.
+guards the open windows only). The rings hold ``history_s``; a window longer than that is answered
+from its running statistics (``monitor.running``, kept by a pass every quarter of the history on a
+thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused with a
+``WindowTooLongError`` where even those are missing: never from part of its span.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import dataclasses
 import math
 import os
 import threading
+import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from types import TracebackType
 
@@ -48,13 +50,16 @@ from hfsampler.fields import (
 from hfsampler.monitor.gpus import choose
 from hfsampler.monitor.measurement import (
     Measurement,
+    Span,
     counter_difference,
     reduce_span,
     throttled,
 )
+from hfsampler.monitor.running import RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
 from hfsampler.sampling.ring import IndexArray, Ring, RingRows, cells
+from hfsampler.sampling.stepping import VirtualClock
 
 SOURCES = ("auto", "nvml", "jetson", "sim")
 # What a window needs, and nothing else: the fewer fields, the cheaper each tick.
@@ -74,7 +79,12 @@ _PERMISSION_FIX = (
 
 
 class WindowTooLongError(HfsamplerError, ValueError):
-    """A window began before the oldest sample the rings still hold."""
+    """A window began before the oldest sample the rings still hold, and has no running
+    statistics to answer from."""
+
+
+class LongWindowWarning(UserWarning):
+    """A window longer than the rings hold, answered from the running statistics."""
 
 
 class Monitor:
@@ -135,13 +145,23 @@ class Monitor:
         self._open: dict[Hashable, int] = {}
         self._lock = threading.Lock()
         self._markers = markers.enabled()
+        self.history_s = history_s
+        self._stop = threading.Event()
+        self._passes: threading.Thread | None = None
         self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
         try:
             self._pipeline.start()
         except BaseException:
             self.close()
             raise
-        self.history_s = history_s
+        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
+        self._pass_s = history_s / 4
+        if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
+            clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
+        else:
+            self._passes = threading.Thread(target=self._pass_loop, name="hfsampler-monitor",
+                                            daemon=True)  # fmt: skip
+            self._passes.start()
 
     @property
     def source(self) -> str:
@@ -168,7 +188,13 @@ class Monitor:
             raise KeyError(f"window {key!r} was never begun (or has ended already)")
         if self._markers:
             markers.edge("end", _name(key), t_ns)
-        return self.measure(t0_ns, t_ns)
+        try:
+            return self.measure(t0_ns, t_ns)
+        except WindowTooLongError:
+            running = self._running.take(key, t0_ns)
+            if running is None:
+                raise
+        return self._from_running(key, t0_ns, t_ns, *running)
 
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[Window]:
@@ -190,7 +216,11 @@ class Monitor:
         if rows is None:
             raise self._too_long(t0_ns, t1_ns)
         span = reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events)
-        counter = self._counter(t0_ns, t1_ns)
+        return self._measurement(span, t0_ns, t1_ns, self._counter(t0_ns, t1_ns))
+
+    def _measurement(
+        self, span: Span, t0_ns: int, t1_ns: int, counter: list[float | None], exact: bool = True
+    ) -> Measurement:
         idx = list(self.gpus)
         energy, covered = span.energy_j.tolist(), span.covered_s.tolist()
         mean = [e / s if s > 0 else math.nan for e, s in zip(energy, covered, strict=True)]
@@ -204,7 +234,54 @@ class Monitor:
             gpu_throttled_time={i: throttled(span.bits_ns, g) for g, i in enumerate(idx)},
             gpu_memory_high_water_mib=dict(zip(idx, memory, strict=True)),
             gpu_energy_counter=dict(zip(idx, counter, strict=True)),
+            exact=exact,
         )
+
+    # -- windows longer than the rings hold --------------------------------------------------
+
+    def _reduce_with_histogram(self, t0_ns: int, t1_ns: int) -> Span | None:
+        if self._pipeline is None:
+            return None
+        p = self._parts
+        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        if rows is None:
+            return None
+        return reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events, histogram=True)
+
+    def _from_running(
+        self, key: Hashable, t0_ns: int, t1_ns: int, running: Span, passed_ns: int
+    ) -> Measurement:
+        """A window the rings no longer hold the start of: its running statistics up to the last
+        pass, and the rings from there."""
+        rest = self._reduce_with_histogram(passed_ns, t1_ns)
+        if rest is None:
+            raise self._too_long(t0_ns, t1_ns)
+        warnings.warn(
+            f"window {_name(key)!r} ({(t1_ns - t0_ns) / 1e9:.1f} s) is longer than the "
+            f"{self.history_s:g} s of samples the Monitor keeps: answered from its running "
+            "statistics (energy, peak power, throttled time and memory exact; the p99 to a watt)",
+            LongWindowWarning,
+            stacklevel=3,
+        )
+        return self._measurement(running.merge(rest), t0_ns, t1_ns, [None] * len(self._rows),
+                                 exact=False)  # fmt: skip
+
+    def _pass(self) -> None:
+        with self._lock:
+            open_windows = dict(self._open)
+        self._running.advance(self._clock.now_ns(), open_windows)
+
+    def _pass_loop(self) -> None:
+        while not self._stop.wait(self._pass_s):
+            self._pass()
+
+    def _virtual_pass(self) -> None:
+        if self._pipeline is None:
+            return
+        self._pass()
+        clock = self._clock
+        assert isinstance(clock, VirtualClock)
+        clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
 
     def _counter(self, t0_ns: int, t1_ns: int) -> list[float | None]:
         """Per GPU, the energy counter's answer in J where the window is long enough: the
@@ -242,6 +319,10 @@ class Monitor:
 
     def close(self) -> None:
         """Stop the sampler process and free its shared memory; safe to call twice."""
+        self._stop.set()
+        if self._passes is not None and self._passes is not threading.current_thread():
+            self._passes.join()
+            self._passes = None
         pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             pipeline.close()

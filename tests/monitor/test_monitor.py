@@ -19,7 +19,8 @@ from hfsampler import Measurement, Monitor, markers
 from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError, DriverNotFoundError, NoPermissionError
 from hfsampler.fields import POWER_INSTANT
-from hfsampler.monitor.monitor import WindowTooLongError
+from hfsampler.monitor.monitor import LongWindowWarning, WindowTooLongError
+from hfsampler.monitor.running import RunningStats
 from hfsampler.profiling.job_markers import MarkerSocket
 from hfsampler.sampling.ring import SHM_DIR_ENV
 from hfsampler.sampling.stepping import VirtualClock
@@ -156,15 +157,35 @@ def test_windows_from_threads_at_once(known: tuple[KnownPower, VirtualClock], mo
     assert len({m.gpu_energy[0] for m in got.values()}) == 1  # the same span, the same energy
 
 
-def test_a_window_longer_than_the_history_is_refused_with_the_fix(
+def test_a_window_longer_than_the_history_is_answered_from_running_statistics(
     known: tuple[KnownPower, VirtualClock],
 ) -> None:
-    _, clock = known
+    truth, clock = known
     with Monitor(source="nvml", clock=clock, env={}, history_s=1.0) as mon:
-        mon.begin_window("long")
-        clock.sleep(1.2)  # the power's values need not be right here: only the ring's length
+        run_ms(clock, 3)
+        truth.spike(0, clock.now_ns() + 300 * MS_NS, 5, 950.0)  # long gone from the rings
+        truth.throttle(1, clock.now_ns() + 200 * MS_NS, 40)
+        t0 = clock.now_ns()
+        mon.begin_window("epoch")
+        mon.begin_window("step")
+        run_ms(clock, 20)
+        mon.end_window("step")  # a window ended between passes leaves nothing behind
+        run_ms(clock, 2500)
+        with pytest.warns(LongWindowWarning, match="longer than the 1 s of samples"):
+            m = mon.end_window("epoch")
+        t1 = clock.now_ns()
         with pytest.raises(WindowTooLongError, match=r"history_s=\d+"):
-            mon.end_window("long")
+            mon.measure(t0, t1)  # a span alone, without running statistics: refused
+    assert not m.exact
+    k0, k1 = truth.ms(t0), truth.ms(t1)
+    for gpu in (0, 1):
+        assert m.gpu_energy[gpu] == pytest.approx(truth.truth_j(gpu, t0, t1), rel=1e-6)
+        held = truth.power_w[gpu, k0:k1]
+        assert m.gpu_peak_power[gpu] == pytest.approx(held.max(), abs=1e-3)
+        assert abs(m.gpu_p99_power[gpu] - np.percentile(held, 99)) <= 1.0
+    assert m.gpu_peak_power[0] == pytest.approx(950.0)
+    assert m.gpu_throttled_time[1] == {"sw_power_cap": pytest.approx(0.040)}
+    assert m.gpu_energy_counter == {0: None, 1: None}
 
 
 def test_gpu_indices_follow_cuda_visible_devices_and_local_rank(
@@ -245,3 +266,14 @@ def test_under_record_each_window_is_a_phase_with_the_same_edges(
     finally:
         inbox.close()
     assert got == [("begin", "eval", t0), ("end", "eval", t1)]
+
+
+def test_running_statistics_a_pass_could_not_read_are_none() -> None:
+    """A pass after the rings moved past the pass before (the reduce finds nothing) leaves the
+    open windows without running statistics: ``end_window`` refuses them then."""
+    spans = iter([None, None, None])
+    running = RunningStats(lambda t0, t1: next(spans), 0)
+    running.advance(10, {"w": 5})
+    running.advance(20, {"w": 5})
+    assert running.take("w", 5) is None
+    assert running.take("never", 0) is None

@@ -32,6 +32,7 @@ IntArray = npt.NDArray[np.int64]
 _CLOCK_SLACK_NS = 1_000_000_000
 _BITS = np.array(list(CLOCK_EVENT_REASONS), np.int64)
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
+_COLUMNS = np.arange(64)
 P99 = 0.99
 
 
@@ -45,7 +46,8 @@ class Measurement:
     driver's energy counter's difference over the window, a cross-check where the window is long
     against the counter's resolution (None where it is not, or the GPU has no counter).
     ``exact`` is False when the window was longer than the rings hold: the numbers then come from
-    the window statistics (see ``Monitor``), and a warning said so.
+    its running statistics (``monitor.running``: the p99 to a watt, no counter), and a warning
+    said so.
     """
 
     time: float
@@ -69,10 +71,10 @@ class Span:
     """One span's reductions per GPU (arrays ``[gpu]``): what a ``Measurement`` is made of."""
 
     energy_j: FloatArray
-    covered_s: FloatArray  # how long a power value was known
-    peak_w: FloatArray
+    covered_s: FloatArray  # how long a power value was known; the others mean nothing where 0
+    peak_w: FloatArray  # -inf: no value
     p99_w: FloatArray
-    memory_mib: FloatArray  # NaN: no memory field
+    memory_mib: FloatArray  # -inf: no value, or no memory field
     bits_ns: FloatArray | None  # [reason, gpu]: how long each throttle reason held; None: none
     # [gpu, watt]: how long the power was at each whole watt; kept by running statistics only
     histogram_ns: FloatArray | None = None
@@ -81,8 +83,7 @@ class Span:
         """This span and the one right after it, as one: sums and maxima are exact; the p99
         comes from the two histograms, to ``HISTOGRAM_W``."""
         covered = self.covered_s + later.covered_s
-        energy = np.nan_to_num(self.energy_j) + np.nan_to_num(later.energy_j)
-        energy[covered <= 0] = np.nan
+        energy = self.energy_j + later.energy_j
         bits = self.bits_ns if later.bits_ns is None else later.bits_ns
         if self.bits_ns is not None and later.bits_ns is not None:
             bits = self.bits_ns + later.bits_ns
@@ -91,8 +92,8 @@ class Span:
         if self.histogram_ns is not None and later.histogram_ns is not None:
             histogram = self.histogram_ns + later.histogram_ns
             p99 = histogram_quantile(histogram, P99)
-        return Span(energy, covered, np.fmax(self.peak_w, later.peak_w), p99,
-                    np.fmax(self.memory_mib, later.memory_mib), bits, histogram)  # fmt: skip
+        return Span(energy, covered, np.maximum(self.peak_w, later.peak_w), p99,
+                    np.maximum(self.memory_mib, later.memory_mib), bits, histogram)  # fmt: skip
 
 
 HISTOGRAM_W = 1.0  # the running statistics' power histogram: whole watts
@@ -137,32 +138,30 @@ def reduce_span(
     keep the power's histogram too (``Span.merge`` needs it)."""
     values = rows.values
     if not len(values):  # nothing sampled yet: the sampler has only just started
-        nan = np.full(values.shape[1], np.nan)
+        none, zero = np.full(values.shape[1], -np.inf), np.zeros(values.shape[1])
         empty = np.zeros((values.shape[1], HISTOGRAM_BINS)) if histogram else None
-        return Span(nan, np.zeros(values.shape[1]), nan, nan, nan, None, empty)
+        return Span(zero, zero, none, none, none, None, empty)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
     missing = np.isnan(values)
-    held[missing] = 0.0
-    values[missing] = 0.0
+    if missing.any():  # a GPU or field without a value: it holds for no time
+        held[missing] = 0.0
+        values[missing] = 0.0
     v, h = values[:, :, power], held[:, :, power]
     covered = h.sum(axis=0)
     energy = (v * h).sum(axis=0) / 1e9
-    energy[covered <= 0] = np.nan
-    top = np.where(held > 0, values, -np.inf).max(axis=0, initial=-np.inf)  # [gpu, field]
-    top[~np.isfinite(top)] = np.nan
+    top = np.where(held > 0, values, -np.inf).max(axis=0)  # [gpu, field]; -inf: none
     # the time-weighted p99: the power the GPU stayed at or under 99 % of the time
     n, gpus = v.shape
-    column = np.arange(gpus)
-    order = (np.argsort(v, axis=0) * gpus + column).ravel()
-    cum = np.cumsum(h.ravel()[order].reshape(n, gpus), axis=0)
+    column = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+    flat = np.argsort(v, axis=0) * gpus + column  # [rank, gpu] -> index into v.ravel()
+    cum = h.ravel()[flat].cumsum(axis=0)
     at = np.minimum((cum < P99 * covered).sum(axis=0), n - 1)
-    p99 = v.ravel()[order[at * gpus + column]]
-    p99[covered <= 0] = np.nan
+    p99 = v.ravel()[flat[at, column]]
     bits = None
     if events is not None and values[:, :, events].any():
         on = (values[:, :, events].astype(np.int64)[:, :, None] & _BITS) != 0  # [row, gpu, bit]
         bits = (on * held[:, :, events, None]).sum(axis=0).T
-    memory_mib = top[:, memory] if memory is not None else np.full(gpus, np.nan)
+    memory_mib = top[:, memory] if memory is not None else np.full(gpus, -np.inf)
     hist: FloatArray | None = None
     if histogram:
         watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)

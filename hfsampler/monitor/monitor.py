@@ -189,7 +189,7 @@ class Monitor:
         if self._markers:
             markers.edge("end", _name(key), t_ns)
         try:
-            return self.measure(t0_ns, t_ns)
+            return self._measure(t0_ns, t_ns, ended_now=True)
         except WindowTooLongError:
             running = self._running.take(key, t0_ns)
             if running is None:
@@ -209,10 +209,14 @@ class Monitor:
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
         """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
+        return self._measure(t0_ns, t1_ns)
+
+    def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
+        """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
         if self._pipeline is None:
             raise RuntimeError("the Monitor is closed")
         p = self._parts
-        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
         if rows is None:
             raise self._too_long(t0_ns, t1_ns)
         span = reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events)
@@ -222,9 +226,13 @@ class Monitor:
         self, span: Span, t0_ns: int, t1_ns: int, counter: list[float | None], exact: bool = True
     ) -> Measurement:
         idx = list(self.gpus)
-        energy, covered = span.energy_j.tolist(), span.covered_s.tolist()
-        mean = [e / s if s > 0 else math.nan for e, s in zip(energy, covered, strict=True)]
-        peak, p99, memory = span.peak_w.tolist(), span.p99_w.tolist(), span.memory_mib.tolist()
+        covered = span.covered_s.tolist()
+        known = [s > 0 for s in covered]  # a GPU with no power value in the window: NaN
+        energy = [e if k else math.nan for e, k in zip(span.energy_j.tolist(), known, strict=True)]
+        mean = [e / s if k else math.nan for e, s, k in zip(energy, covered, known, strict=True)]
+        peak = [p if k else math.nan for p, k in zip(span.peak_w.tolist(), known, strict=True)]
+        p99 = [p if k else math.nan for p, k in zip(span.p99_w.tolist(), known, strict=True)]
+        memory = [m if m > -math.inf else math.nan for m in span.memory_mib.tolist()]
         return Measurement(
             time=(t1_ns - t0_ns) / 1e9,
             gpu_energy=dict(zip(idx, energy, strict=True)),
@@ -393,12 +401,17 @@ class _Parts:
 
 
 def _span(
-    ring: Ring, cells: tuple[IndexArray, IndexArray], t0_ns: int, t1_ns: int
+    ring: Ring,
+    cells: tuple[IndexArray, IndexArray],
+    t0_ns: int,
+    t1_ns: int,
+    ended_now: bool = False,
 ) -> RingRows | None:
     """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
-    None when the ring no longer holds that one."""
+    None when the ring no longer holds that one. ``ended_now``: every row up to the ring's head
+    (a row read since ``t1_ns`` holds a value the driver had by then, or clips to nothing)."""
     first, oldest = ring.seq_at(t0_ns)
-    stop, _ = ring.seq_at(t1_ns + 1)
+    stop = ring.write_seq if ended_now else ring.seq_at(t1_ns + 1)[0]
     if first > oldest:
         start = first - 1
     elif oldest == 0:  # nothing sampled before the window: its first sample holds from its start

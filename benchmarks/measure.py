@@ -111,23 +111,34 @@ def _spread(us: list[float]) -> dict[str, float]:
 
 
 def cost(windows: int) -> dict[str, Any]:
-    """begin/end cost with the real sampler process on the sim, wall clock."""
+    """begin/end cost with the real sampler process on the sim: wall clock, and the thread's CPU
+    time (which leaves out being preempted); ``warm``: the same 10 ms span measured back to back,
+    caches hot, as against right after the window's sleep."""
     out: dict[str, Any] = {}
     with Monitor(source="sim", env={}, history_s=10.0) as mon:
         time.sleep(1.2)  # some history, and the sampler settled
         for label, length_s, n in (("10ms", 0.01, windows), ("1s", 1.0, max(3, windows // 60))):
-            begin, end = [], []
+            begin, end, end_cpu = [], [], []
             for k in range(n):
                 a = time.perf_counter_ns()
                 mon.begin_window(k)
                 b = time.perf_counter_ns()
                 time.sleep(length_s)
-                c = time.perf_counter_ns()
+                c, c_cpu = time.perf_counter_ns(), time.thread_time_ns()
                 mon.end_window(k)
-                d = time.perf_counter_ns()
+                d, d_cpu = time.perf_counter_ns(), time.thread_time_ns()
                 begin.append((b - a) / 1e3)
                 end.append((d - c) / 1e3)
-            out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end)}
+                end_cpu.append((d_cpu - c_cpu) / 1e3)
+            out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end),
+                          "end_cpu_us": _spread(end_cpu)}  # fmt: skip
+        t1 = time.time_ns()
+        warm = []
+        for _ in range(windows):
+            a = time.perf_counter_ns()
+            mon.measure(t1 - 10_000_000, t1)
+            warm.append((time.perf_counter_ns() - a) / 1e3)
+        out["10ms warm"] = {"windows": windows, "end_us": _spread(warm)}
     return out
 
 
@@ -162,12 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ms:>6}ms | {a['median']:>14.2e} {a['p95']:>9.2e} {a['max']:>9.2e} | "
               f"{c['median']:>14.2%} {c['p95']:>9.2%} {c['max']:>9.2%}")  # fmt: skip
     print("\ncost in the job's process, real sampler process on 2 sim GPUs (us)")
-    print(f"{'window':>8} | {'begin median':>12} {'p99':>8} | "
-          f"{'end median':>10} {'p99':>8} {'min':>8}")  # fmt: skip
+    print(f"{'window':>9} | {'begin median':>12} {'p99':>6} | {'end median':>10} {'p99':>7} "
+          f"{'min':>6} | {'end CPU median':>14}")  # fmt: skip
     for label, c in costs.items():
-        b, e = c["begin_us"], c["end_us"]
-        print(f"{label:>8} | {b['median']:>12.1f} {b['p99']:>8.1f} | {e['median']:>10.1f} "
-              f"{e['p99']:>8.1f} {e['min']:>8.1f}")  # fmt: skip
+        b = c.get("begin_us", {"median": np.nan, "p99": np.nan})
+        e, cpu = c["end_us"], c.get("end_cpu_us", {"median": np.nan})
+        print(f"{label:>9} | {b['median']:>12.1f} {b['p99']:>6.1f} | {e['median']:>10.1f} "
+              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f}")  # fmt: skip
     print(f"one small numpy operation here: {op_us:.2f} us (the machine's scale)")
     result = {
         "benchmark": "measure",

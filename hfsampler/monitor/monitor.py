@@ -18,6 +18,7 @@ thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import math
@@ -154,6 +155,7 @@ class Monitor:
         except BaseException:
             self.close()
             raise
+        atexit.register(self.close)  # a job that never closes it: stopped at exit all the same
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
@@ -327,6 +329,7 @@ class Monitor:
 
     def close(self) -> None:
         """Stop the sampler process and free its shared memory; safe to call twice."""
+        atexit.unregister(self.close)
         self._stop.set()
         if self._passes is not None and self._passes is not threading.current_thread():
             self._passes.join()

@@ -82,3 +82,25 @@ def test_close_stops_the_sampler_process_and_frees_its_shared_memory(
 def test_a_small_dev_shm_is_refused_at_construction(small_shm: Path) -> None:
     with pytest.raises(ConfigError, match=r"the sample rings need .*--shm-size"):
         Monitor(source="sim", env={}, history_s=600.0)
+
+
+def test_import_hfsampler_stays_light_and_an_unclosed_monitor_is_stopped_at_exit(
+    tmp_path: Path,
+) -> None:
+    """``import hfsampler`` loads neither numpy nor the Monitor; a Monitor never closed is
+    closed at exit, its shared memory freed."""
+    code = """
+import sys
+import hfsampler
+assert "numpy" not in sys.modules and "hfsampler.monitor" not in sys.modules, sorted(sys.modules)
+from hfsampler import Monitor
+mon = Monitor(source="sim", env={}, history_s=2.0)
+mon.begin_window("w")
+print(mon.end_window("w").time >= 0)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), SHM_DIR_ENV: str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert list(tmp_path.iterdir()) == []

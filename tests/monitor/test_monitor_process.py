@@ -104,3 +104,34 @@ print(mon.end_window("w").time >= 0)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_under_record_the_report_shows_each_window_with_the_same_energy(tmp_path: Path) -> None:
+    """``hfsampler record -- python job.py`` for real: the recorder's socket reaches the job's
+    Monitor only through the environment of a real child. Both sample the same sim GPUs (a
+    function of time), so the report's phases and the Monitor's windows agree."""
+    job = tmp_path / "job.py"
+    job.write_text("""
+import time
+from hfsampler import Monitor
+with Monitor(source="sim") as mon:
+    for k in range(2):
+        with mon.window("train step") as w:
+            time.sleep(0.2)
+        print("ENERGY", w.measurement.total_energy, flush=True)
+""")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "r.hfs"
+    hfs = [sys.executable, "-m", "hfsampler"]
+    done = subprocess.run([*hfs, "record", "--source", "sim", "-o", str(out), "--",
+                           sys.executable, str(job)], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    energies = [float(line.split()[1]) for line in done.stdout.splitlines()
+                if line.startswith("ENERGY")]  # fmt: skip
+    report = subprocess.run([*hfs, "report", str(out), "--format", "json"], env=env,
+                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    phases = [p for p in json.loads(report.stdout)["phases"] if p["name"] == "train step"]
+    assert len(phases) == len(energies) == 2
+    for phase, energy in zip(phases, energies, strict=True):
+        assert phase["energy_j"] == pytest.approx(energy, rel=0.01)

@@ -48,7 +48,7 @@ from hfsampler.fields import (
     POWER_INSTANT,
     locate,
 )
-from hfsampler.monitor.gpus import choose
+from hfsampler.monitor.gpus import CUDA_VISIBLE, choose
 from hfsampler.monitor.measurement import (
     Measurement,
     Span,
@@ -133,6 +133,8 @@ class Monitor:
             listen=None, remote_write=(),
         )  # fmt: skip
         plan = build_run(run_config)
+        if kind == "sim":  # CUDA's variables name this machine's GPUs, not simulated ones
+            env = {k: v for k, v in env.items() if k != CUDA_VISIBLE}
         chosen = choose(plan.inventory.devices, gpu_indices, env)
         uuids = {i: plan.inventory.devices[r].uuid for i, r in chosen.items()}
         plan = plan.only(sorted(chosen.values()))

@@ -211,7 +211,10 @@ def test_sim_windows_match_the_sims_own_truth() -> None:
     clock = VirtualClock(START_NS)
     config = Config(sim_gpus=2, seed=3)
     sim = SimSource(gpus=2, seed=3)
-    with Monitor(source="sim", config=config, clock=clock, env={}) as mon:
+    # CUDA_VISIBLE_DEVICES names real GPUs: the simulated ones are all there
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-8a2c1e6f"}
+    with Monitor(source="sim", config=config, clock=clock, env=env) as mon:
+        assert list(mon.gpus) == [0, 1]
         run_ms(clock, 10)
         t0 = clock.now_ns()
         mon.begin_window("w")

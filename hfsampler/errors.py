@@ -65,6 +65,10 @@ class DriverNotFoundError(SourceError):
     """No NVIDIA driver (libnvidia-ml) on this machine."""
 
 
+class NoPermissionError(SourceError, PermissionError):
+    """The NVIDIA driver is there, but this user may not open it."""
+
+
 class FieldNotSupportedError(SourceError):
     """The device or driver does not provide this field."""
 

@@ -79,7 +79,7 @@ _UNPRINTABLE = re.compile(
 _PASSES = 4  # a call sends for others at most this often before it returns
 
 __all__ = [
-    "ENV", "WIRE_VERSION", "clean_name", "dropped", "enabled", "flush", "mark", "phase",
+    "ENV", "WIRE_VERSION", "clean_name", "dropped", "edge", "enabled", "flush", "mark", "phase",
     "sent", "step", "waiting",
 ]  # fmt: skip
 
@@ -139,12 +139,13 @@ class _Sender:
         self.loose_drops.append(None)
         return False
 
-    def send(self, kind: str, name: str, step: int | None) -> bool:
-        """True when the event was sent or waits to go with the next datagram."""
+    def send(self, kind: str, name: str, step: int | None, t_ns: int | None = None) -> bool:
+        """True when the event was sent or waits to go with the next datagram; ``t_ns``: when
+        it happened, if not now."""
         address = os.environ.get(ENV)
         if not address:
             return False
-        t_ns = time.time_ns()
+        t_ns = time.time_ns() if t_ns is None else t_ns
         body = json.dumps({"t_ns": t_ns, "kind": kind, "name": name, "step": step},
                           ensure_ascii=False, separators=(",", ":")).encode()  # fmt: skip
         event = _Event(t_ns, body)
@@ -323,6 +324,17 @@ def step(n: int) -> bool:
     if number is None or not 0 <= number < STEP_LIMIT:
         return _sender.drop()
     return _sender.send("step", "step", number)
+
+
+def edge(kind: str, name: str, t_ns: int) -> bool:
+    """A phase's ``begin`` or ``end`` at ``t_ns`` (``time.time_ns()``), taken by the caller: the
+    Monitor's windows, whose edges are the times it measured between."""
+    if not enabled():
+        return False
+    text = _name(name, "phase")
+    if text is None or kind not in ("begin", "end"):
+        return _sender.drop()
+    return _sender.send(kind, text, None, t_ns)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -24,6 +24,7 @@ import mmap
 import os
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -33,6 +34,7 @@ import numpy.typing as npt
 
 from hfsampler.errors import ConfigError
 
+IndexArray = npt.NDArray[np.intp]
 _HEADER_SLOTS = 8
 _SEQ, _CAPACITY, _GPUS, _FIELDS = 0, 1, 2, 3
 
@@ -71,6 +73,12 @@ class RingRows:
             np.empty((0, gpus, fields)),
             np.empty((0, gpus, fields), np.int64),
         )
+
+
+def cells(gpus: Sequence[int], fields: Sequence[int]) -> tuple[IndexArray, IndexArray]:
+    """The index arrays ``Ring.columns`` takes for these GPUs' and fields' cells."""
+    g, f = np.ix_(np.asarray(gpus, np.intp), np.asarray(fields, np.intp))
+    return g, f
 
 
 SHM_DIR = Path("/dev/shm")
@@ -368,6 +376,48 @@ class Ring:
         repeat[valid - first] = False  # its predecessor was not copied, or may be torn
         np.putmask(rows.values, repeat, np.nan)
         return head, rows.select(slice(keep - first, None)), lost
+
+    def seq_at(self, t_ns: int) -> tuple[int, int]:
+        """(the first row read at or after ``t_ns``, the oldest row the ring still holds), as
+        rows ever written; the first is the head when no row is that late yet.
+
+        A binary search over the rows held (their read times only grow): a few microseconds,
+        whatever the ring's size, so a reader can take any span without following the ring.
+        """
+        head = self.write_seq
+        lo = oldest = max(0, head - self.capacity + 1)  # the row at head - capacity may be torn
+        hi = head
+        times, capacity = self._time, self.capacity
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if int(times[mid % capacity]) < t_ns:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo, oldest
+
+    def columns(
+        self, start: int, stop: int, cells: tuple[IndexArray, IndexArray]
+    ) -> tuple[RingRows, bool]:
+        """Rows ``[start, stop)`` (as rows ever written) of only some GPUs and fields, and
+        whether all of them were still there after the copy (False: the writer overwrote the
+        first ones meanwhile, or had before). ``cells``: ``np.ix_(gpus, fields)``, made once by
+        the caller. Repeats are kept as written: a reader that integrates over driver
+        timestamps needs no NaN for them."""
+        if stop <= start:
+            return RingRows.empty(len(cells[0]), cells[1].shape[1]), True
+        c = self.capacity
+        a, b = start % c, (stop - 1) % c + 1
+        pieces = [slice(a, b)] if a < b else [slice(a, c), slice(0, b)]
+        g, f = cells
+        parts = [
+            RingRows(self._time[s].copy(), self._late[s].copy(), self._values[s][:, g, f],
+                     self._driver[s][:, g, f])
+            for s in pieces
+        ]  # fmt: skip
+        rows = parts[0] if len(parts) == 1 else RingRows.concat(parts)
+        whole = start >= self.write_seq - c + 1  # nothing of ours was overwritten while we copied
+        return rows, whole
 
     def _copy(self, start: int, stop: int) -> RingRows:
         if stop <= start:

@@ -23,8 +23,10 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
+import sys
 import time
-from collections.abc import Sequence
+import types
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
@@ -236,7 +238,8 @@ class Sampler:
         )
         process.daemon = True
         try:
-            process.start()
+            with _main_not_inherited():
+                process.start()
         finally:
             writer.close()  # the child holds its own copy: EOF here once it is gone
             layout_writer.close()
@@ -370,6 +373,20 @@ class Sampler:
             raise RuntimeError("the sampler is closed")
         array: npt.NDArray[np.int64] = self.status.array
         return array
+
+
+@contextlib.contextmanager
+def _main_not_inherited() -> Iterator[None]:
+    """While the process is spawned, a bare ``__main__``: spawn would otherwise have the child
+    import the parent's main module again, and a training script that made a ``Monitor`` at its
+    top level (no ``if __name__ == "__main__"``) would run again in the sampler process."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
 
 
 # -- the child process ---------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""Window energy: the Monitor's integral against the energy counter's difference, and their cost.
+
+1. Accuracy, on fake GPUs whose power is known every millisecond (the tests' ``KnownPower``: a
+   moving baseline and 5 ms spikes, served through the real pynvml over the fake libnvidia-ml,
+   on a virtual clock so that minutes of windows take seconds) and whose energy counter is that
+   power integrated, updated every 100 ms as on real GPUs. For windows of 10 ms, 100 ms, 1 s and
+   10 s at random offsets, in the same run: the Monitor's ``gpu_energy``, and the peer, the
+   counter-difference method (what Zeus's ``ZeusMonitor`` does: the difference of
+   ``nvmlDeviceGetTotalEnergyConsumption`` at the window's ends). Relative error of each against
+   the exact energy: median, p95, max.
+2. Cost, with the real sampler process on the sim source (wall clock): ``begin_window`` and
+   ``end_window`` (median, p99) for windows of 10 ms and of 1 s (``end_window`` reads and reduces
+   the window's rows, so it grows with the window's length).
+
+    python benchmarks/measure.py [--windows 40] [--cost-windows 300]
+                                 [--out benchmarks/out/measure.json]
+
+Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "support"))
+
+import pynvml  # noqa: E402
+from fake_nvml import install  # noqa: E402  (the tests' fake libnvidia-ml)
+from known_power import MS_NS, KnownPower  # noqa: E402
+
+from hfsampler import Monitor  # noqa: E402
+from hfsampler.sampling.stepping import VirtualClock  # noqa: E402
+
+WINDOWS_MS = (10, 100, 1000, 10_000)
+START_NS = 1_780_000_000 * 10**9
+
+
+def accuracy(windows: int, seed: int) -> dict[str, Any]:
+    """Each window length ``windows`` times (10 s windows: a quarter as many), both methods."""
+    rng = np.random.default_rng(seed)
+    plan = [(ms, int(rng.integers(0, 997))) for ms in WINDOWS_MS
+            for _ in range(windows if ms < 10_000 else max(2, windows // 4))]  # fmt: skip
+    total_s = sum(ms + gap for ms, gap in plan) / 1e3 + 2.0
+    truth = KnownPower(START_NS, total_s, seed=seed)
+    for g in range(truth.gpus):  # a 5 ms spike at a random point of every 200 ms
+        for k in range(int(total_s * 5)):
+            at = START_NS + k * 200 * MS_NS + int(rng.integers(0, 190)) * MS_NS
+            truth.spike(g, at, 5, 900.0)
+    clock = VirtualClock(START_NS)
+    fake = truth.fake()
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    install(pytest.MonkeyPatch(), fake)
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(g) for g in range(truth.gpus)]
+
+    def counter_mj() -> list[int]:
+        return [pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles]
+
+    def run_ms(ms: int) -> None:
+        for _ in range(ms):
+            clock.sleep(0.001)  # a tick at a time: the fake's driver reads the clock's now
+
+    errors: dict[str, dict[int, list[float]]] = {"monitor": {}, "counter": {}}
+    with Monitor(source="nvml", clock=clock, env={}, history_s=30.0) as mon:
+        run_ms(200)
+        pynvml.nvmlInit()
+        for ms, gap in plan:
+            run_ms(gap)
+            clock.sleep(float(rng.integers(0, 1000)) / 1e6)  # not on a tick
+            t0 = clock.now_ns()
+            mon.begin_window("w")
+            before = counter_mj()
+            run_ms(ms)
+            m = mon.end_window("w")
+            after = counter_mj()
+            t1 = clock.now_ns()
+            for g in range(truth.gpus):
+                exact = truth.truth_j(g, t0, t1)
+                errors["monitor"].setdefault(ms, []).append(abs(m.gpu_energy[g] / exact - 1))
+                counter_j = (after[g] - before[g]) / 1e3
+                errors["counter"].setdefault(ms, []).append(abs(counter_j / exact - 1))
+        pynvml.nvmlShutdown()
+    out: dict[str, Any] = {}
+    for method, by_ms in errors.items():
+        out[method] = {
+            str(ms): {
+                "windows": len(e),
+                "median": float(np.median(e)),
+                "p95": float(np.percentile(e, 95)),
+                "max": float(np.max(e)),
+            }
+            for ms, e in by_ms.items()
+        }
+    return out
+
+
+def _spread(us: list[float]) -> dict[str, float]:
+    return {"median": float(np.median(us)), "p99": float(np.percentile(us, 99)),
+            "min": float(np.min(us))}  # fmt: skip
+
+
+def cost(windows: int) -> dict[str, Any]:
+    """begin/end cost with the real sampler process on the sim: wall clock, and the thread's CPU
+    time (which leaves out being preempted); ``warm``: the same 10 ms span measured back to back,
+    caches hot, as against right after the window's sleep."""
+    out: dict[str, Any] = {}
+    with Monitor(source="sim", env={}, history_s=10.0) as mon:
+        time.sleep(1.2)  # some history, and the sampler settled
+        for label, length_s, n in (("10ms", 0.01, windows), ("1s", 1.0, max(3, windows // 60))):
+            begin, end, end_cpu = [], [], []
+            for k in range(n):
+                a = time.perf_counter_ns()
+                mon.begin_window(k)
+                b = time.perf_counter_ns()
+                time.sleep(length_s)
+                c, c_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                mon.end_window(k)
+                d, d_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                begin.append((b - a) / 1e3)
+                end.append((d - c) / 1e3)
+                end_cpu.append((d_cpu - c_cpu) / 1e3)
+            out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end),
+                          "end_cpu_us": _spread(end_cpu)}  # fmt: skip
+        t1 = time.time_ns()
+        warm = []
+        for _ in range(windows):
+            a = time.perf_counter_ns()
+            mon.measure(t1 - 10_000_000, t1)
+            warm.append((time.perf_counter_ns() - a) / 1e3)
+        out["10ms warm"] = {"windows": windows, "end_us": _spread(warm)}
+    return out
+
+
+def numpy_op_us(n: int = 2000) -> float:
+    """The median time of one small numpy operation here: ``end_window`` is some forty of them,
+    so this is the machine's scale for its cost (about 1 us on an idle modern core)."""
+    a, b = np.ones((12, 2, 3)), np.ones((12, 2, 3))
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        np.add(a, b)
+        times.append(time.perf_counter_ns() - t)
+    return float(np.median(times)) / 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--windows", type=int, default=40, help="windows per length")
+    parser.add_argument("--cost-windows", type=int, default=300, help="10 ms windows timed")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "measure.json"))
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    acc = accuracy(args.windows, args.seed)
+    costs = cost(args.cost_windows)
+    op_us = numpy_op_us()
+    print("relative energy error against the fake's exact energy (per GPU and window)")
+    print(f"{'window':>8} | {'Monitor median':>14} {'p95':>9} {'max':>9} | "
+          f"{'counter median':>14} {'p95':>9} {'max':>9}")  # fmt: skip
+    for ms in WINDOWS_MS:
+        a, c = acc["monitor"][str(ms)], acc["counter"][str(ms)]
+        print(f"{ms:>6}ms | {a['median']:>14.2e} {a['p95']:>9.2e} {a['max']:>9.2e} | "
+              f"{c['median']:>14.2%} {c['p95']:>9.2%} {c['max']:>9.2%}")  # fmt: skip
+    print("\ncost in the job's process, real sampler process on 2 sim GPUs (us)")
+    print(f"{'window':>9} | {'begin median':>12} {'p99':>6} | {'end median':>10} {'p99':>7} "
+          f"{'min':>6} | {'end CPU median':>14}")  # fmt: skip
+    for label, c in costs.items():
+        b = c.get("begin_us", {"median": np.nan, "p99": np.nan})
+        e, cpu = c["end_us"], c.get("end_cpu_us", {"median": np.nan})
+        print(f"{label:>9} | {b['median']:>12.1f} {b['p99']:>6.1f} | {e['median']:>10.1f} "
+              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f}")  # fmt: skip
+    print(f"one small numpy operation here: {op_us:.2f} us (the machine's scale)")
+    result = {
+        "benchmark": "measure",
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                    "load_average": list(os.getloadavg())},
+        "counter_update_period_ms": 100,
+        "accuracy": acc,
+        "cost": costs,
+        "numpy_op_us": op_us,
+        "seconds": time.monotonic() - started,
+    }  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

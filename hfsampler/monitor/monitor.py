@@ -1,0 +1,448 @@
+"""The ``Monitor``: what any window of a job's own code cost, measured from inside the job.
+
+It starts the sampler process `run` uses (its own, in the background: ``sampling.pipeline``'s
+``Pipeline``, built by ``sampling.plan.build_run`` from a ``Config`` as `run` builds it), sampling
+only what a window needs (power, the energy counter, throttle reasons, memory used) every
+millisecond into the shared-memory rings. ``begin_window`` only takes the time; ``end_window``
+takes the time again and reads that span straight from the rings (a binary search and a copy of
+the window's rows of a few columns, reduced in ``monitor.measurement``): no window boundary to
+wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window is also sent
+as a phase (``markers.edge``), with the same edges, so the report shows it.
+
+Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
+guards the open windows only). The rings hold ``history_s``; a window longer than that is answered
+from its running statistics (``monitor.running``, kept by a pass every quarter of the history on a
+thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused with a
+``WindowTooLongError`` where even those are missing: never from part of its span.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import math
+import os
+import threading
+import warnings
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from types import TracebackType
+
+import numpy as np
+
+from hfsampler import markers
+from hfsampler.config.settings import Config
+from hfsampler.errors import (
+    ConfigError,
+    DriverNotFoundError,
+    HfsamplerError,
+    NoPermissionError,
+    SourceError,
+)
+from hfsampler.fields import (
+    CLOCK_EVENTS,
+    ENERGY,
+    FB_USED,
+    POWER,
+    POWER_AVERAGE,
+    POWER_INSTANT,
+    locate,
+)
+from hfsampler.monitor.gpus import CUDA_VISIBLE, choose
+from hfsampler.monitor.measurement import (
+    Measurement,
+    Span,
+    counter_difference,
+    reduce_span,
+    throttled,
+)
+from hfsampler.monitor.running import RunningStats
+from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
+from hfsampler.sampling.plan import RunPlan, build_run
+from hfsampler.sampling.ring import IndexArray, Ring, RingRows, cells
+from hfsampler.sampling.stepping import VirtualClock
+
+SOURCES = ("auto", "nvml", "jetson", "sim")
+# What a window needs, and nothing else: the fewer fields, the cheaper each tick.
+FIELDS = (*POWER_INSTANT.names, *POWER_AVERAGE.names, *CLOCK_EVENTS.names, *FB_USED.names,
+          *ENERGY.names)  # fmt: skip
+DEFAULT_HISTORY_S = 60.0
+# The energy counter answers only for windows this many of its sampling intervals long.
+COUNTER_STEPS = 10
+_NO_DRIVER_FIX = (
+    "install the NVIDIA driver (in a container: run it with --gpus all, or the NVIDIA device "
+    "plugin); to try the Monitor without a GPU, Monitor(source='sim')"
+)
+_PERMISSION_FIX = (
+    "run as a user who may open /dev/nvidiactl and /dev/nvidia* (often the video group), or in "
+    "a container given the GPUs"
+)
+
+
+class WindowTooLongError(HfsamplerError, ValueError):
+    """A window began before the oldest sample the rings still hold, and has no running
+    statistics to answer from."""
+
+
+class LongWindowWarning(UserWarning):
+    """A window longer than the rings hold, answered from the running statistics."""
+
+
+class Monitor:
+    """Energy, power, throttling and memory of any window of the job's code, per GPU.
+
+    ::
+
+        with Monitor() as mon:                  # the GPUs this process uses
+            for step, batch in enumerate(loader):
+                mon.begin_window("step")
+                train_step(batch)
+                m = mon.end_window("step")
+                log(step, m.time, m.total_energy, m.gpu_peak_power[0])
+
+    ``gpu_indices``: the GPUs as the job numbers them (``cuda:N``); by default ``LOCAL_RANK``'s
+    where it is set, else every GPU ``CUDA_VISIBLE_DEVICES`` leaves visible. ``source``: auto
+    (NVML, else a Jetson's sysfs; no GPU is an error), nvml, jetson or sim (simulated GPUs).
+    ``config``: the rest as `run` reads it (the intervals, the sim's GPUs and seed, the ring
+    cap), e.g. ``hfsampler.config.loader.load_file``'s. ``history_s``: how long a window may be.
+    No GPU, no permission to the driver, or no room in ``/dev/shm`` raise here, naming the cause
+    and the fix.
+    """
+
+    def __init__(
+        self,
+        gpu_indices: Sequence[int] | None = None,
+        *,
+        source: str = "auto",
+        config: Config | None = None,
+        history_s: float = DEFAULT_HISTORY_S,
+        clock: Clock = WALL,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``clock`` and ``env`` are for tests: a ``VirtualClock`` samples in this process as the
+        clock moves; ``env`` stands for ``os.environ``."""
+        if source not in SOURCES:
+            raise ConfigError("source", f"unknown source {source!r}", "use " + ", ".join(SOURCES))
+        if not 1.0 <= history_s <= 4 * 3600:
+            raise ConfigError("history_s", f"{history_s:g} s", "give 1 s to 4 h")
+        env = os.environ if env is None else env
+        base = config if config is not None else Config()
+        kind = _source_kind(source, base)
+        run_config = dataclasses.replace(
+            base, source=kind, fields=FIELDS, window_s=history_s / 4, auto_intervals=False,
+            listen=None, remote_write=(),
+        )  # fmt: skip
+        plan = build_run(run_config)
+        if kind == "sim":  # CUDA's variables name this machine's GPUs, not simulated ones
+            env = {k: v for k, v in env.items() if k != CUDA_VISIBLE}
+        chosen = choose(plan.inventory.devices, gpu_indices, env)
+        uuids = {i: plan.inventory.devices[r].uuid for i, r in chosen.items()}
+        plan = plan.only(sorted(chosen.values()))
+        rows = {d.uuid: r for r, d in enumerate(plan.inventory.devices) if d.is_gpu}
+        self.gpus: dict[int, int] = {i: rows[u] for i, u in uuids.items()}  # cuda index -> row
+        self._rows = list(self.gpus.values())
+        self._plan = plan
+        self._parts = _Parts.of(plan)
+        self._cells = cells(self._rows, self._parts.cols)
+        self._clock = clock
+        self._open: dict[Hashable, int] = {}
+        self._lock = threading.Lock()
+        self._markers = markers.enabled()
+        self.history_s = history_s
+        self._stop = threading.Event()
+        self._passes: threading.Thread | None = None
+        self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        try:
+            self._pipeline.start()
+        except BaseException:
+            self.close()
+            raise
+        atexit.register(self.close)  # a job that never closes it: stopped at exit all the same
+        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
+        self._pass_s = history_s / 4
+        if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
+            clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
+        else:
+            self._passes = threading.Thread(target=self._pass_loop, name="hfsampler-monitor",
+                                            daemon=True)  # fmt: skip
+            self._passes.start()
+
+    @property
+    def source(self) -> str:
+        return self._plan.spec.kind
+
+    # -- windows ---------------------------------------------------------------------------------
+
+    def begin_window(self, key: Hashable) -> None:
+        """Start the window ``key`` now (a ``ValueError`` if it is open already)."""
+        t_ns = self._clock.now_ns()
+        with self._lock:
+            if key in self._open:
+                raise ValueError(f"window {key!r} is open already: end it, or use another key")
+            self._open[key] = t_ns
+        if self._markers:
+            markers.edge("begin", _name(key), t_ns)
+
+    def end_window(self, key: Hashable) -> Measurement:
+        """End the window ``key`` now and measure it (a ``KeyError`` if it was never begun)."""
+        t_ns = self._clock.now_ns()
+        with self._lock:
+            t0_ns = self._open.pop(key, None)
+        if t0_ns is None:
+            raise KeyError(f"window {key!r} was never begun (or has ended already)")
+        if self._markers:
+            markers.edge("end", _name(key), t_ns)
+        try:
+            return self._measure(t0_ns, t_ns, ended_now=True)
+        except WindowTooLongError:
+            running = self._running.take(key, t0_ns)
+            if running is None:
+                raise
+        return self._from_running(key, t0_ns, t_ns, *running)
+
+    @contextlib.contextmanager
+    def window(self, name: str) -> Iterator[Window]:
+        """``with mon.window("eval") as w: ...``, then ``w.measurement``; a window of its own
+        even where another coroutine or thread opened one of the same name."""
+        w = Window(name)
+        self.begin_window(w)
+        try:
+            yield w
+        finally:
+            w.measurement = self.end_window(w)
+
+    def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
+        """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
+        return self._measure(t0_ns, t1_ns)
+
+    def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
+        """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
+        if self._pipeline is None:
+            raise RuntimeError("the Monitor is closed")
+        p = self._parts
+        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
+        if rows is None:
+            raise self._too_long(t0_ns, t1_ns)
+        span = reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events)
+        return self._measurement(span, t0_ns, t1_ns, self._counter(t0_ns, t1_ns))
+
+    def _measurement(
+        self, span: Span, t0_ns: int, t1_ns: int, counter: list[float | None], exact: bool = True
+    ) -> Measurement:
+        idx = list(self.gpus)
+        covered = span.covered_s.tolist()
+        known = [s > 0 for s in covered]  # a GPU with no power value in the window: NaN
+        energy = [e if k else math.nan for e, k in zip(span.energy_j.tolist(), known, strict=True)]
+        mean = [e / s if k else math.nan for e, s, k in zip(energy, covered, known, strict=True)]
+        peak = [p if k else math.nan for p, k in zip(span.peak_w.tolist(), known, strict=True)]
+        p99 = [p if k else math.nan for p, k in zip(span.p99_w.tolist(), known, strict=True)]
+        memory = [m if m > -math.inf else math.nan for m in span.memory_mib.tolist()]
+        return Measurement(
+            time=(t1_ns - t0_ns) / 1e9,
+            gpu_energy=dict(zip(idx, energy, strict=True)),
+            gpu_mean_power=dict(zip(idx, mean, strict=True)),
+            gpu_peak_power=dict(zip(idx, peak, strict=True)),
+            gpu_p99_power=dict(zip(idx, p99, strict=True)),
+            gpu_throttled_time={i: throttled(span.bits_ns, g) for g, i in enumerate(idx)},
+            gpu_memory_high_water_mib=dict(zip(idx, memory, strict=True)),
+            gpu_energy_counter=dict(zip(idx, counter, strict=True)),
+            exact=exact,
+        )
+
+    # -- windows longer than the rings hold --------------------------------------------------
+
+    def _reduce_with_histogram(self, t0_ns: int, t1_ns: int) -> Span | None:
+        if self._pipeline is None:
+            return None
+        p = self._parts
+        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        if rows is None:
+            return None
+        return reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events, histogram=True)
+
+    def _from_running(
+        self, key: Hashable, t0_ns: int, t1_ns: int, running: Span, passed_ns: int
+    ) -> Measurement:
+        """A window the rings no longer hold the start of: its running statistics up to the last
+        pass, and the rings from there."""
+        rest = self._reduce_with_histogram(passed_ns, t1_ns)
+        if rest is None:
+            raise self._too_long(t0_ns, t1_ns)
+        warnings.warn(
+            f"window {_name(key)!r} ({(t1_ns - t0_ns) / 1e9:.1f} s) is longer than the "
+            f"{self.history_s:g} s of samples the Monitor keeps: answered from its running "
+            "statistics (energy, peak power, throttled time and memory exact; the p99 to a watt)",
+            LongWindowWarning,
+            stacklevel=3,
+        )
+        return self._measurement(running.merge(rest), t0_ns, t1_ns, [None] * len(self._rows),
+                                 exact=False)  # fmt: skip
+
+    def _pass(self) -> None:
+        with self._lock:
+            open_windows = dict(self._open)
+        self._running.advance(self._clock.now_ns(), open_windows)
+
+    def _pass_loop(self) -> None:
+        while not self._stop.wait(self._pass_s):
+            self._pass()
+
+    def _virtual_pass(self) -> None:
+        if self._pipeline is None:
+            return
+        self._pass()
+        clock = self._clock
+        assert isinstance(clock, VirtualClock)
+        clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
+
+    def _counter(self, t0_ns: int, t1_ns: int) -> list[float | None]:
+        """Per GPU, the energy counter's answer in J where the window is long enough: the
+        counter's mean power between its own updates (its rise over their driver timestamps)
+        times the window, so that its ~100 ms steps are not taken for the job's energy."""
+        none: list[float | None] = [None] * len(self._rows)
+        p = self._parts
+        if p.energy is None or self._pipeline is None:
+            return none
+        group, col = p.energy
+        if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
+            return none
+        rows = _span(self._pipeline.sampler.rings[group], cells(self._rows, [col]), t0_ns, t1_ns)
+        if rows is None:
+            return none
+        rise_mj, span_ns = counter_difference(
+            rows.time_ns, rows.driver_ts_us[:, :, 0], rows.values[:, :, 0], t1_ns
+        )
+        ok = np.isfinite(rise_mj) & (span_ns >= (t1_ns - t0_ns) / 2)
+        joules = rise_mj / 1e3 * (t1_ns - t0_ns) / np.where(ok, span_ns, 1.0)
+        return [float(j) if k else None for j, k in zip(joules, ok, strict=True)]
+
+    def _too_long(self, t0_ns: int, t1_ns: int) -> WindowTooLongError:
+        need = (t1_ns - t0_ns) / 1e9
+        return WindowTooLongError(
+            f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of samples "
+            f"the Monitor keeps (history_s); give Monitor(history_s={max(need * 2, 60):.0f}) "
+            "to measure windows this long"
+        )
+
+    # -- life ------------------------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self._pipeline is not None and self._pipeline.alive()
+
+    def close(self) -> None:
+        """Stop the sampler process and free its shared memory; safe to call twice."""
+        atexit.unregister(self.close)
+        self._stop.set()
+        if self._passes is not None and self._passes is not threading.current_thread():
+            self._passes.join()
+            self._passes = None
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close()
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class Window:
+    """A window opened by ``Monitor.window``: its name, and its ``measurement`` once ended."""
+
+    __slots__ = ("measurement", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.measurement: Measurement | None = None
+
+    def __repr__(self) -> str:
+        return f"Window({self.name!r})"
+
+
+def _name(key: Hashable) -> str:
+    return key.name if isinstance(key, Window) else str(key)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Parts:
+    """Where each quantity is: the power's group, and the columns of it a window reads."""
+
+    group: str
+    cols: list[int]  # the group's columns a window reads, in this order:
+    power: int  # positions in ``cols``
+    memory: int | None  # None: not sampled with the power
+    events: int | None
+    energy: tuple[str, int] | None  # the energy counter's group and column
+    intervals_ns: dict[str, int]
+
+    @classmethod
+    def of(cls, plan: RunPlan) -> _Parts:
+        groups = [g.fields for g in plan.groups]
+        power = locate(POWER, groups)
+        if power is None:
+            raise SourceError(f"the {plan.spec.kind} source reports no power for these GPUs")
+        # throttle reasons and memory are read with the power, from its ring, when they are in
+        # its group (the fast one, by default)
+        found = [locate(role, groups) for role in (CLOCK_EVENTS, FB_USED)]
+        cols = [power[1], *(f[1] for f in found if f is not None and f[0] == power[0])]
+        events, memory = (cols.index(f[1]) if f is not None and f[0] == power[0] else None
+                          for f in found)  # fmt: skip
+        energy = locate(ENERGY, groups)
+        intervals = {g.name: int(g.interval_s * 1e9) for g in plan.groups}
+        return cls(
+            plan.groups[power[0]].name, cols, 0, memory, events,
+            None if energy is None else (plan.groups[energy[0]].name, energy[1]), intervals,
+        )  # fmt: skip
+
+
+def _span(
+    ring: Ring,
+    cells: tuple[IndexArray, IndexArray],
+    t0_ns: int,
+    t1_ns: int,
+    ended_now: bool = False,
+) -> RingRows | None:
+    """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
+    None when the ring no longer holds that one. ``ended_now``: every row up to the ring's head
+    (a row read since ``t1_ns`` holds a value the driver had by then, or clips to nothing)."""
+    first, oldest = ring.seq_at(t0_ns)
+    stop = ring.write_seq if ended_now else ring.seq_at(t1_ns + 1)[0]
+    if first > oldest:
+        start = first - 1
+    elif oldest == 0:  # nothing sampled before the window: its first sample holds from its start
+        start = first
+    else:
+        return None
+    rows, whole = ring.columns(start, stop, cells)
+    if not whole:
+        return None
+    if start == first and len(rows):
+        rows.driver_ts_us[0] = t0_ns // 1000
+    return rows
+
+
+def _source_kind(source: str, config: Config) -> str:
+    """The source to open: ``auto`` and ``nvml`` insist on a usable driver (no silent sim)."""
+    if source in ("sim", "jetson"):
+        return source
+    from hfsampler.sources.jetson.sysfs import is_tegra
+    from hfsampler.sources.nvml.source import probe_driver
+
+    reason = probe_driver()
+    if reason is None:
+        return "nvml"
+    if source == "auto" and is_tegra(config.jetson_sysfs_root or "/"):
+        return "jetson"
+    if "permission" in reason:
+        raise NoPermissionError(f"the Monitor cannot read the GPUs: {reason} ({_PERMISSION_FIX})")
+    raise DriverNotFoundError(f"no GPU for the Monitor to measure: {reason} ({_NO_DRIVER_FIX})")

@@ -16,11 +16,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
 from conformance import ConformanceReceiver
 
 from hfsampler.config.loader import from_mapping
 from hfsampler.config.reload import plan_reload
+
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
 
 REPO = Path(__file__).resolve().parents[2]
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"

@@ -20,7 +20,7 @@ import receivers as rx
 import yaml
 from conformance import ConformanceReceiver, Limits
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"

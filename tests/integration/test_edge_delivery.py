@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import receivers as rx
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 PASSWORD = "pw-Edge-7f3c1e9a"  # must never appear in any log, error or metric
 TOKEN = "tok-Edge-c0ffee42d00d"

@@ -20,7 +20,7 @@ import pytest
 import receivers as rx
 from conformance import ConformanceReceiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 DURATION_S = 14
 CHANGE_DELAY_S = 1.0  # from the moment the receiver holds the first layout

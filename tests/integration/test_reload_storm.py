@@ -21,7 +21,7 @@ import receivers as rx
 import yaml
 from conformance import ConformanceReceiver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"
 STORM = 50

@@ -21,7 +21,7 @@ import receivers as rx
 from hfsampler.profiling.recording import Recording
 from hfsampler.sampling.window import MAX
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
 

@@ -18,6 +18,8 @@ import pytest
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.replay import EXIT_DAMAGED
 
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
+
 REPO = Path(__file__).resolve().parents[2]
 
 

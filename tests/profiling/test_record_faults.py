@@ -24,6 +24,8 @@ from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sources.base import DeviceInfo
 
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
+
 REPO = Path(__file__).resolve().parents[2]
 STOPPED = "the recording stopped"
 FIELDS = (BY_NAME["DCGM_FI_DEV_POWER_USAGE_INSTANT"], BY_NAME["DCGM_FI_DEV_GPU_TEMP"])

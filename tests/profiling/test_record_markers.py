@@ -174,6 +174,8 @@ BURST = """
 import threading, time
 from hfsampler import markers
 
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
+
 def steps(base):
     for i in range(300):
         markers.step(base + i)

@@ -27,6 +27,8 @@ from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_format import Marker
 from hfsampler.sources.sim.source import SimSource
 
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -36,12 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
-import pynvml  # noqa: E402
 from fake_nvml import install  # noqa: E402  (the tests' fake libnvidia-ml)
 from known_power import MS_NS, KnownPower  # noqa: E402
 
 from hfsampler import Monitor  # noqa: E402
 from hfsampler.sampling.stepping import VirtualClock  # noqa: E402
+from hfsampler.sources.nvml import calls as nvml  # noqa: E402  (the one module on pynvml)
 
 WINDOWS_MS = (10, 100, 1000, 10_000)
 START_NS = 1_780_000_000 * 10**9
@@ -62,10 +62,11 @@ def accuracy(windows: int, seed: int) -> dict[str, Any]:
     fake = truth.fake()
     fake.clock_us = lambda: clock.now_ns() // 1000
     install(pytest.MonkeyPatch(), fake)
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(g) for g in range(truth.gpus)]
+    handles = [nvml.device_handle(g) for g in range(truth.gpus)]
+    (energy_mj,) = nvml.READERS["total_energy"]
 
     def counter_mj() -> list[int]:
-        return [pynvml.nvmlDeviceGetTotalEnergyConsumption(h) for h in handles]
+        return [int(energy_mj(h)) for h in handles]
 
     def run_ms(ms: int) -> None:
         for _ in range(ms):
@@ -74,7 +75,7 @@ def accuracy(windows: int, seed: int) -> dict[str, Any]:
     errors: dict[str, dict[int, list[float]]] = {"monitor": {}, "counter": {}}
     with Monitor(source="nvml", clock=clock, env={}, history_s=30.0) as mon:
         run_ms(200)
-        pynvml.nvmlInit()
+        nvml.init()
         for ms, gap in plan:
             run_ms(gap)
             clock.sleep(float(rng.integers(0, 1000)) / 1e6)  # not on a tick
@@ -90,7 +91,7 @@ def accuracy(windows: int, seed: int) -> dict[str, Any]:
                 errors["monitor"].setdefault(ms, []).append(abs(m.gpu_energy[g] / exact - 1))
                 counter_j = (after[g] - before[g]) / 1e3
                 errors["counter"].setdefault(ms, []).append(abs(counter_j / exact - 1))
-        pynvml.nvmlShutdown()
+        nvml.shutdown()
     out: dict[str, Any] = {}
     for method, by_ms in errors.items():
         out[method] = {

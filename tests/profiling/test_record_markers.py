@@ -19,6 +19,8 @@ from hfsampler.cli.main import main
 from hfsampler.profiling.recording import Recording
 from hfsampler.sources.sim.source import SimSource
 
+pytestmark = pytest.mark.long  # its tests take half a minute or more together
+
 REPO = Path(__file__).resolve().parents[2]
 
 JOB = """
@@ -173,8 +175,6 @@ def test_a_step_number_beyond_64_bits_makes_no_marker_and_the_job_runs_on(tmp_pa
 BURST = """
 import threading, time
 from hfsampler import markers
-
-pytestmark = pytest.mark.long  # its tests take half a minute or more together
 
 def steps(base):
     for i in range(300):

@@ -15,6 +15,7 @@ tens of microseconds for the windows a training step has.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -230,14 +231,16 @@ def reduce_span(
         empty = np.zeros((gpus, HISTOGRAM_BINS)) if histogram else None
         return Span(zero, zero, none, none, None, none, None, empty)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
-    missing = np.isnan(values)
-    if missing.any():  # a GPU or field without a value: it holds for no time
+    # a GPU or field without a value holds for no time (a NaN anywhere makes the sum NaN: one
+    # call to learn that none is, the usual case)
+    if math.isnan(values.sum()):
+        missing = np.isnan(values)
         held[missing] = 0
         values[missing] = 0.0
     v, h = values[:, :gpus], held[:, :gpus]
     covered = h.sum(axis=0)
     energy = (v * h).sum(axis=0) / 1e9
-    top = np.maximum.reduce(values, axis=0, where=held > 0, initial=-np.inf)  # -inf: none
+    top = np.where(held > 0, values, -np.inf).max(axis=0)  # -inf: none
     memory_mib = top[layout.memory] if layout.memory is not None else np.full(gpus, -np.inf)
     kept = Held(values, held, layout)
     if not histogram:

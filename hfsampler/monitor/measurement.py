@@ -52,7 +52,9 @@ class Measurement:
     against the counter's resolution (None where it is not, or the GPU has no counter).
     ``exact`` is False when the window was longer than the rings hold: the numbers then come from
     its running statistics (``monitor.running``: the p99 to a watt, no counter), and a warning
-    said so.
+    said so. ``gpu_p99_power`` and ``gpu_throttled_time`` are made on their first read, from the
+    window's rows, which the Measurement holds until then (16 bytes per sample, GPU and quantity:
+    about 100 KB for a 1 s window on 2 GPUs; pickling it makes them).
     """
 
     time: float
@@ -94,12 +96,16 @@ class Deferred(Mapping[int, _V]):
     __slots__ = ("_made", "_make")
 
     def __init__(self, make: Callable[[], dict[int, _V]]) -> None:
-        self._make = make
+        self._make: Callable[[], dict[int, _V]] | None = make
         self._made: dict[int, _V] | None = None
 
     def _got(self) -> dict[int, _V]:
-        if self._made is None:  # two threads at once both make the same dict: harmless
-            self._made = self._make()
+        if self._made is None:
+            make = self._make  # None: another thread has just made it
+            if make is not None:
+                self._made = make()  # two threads at once make the same dict: harmless
+                self._make = None  # the window's rows are let go
+        assert self._made is not None
         return self._made
 
     def __getitem__(self, gpu: int) -> _V:
@@ -113,6 +119,10 @@ class Deferred(Mapping[int, _V]):
 
     def __repr__(self) -> str:
         return repr(self._got())
+
+    def __reduce__(self) -> tuple[type[dict[int, _V]], tuple[dict[int, _V]]]:
+        """Pickled (and deep-copied) as the plain dict, made then: no rows travel."""
+        return dict, (self._got(),)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ sim) in this process as the clock moves, one millisecond per move, so a 2 s wind
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -139,6 +140,7 @@ def test_the_p99_and_throttled_time_made_on_first_use_read_as_plain_mappings(
     assert sorted(m.gpu_p99_power) == [0, 1]
     assert len(m.gpu_p99_power) == 2
     assert repr(m.gpu_p99_power) == repr(dict(m.gpu_p99_power))
+    assert pickle.loads(pickle.dumps(m)) == m
     assert all(m.gpu_p99_power[g] <= m.gpu_peak_power[g] for g in (0, 1))
 
 

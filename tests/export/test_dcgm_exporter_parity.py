@@ -213,3 +213,68 @@ async def test_violation_in_ns_and_the_enforced_limit_only_when_selected(
     assert enforced == {"0": 700.0, "1": 650.0}
     board = _series(chosen, "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION")
     assert sorted(board.values()) == [2.5e5, 2.5e5]
+
+
+async def test_last_xid_labelled_with_its_code_and_message_as_dcgm_exporter(
+    tmp_path: Path, fake: FakeNvml
+) -> None:
+    started = start_ns()
+    clock = VirtualClock(started)
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    w0 = (started // S + 1) * S
+
+    def burst() -> None:  # two codes at once: the series shows the last, as DCGM's latest value
+        fake.xid_burst(1, 79, 2)
+        fake.xid_burst(1, 48, 1)
+
+    clock.at(w0 + S // 2, burst)
+    # then a code NVIDIA has no name for
+    clock.at(w0 + 2 * S + S // 2, lambda: fake.xid_burst(1, 250, 1))
+    port = free_port()
+    pages: dict[int, str] = {}
+
+    def scrape_after(k: int) -> None:
+        async def scrape() -> None:
+            pages[k] = await _page(port)
+
+        clock.at(w0 + k * S + S // 2 - S // 4, scrape)
+
+    for k in range(0, 5):
+        scrape_after(k)
+    async with ConformanceReceiver() as rx:
+        config = {
+            "fields": ["DCGM_FI_DEV_XID_ERRORS"],
+            "listen": f"127.0.0.1:{port}",
+            "remote_write": [{"url": rx.url, "name": "rx"}],
+        }
+        assert await _run(tmp_path, config, "6s", clock).run() == 0
+    rx.assert_conformant()
+
+    def last_xid(page: str, gpu: str) -> dict[tuple[str, str], float]:
+        return {(dict(lb)["err_code"], dict(lb)["err_msg"]): v
+                for lb, v in _series(page, "DCGM_FI_DEV_XID_ERRORS").items()
+                if dict(lb)["gpu"] == gpu}  # fmt: skip
+
+    no_error = {("0", "No Error"): 0.0}
+    for k in range(0, 5):  # a GPU without XIDs: dcgm-exporter's 0 with "No Error"
+        assert last_xid(pages[k], "0") == no_error, k
+    assert last_xid(pages[0], "1") == no_error
+    # one series per GPU: the old code's series is gone from the page, the new one there
+    assert last_xid(pages[1], "1") == {("48", "Double Bit ECC Error"): 48.0}
+    assert last_xid(pages[2], "1") == {("48", "Double Bit ECC Error"): 48.0}
+    assert last_xid(pages[3], "1") == {("250", "Unknown Error"): 250.0}
+    assert last_xid(pages[4], "1") == {("250", "Unknown Error"): 250.0}
+    assert "# TYPE DCGM_FI_DEV_XID_ERRORS gauge" in pages[1]
+
+    # the receiver: each code's series in turn, each earlier one ended with a stale marker
+    got = rx.series_named("DCGM_FI_DEV_XID_ERRORS", gpu="1")
+    by_code = {dict(lb)["err_code"]: [v for _, v in samples] for lb, samples in got.items()}
+    assert set(by_code) == {"0", "48", "250"}
+    for code in ("0", "48"):
+        values = by_code[code]
+        assert is_stale(values[-1]), code
+        assert {v for v in values[:-1]} == {float(code)}, code
+    assert {v for v in by_code["250"] if not math.isnan(v)} == {250.0}
+    firsts = {code: min(t for t, _ in samples)
+              for lb, samples in got.items() for code in [dict(lb)["err_code"]]}  # fmt: skip
+    assert firsts["0"] < firsts["48"] < firsts["250"]

@@ -73,6 +73,22 @@ def stored_as_float64(field: Field) -> bool:
     return field.kind is Kind.COUNTER
 
 
+# Fields a recording whose header does not say each field's width (written before it did) stored
+# as float64 though the catalogue no longer makes them counters: DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
+# was NVML's cumulative counter set 0 until it became DCGM's rate, a gauge.
+_FLOAT64_BEFORE_HEADER = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+
+
+def stored_widths(group: Mapping[str, Any], fields: Sequence[Field]) -> npt.NDArray[np.bool_]:
+    """Which of a header group's fields its raw chunks hold as float64: as the header says
+    (``float64``), or, in a recording from before it said, as the catalogue made them then."""
+    said = group.get("float64")
+    if said is not None:
+        return np.array(said, dtype=np.bool_).reshape(len(fields))
+    was = [stored_as_float64(f) or f.name in _FLOAT64_BEFORE_HEADER for f in fields]
+    return np.array(was, dtype=np.bool_).reshape(len(fields))
+
+
 # -- packing -------------------------------------------------------------------------------------
 
 

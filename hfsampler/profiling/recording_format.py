@@ -17,8 +17,10 @@ steady refresh the deltas are one repeated number); values are XOR-ed with the p
 the stream and byte-shuffled (equal exponent and high mantissa bytes line up into long runs), then
 zlib compresses both. Gauges are stored as float32 (24 bits of mantissa are finer than every NVML
 gauge's resolution, from mW to MiB), counters as float64 (an energy counter in mJ outgrows
-float32). zlib rather than snappy: the recorder compresses ~1 MB a second at most, where zlib's
-better ratio matters more than snappy's speed.
+float32); the header says which of each group's fields are float64 (``float64``), so a field
+whose kind a later catalogue changed still reads back as written. zlib rather than snappy: the
+recorder compresses ~1 MB a second at most, where zlib's better ratio matters more than snappy's
+speed.
 """
 
 from __future__ import annotations

@@ -175,9 +175,20 @@ CATALOGUE: tuple[Field, ...] = (
     Field("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", "MiB", Kind.GAUGE, SLOW,
           nvml_call="fb_total", scale=_MIB),
     # NVLink
+    # DCGM publishes a rate, not a counter: NVML's TX and RX data KiB counters summed over
+    # every link, differenced between its polls, per second, /1000 ("MB/s"; dcgm-exporter PR
+    # #658 quotes DcgmCacheManager's ReadAndCacheNvLinkBandwidthTotal). Here the same counters,
+    # differenced between the driver's refreshes; the window keeps their mean and peaks.
     Field("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-          "Total number of NVLink bandwidth counters for all lanes.", "1", Kind.COUNTER, SLOW,
-          nvml_field="NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL"),
+          "NVLink data throughput over all links, TX and RX together (in MB/s, KiB/s / 1000 as "
+          "DCGM computes it).", "MB/s", Kind.GAUGE, SLOW, nvml_call="nvlink_data_kib",
+          scale=1e-3, nvml_rate=True, dcgm_field=449),
+    # the same counters as they are: exact over any range (rate(...[5m])), whatever a window or
+    # a scrape missed
+    Field("hfsampler_nvlink_data_bytes_total",
+          "NVLink data moved over all links since the driver loaded, TX and RX together, "
+          "payload without protocol headers (in bytes).", "B", Kind.COUNTER, SLOW,
+          nvml_call="nvlink_data_kib", scale=1024.0),
     # All links together (pre-Hopper): dcgm-exporter's opt-in rows, under DCGM's current names
     # (dcgm-exporter 4.8.3's files named them ..._COUNT_TOTAL)
     Field("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL",

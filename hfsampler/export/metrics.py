@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.export.event_counts import EventCounts
+from hfsampler.export import xid_messages
+from hfsampler.export.event_counts import LAST_XID, EventCounts
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
 from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
@@ -100,6 +101,7 @@ class _GroupSeries:
     seen: npt.NDArray[np.bool_]  # [gpu, field]: had a sample once (else nothing to mark stale)
     refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
     copied: npt.NDArray[np.int64]  # columns copied from a GPU onto its MIG instances
+    coded: npt.NDArray[np.int64]  # columns labelled with their value (the last XID's code)
 
 
 class MetricModel:
@@ -259,7 +261,27 @@ class MetricModel:
                 [j for j, f in enumerate(fields) if self._copied(f)] if self._slots.size else [],
                 dtype=np.int64,
             ),
+            np.array([j for j, f in enumerate(fields) if f.name == LAST_XID], dtype=np.int64),
         )
+
+    def _label_codes(
+        self,
+        arr: ObjArray,
+        cols: npt.NDArray[np.int64],
+        data: npt.NDArray[np.float64],
+        emit: npt.NDArray[np.bool_],
+    ) -> None:
+        """Each exported last-XID series labelled with its code, as dcgm-exporter's
+        (``err_code``, ``err_msg``: ``export.xid_messages``). A new code is a new series; the
+        previous one leaves the live set, so it ends with a stale marker like any other."""
+        for j in cols.tolist():
+            for i in np.flatnonzero(emit[:, j]).tolist():
+                s: Series = arr[i, j]
+                wanted = xid_messages.labels(int(data[i, j]))
+                if all(label in s.labels for label in wanted):
+                    continue
+                own = {k: v for k, v in s.labels if k not in xid_messages.LABELS}
+                arr[i, j] = self.registry.series(s.name, {**own, **dict(wanted)})
 
     def _copy_to_instances(self, group: _GroupSeries, stats: WindowStats) -> WindowStats:
         """``stats`` with each MIG slot's copied columns taken from its GPU's row."""
@@ -304,6 +326,8 @@ class MetricModel:
                 emit = np.where(group.carried, ~np.isnan(held), has)
                 present = gpu_up[:, None] & (arr != None)  # noqa: E711
                 emit = emit & present
+                if group.coded.size:
+                    self._label_codes(arr, group.coded, data, emit)
                 live = emit | (present & ~group.carried & recent)
                 for s in arr[live]:
                     alive[s.id] = s

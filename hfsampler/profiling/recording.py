@@ -24,7 +24,6 @@ from hfsampler.profiling.recording_format import (
     RecordingError,
     WindowChunk,
     Windows,
-    stored_as_float64,
 )
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.window import WindowStats
@@ -159,6 +158,8 @@ class Recording:
             )
         self.devices = _devices(self.header)
         self.groups = _groups(self.header)
+        self._wide = [fmt.stored_widths(h, g.fields)
+                      for h, g in zip(self.header["groups"], self.groups, strict=True)]  # fmt: skip
         end = self._where(fmt.END)
         self.end: dict[str, Any] | None = self._load(int(end[-1]))[0] if len(end) else None
 
@@ -265,7 +266,7 @@ class Recording:
         ts = np.cumsum(fmt._unshuffle(blobs[3], np.int64, n))
         v32 = fmt._xor_unpack(blobs[4], np.uint32, np.float32, n32).astype(np.float64)
         v64 = fmt._xor_unpack(blobs[5], np.uint64, np.float64, n - n32)
-        wide = np.array([stored_as_float64(f) for f in self.groups[g].fields], dtype=np.bool_)
+        wide = self._wide[g]
         if n32 == n or n32 == 0:  # one kind of field only (the fast group: all gauges)
             values = v32 if n32 else v64
         else:

@@ -17,8 +17,10 @@ steady refresh the deltas are one repeated number); values are XOR-ed with the p
 the stream and byte-shuffled (equal exponent and high mantissa bytes line up into long runs), then
 zlib compresses both. Gauges are stored as float32 (24 bits of mantissa are finer than every NVML
 gauge's resolution, from mW to MiB), counters as float64 (an energy counter in mJ outgrows
-float32). zlib rather than snappy: the recorder compresses ~1 MB a second at most, where zlib's
-better ratio matters more than snappy's speed.
+float32); the header says which of each group's fields are float64 (``float64``), so a field
+whose kind a later catalogue changed still reads back as written. zlib rather than snappy: the
+recorder compresses ~1 MB a second at most, where zlib's better ratio matters more than snappy's
+speed.
 """
 
 from __future__ import annotations
@@ -71,6 +73,22 @@ def _reason(exc: OSError) -> str:
 def stored_as_float64(field: Field) -> bool:
     """Counters keep float64; every other field is stored as float32 (see the module docstring)."""
     return field.kind is Kind.COUNTER
+
+
+# Fields a recording whose header does not say each field's width (written before it did) stored
+# as float64 though the catalogue no longer makes them counters: DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL
+# was NVML's cumulative counter set 0 until it became DCGM's rate, a gauge.
+_FLOAT64_BEFORE_HEADER = frozenset({"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"})
+
+
+def stored_widths(group: Mapping[str, Any], fields: Sequence[Field]) -> npt.NDArray[np.bool_]:
+    """Which of a header group's fields its raw chunks hold as float64: as the header says
+    (``float64``), or, in a recording from before it said, as the catalogue made them then."""
+    said = group.get("float64")
+    if said is not None:
+        return np.array(said, dtype=np.bool_).reshape(len(fields))
+    was = [stored_as_float64(f) or f.name in _FLOAT64_BEFORE_HEADER for f in fields]
+    return np.array(was, dtype=np.bool_).reshape(len(fields))
 
 
 # -- packing -------------------------------------------------------------------------------------

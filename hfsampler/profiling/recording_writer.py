@@ -63,14 +63,15 @@ class RecordingWriter:
                  # a per-instance field's own labels (a Jetson's rail, zone): [] for the others
                  "labels": [[list(kv) for kv in f.labels] for f in g.fields],
                  # which are a MIG instance's own (fields.expand_mig), read on its slot's row
-                 "mig_instance": [f.mig_instance for f in g.fields]}
+                 "mig_instance": [f.mig_instance for f in g.fields],
+                 # which the raw chunks hold as float64: a later catalogue may change a kind
+                 "float64": [fmt.stored_as_float64(f) for f in g.fields]}
                 for g in self.groups
             ],
         }  # fmt: skip
         self._chunk(fmt.HEAD, fmt._pack(meta, []))
         self._wide = [
-            np.array([fmt.stored_as_float64(f) for f in g.fields], dtype=np.bool_)
-            for g in self.groups
+            fmt.stored_widths(h, g.fields) for h, g in zip(meta["groups"], self.groups, strict=True)
         ]
 
     def _chunk(self, tag: bytes, payload: bytes, samples: int = 0) -> None:

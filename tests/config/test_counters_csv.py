@@ -321,8 +321,8 @@ async def test_run_on_the_sim_serves_what_the_shipped_file_selects(
     assert re.search(r"^# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature \(in C\); ", page, re.M)
     assert re.search(r"^# HELP DCGM_FI_DEV_POWER_USAGE Power draw \(in W\); ", page, re.M)
     assert re.search(r'^DCGM_FI_DEV_FB_USED_max\{.*gpu="0"', page, re.M)
-    # declared a gauge in the file: still hfsampler's counter
-    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter" in page
+    # declared a gauge in the file, as DCGM's rate is: a gauge here too
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL gauge" in page
     for absent in ("DCGM_FI_DEV_POWER_USAGE_INSTANT", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
                    "hfsampler_xid_events_total", "DCGM_FI_DEV_POWER_VIOLATION"):  # fmt: skip
         assert not re.search(rf"^{absent}[{{_ ]", page, re.M), absent

@@ -18,7 +18,7 @@ import pynvml
 import pytest
 import yaml
 from conformance import ConformanceReceiver
-from fake_nvml import FakeNvml, FakeReading, install, make_fake
+from fake_nvml import FakeNvml, FakeReading, install, make_fake, nvlink_gpu
 from inprocess import free_port, start_ns
 
 from hfsampler.cli.main import build_parser
@@ -213,3 +213,124 @@ async def test_violation_in_ns_and_the_enforced_limit_only_when_selected(
     assert enforced == {"0": 700.0, "1": 650.0}
     board = _series(chosen, "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION")
     assert sorted(board.values()) == [2.5e5, 2.5e5]
+
+
+async def test_last_xid_labelled_with_its_code_and_message_as_dcgm_exporter(
+    tmp_path: Path, fake: FakeNvml
+) -> None:
+    started = start_ns()
+    clock = VirtualClock(started)
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    w0 = (started // S + 1) * S
+
+    def burst() -> None:  # two codes at once: the series shows the last, as DCGM's latest value
+        fake.xid_burst(1, 79, 2)
+        fake.xid_burst(1, 48, 1)
+
+    clock.at(w0 + S // 2, burst)
+    # then a code NVIDIA has no name for
+    clock.at(w0 + 2 * S + S // 2, lambda: fake.xid_burst(1, 250, 1))
+    port = free_port()
+    pages: dict[int, str] = {}
+
+    def scrape_after(k: int) -> None:
+        async def scrape() -> None:
+            pages[k] = await _page(port)
+
+        clock.at(w0 + k * S + S // 2 - S // 4, scrape)
+
+    for k in range(0, 5):
+        scrape_after(k)
+    async with ConformanceReceiver() as rx:
+        config = {
+            "fields": ["DCGM_FI_DEV_XID_ERRORS"],
+            "listen": f"127.0.0.1:{port}",
+            "remote_write": [{"url": rx.url, "name": "rx"}],
+        }
+        assert await _run(tmp_path, config, "6s", clock).run() == 0
+    rx.assert_conformant()
+
+    def last_xid(page: str, gpu: str) -> dict[tuple[str, str], float]:
+        return {(dict(lb)["err_code"], dict(lb)["err_msg"]): v
+                for lb, v in _series(page, "DCGM_FI_DEV_XID_ERRORS").items()
+                if dict(lb)["gpu"] == gpu}  # fmt: skip
+
+    no_error = {("0", "No Error"): 0.0}
+    for k in range(0, 5):  # a GPU without XIDs: dcgm-exporter's 0 with "No Error"
+        assert last_xid(pages[k], "0") == no_error, k
+    assert last_xid(pages[0], "1") == no_error
+    # one series per GPU: the old code's series is gone from the page, the new one there
+    assert last_xid(pages[1], "1") == {("48", "Double Bit ECC Error"): 48.0}
+    assert last_xid(pages[2], "1") == {("48", "Double Bit ECC Error"): 48.0}
+    assert last_xid(pages[3], "1") == {("250", "Unknown Error"): 250.0}
+    assert last_xid(pages[4], "1") == {("250", "Unknown Error"): 250.0}
+    assert "# TYPE DCGM_FI_DEV_XID_ERRORS gauge" in pages[1]
+
+    # the receiver: each code's series in turn, each earlier one ended with a stale marker
+    got = rx.series_named("DCGM_FI_DEV_XID_ERRORS", gpu="1")
+    by_code = {dict(lb)["err_code"]: [v for _, v in samples] for lb, samples in got.items()}
+    assert set(by_code) == {"0", "48", "250"}
+    for code in ("0", "48"):
+        values = by_code[code]
+        assert is_stale(values[-1]), code
+        assert {v for v in values[:-1]} == {float(code)}, code
+    assert {v for v in by_code["250"] if not math.isnan(v)} == {250.0}
+    firsts = {code: min(t for t, _ in samples)
+              for lb, samples in got.items() for code in [dict(lb)["err_code"]]}  # fmt: skip
+    assert firsts["0"] < firsts["48"] < firsts["250"]
+
+
+async def test_nvlink_bandwidth_total_reads_what_dcgm_reports_for_the_same_counters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU 0: links 0-3 with link 2 down; GPU 1: 18 links. Link k of GPU i moves (10 + k + i)
+    # MiB/s out and twice that in, in NVML's TX and RX data KiB counters.
+    fake = install(monkeypatch, FakeNvml(gpus=[nvlink_gpu(0, 4, down=(2,)), nvlink_gpu(1, 18)]))
+    started = start_ns()
+    clock = VirtualClock(started)
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    port = free_port()
+    pages: list[tuple[int, str]] = []
+
+    async def scrape() -> None:
+        pages.append((clock.now_ns(), await _page(port)))
+
+    clock.at(started + 2 * S + S // 2, scrape)
+    async with ConformanceReceiver() as rx:
+        config = {
+            "fields": ["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "hfsampler_nvlink_data_bytes_total"],
+            "listen": f"127.0.0.1:{port}",
+            "remote_write": [{"url": rx.url, "name": "rx"}],
+        }
+        assert await _run(tmp_path, config, "3s", clock).run() == 0
+    rx.assert_conformant()
+    t_ns, page = pages[-1]
+    # DCGM: the TX + RX KiB counters of every link, differenced, per second, / 1000 ("MB/s")
+    kib_per_s = {
+        "0": sum(3 * (10 + k) * 1024 for k in (0, 1, 3)),
+        "1": sum(3 * (11 + k) * 1024 for k in range(18)),
+    }
+    dcgm = {gpu: v / 1000 for gpu, v in kib_per_s.items()}
+    assert dcgm == {"0": 104.448, "1": 1078.272}
+    total = {
+        dict(lb)["gpu"]: v for lb, v in _series(page, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").items()
+    }
+    assert total == pytest.approx(dcgm, rel=1e-3)
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL gauge" in page
+    assert (
+        "(in MB/s" in page.split("# HELP DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL ", 1)[1].split("\n")[0]
+    )
+    assert _series(page, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL_max")  # a gauge's peaks too
+    # the counters themselves, in bytes: the fake's since its clock's zero, up to the last window
+    moved = {
+        dict(lb)["gpu"]: v for lb, v in _series(page, "hfsampler_nvlink_data_bytes_total").items()
+    }
+    assert "# TYPE hfsampler_nvlink_data_bytes_total counter" in page
+    for gpu, rate in kib_per_s.items():
+        assert 0 < t_ns / 1e9 - moved[gpu] / (rate * 1024) < 1.5, gpu
+    # the receiver got the same values
+    got = rx.series_named("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", gpu="1")
+    ((_, samples),) = got.items()
+    sent = [v for _, v in samples if not math.isnan(v)]
+    assert len(sent) >= 2
+    assert sent == pytest.approx([dcgm["1"]] * len(sent), rel=1e-3)

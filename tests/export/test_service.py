@@ -109,7 +109,7 @@ async def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> No
     page = next(p for p in reversed(pages) if f"{tx}_max{{" in p)
     assert f"# TYPE {tx} gauge" in page
     assert "# TYPE DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL counter" in page
-    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter" in page  # the total stays
+    assert "# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL gauge" in page  # the total stays
     series = re.findall(rf"^{tx}{{(.*)}} (\S+)$", page, re.M)
     links = {(re.search(r'gpu="(\d)"', lb)[1], re.search(r'link="(\d+)"', lb)[1])  # type: ignore[index]
              for lb, _ in series}  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import orjson
 import pytest
 
 from hfsampler.cli.main import main
-from hfsampler.fields import BY_NAME
+from hfsampler.fields import BY_NAME, Kind
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_format import FORMAT_VERSION, MAGIC, RecordingError
 from hfsampler.profiling.recording_writer import RecordingWriter
@@ -155,3 +156,40 @@ def test_marker_kind_is_checked() -> None:
 
     with pytest.raises(ValueError, match="marker kind"):
         Marker(0, "pause", "x")
+
+
+def test_a_recording_from_before_the_header_said_widths_reads_as_it_was_written(
+    tmp_path: Path,
+) -> None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL was a counter (float64 in raw chunks) until it became
+    DCGM's rate; a recording written then, its header without ``float64``, reads back exact."""
+    total = BY_NAME["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
+    then = (FIELDS[0], replace(total, kind=Kind.COUNTER))  # as the catalogue had it
+    path = tmp_path / "then.hfs"
+    w = RecordingWriter(path, {"start_ns": 10**18, "command": ["x"]}, DEVICES,
+                        [GroupPlan("slow", 0.1, then)])  # fmt: skip
+    rows = _rows(200, 10**18, np.random.default_rng(2))
+    w.add_rows(0, rows)
+    w.close({"end_ns": 10**18 + 10**9, "exit_code": 0})
+    # the header as the writer of then wrote it: no widths
+    data = path.read_bytes()
+    at = len(MAGIC)
+    tag, length, _ = struct.unpack("<4sII", data[at : at + 12])
+    assert tag == b"HEAD"
+    payload = zlib.decompress(data[at + 12 : at + 12 + length])
+    (size,) = struct.unpack("<I", payload[:4])
+    head = orjson.loads(payload[4 : 4 + size])
+    assert [g.pop("float64") for g in head["groups"]] == [[False, True]]
+    body = orjson.dumps(head)
+    new = zlib.compress(struct.pack("<I", len(body)) + body + payload[4 + size :])
+    frame = struct.pack("<4sII", b"HEAD", len(new), zlib.crc32(new))
+    path.write_bytes(MAGIC + frame + new + data[at + 12 + length :])
+
+    rec = Recording(path)
+    assert rec.groups[0].fields[1].kind is Kind.GAUGE  # today's catalogue
+    for gpu in range(2):
+        _, v = rec.raw(total.name, gpu)
+        assert np.array_equal(v, rows.values[:, gpu, 1])  # float64, exact, as written
+        _, p = rec.raw(FIELDS[0].name, gpu)
+        ok = ~np.isnan(rows.values[:, gpu, 0])
+        assert np.array_equal(p, rows.values[ok, gpu, 0].astype(np.float32).astype(np.float64))

@@ -19,7 +19,10 @@ TX = F.BY_NAME["DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"]
 RX = F.BY_NAME["DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK"]
 CRC_FLIT = F.BY_NAME["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_PER_LINK_TOTAL"]
 REPLAY = F.BY_NAME["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_PER_LINK_TOTAL"]
-TOTAL = F.BY_NAME["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
+# the all-links CRC total: a GPU-level field read in the same batch as the per-link ones
+ALL_LINKS_CRC = F.BY_NAME["DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_TOTAL"]
+BANDWIDTH = F.BY_NAME["DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"]
+DATA_BYTES = F.BY_NAME["hfsampler_nvlink_data_bytes_total"]
 MIB = float(1 << 20)
 
 
@@ -68,9 +71,9 @@ def test_every_link_a_gpu_has_becomes_one_field_each(
     fake: FakeNvml, source: NvmlSource, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    inv = source.open((TOTAL, *PER_LINK))
+    inv = source.open((ALL_LINKS_CRC, *PER_LINK))
     # links some GPU has, up or down: 0-3; one field per link, each labelled
-    assert inv.fields[0] == TOTAL
+    assert inv.fields[0] == ALL_LINKS_CRC
     assert inv.fields[1:] == tuple(f.instance(str(k)) for f in PER_LINK for k in range(4))
     assert all(f.kind is Kind.COUNTER for f in PER_LINK if f not in (TX, RX))
     up = {(g, k): bool(inv.supported[g, column(inv.fields, CRC_FLIT, k)]) for g in range(3)
@@ -112,7 +115,7 @@ def test_bandwidth_is_a_rate_per_link_and_errors_are_counters(
 def test_every_link_is_in_the_one_batched_read_per_gpu(
     fake: FakeNvml, source: NvmlSource, clock: Clock
 ) -> None:
-    inv = source.open((TOTAL, *PER_LINK))
+    inv = source.open((ALL_LINKS_CRC, *PER_LINK))
     before = fake.calls["nvmlDeviceGetFieldValues"]
     read(source, inv.fields, clock)
     # one call per GPU for the total and every link (GPU 2 reads only the total)
@@ -194,8 +197,8 @@ def test_no_nvlink_anywhere_keeps_the_fields_unexpanded_and_unsupported(
     install(monkeypatch, FakeNvml(gpus=[standard_gpu(0)]))
     source = NvmlSource()
     try:
-        inv = source.open((TOTAL, *PER_LINK))
-        assert inv.fields == (TOTAL, *PER_LINK)
+        inv = source.open((ALL_LINKS_CRC, *PER_LINK))
+        assert inv.fields == (ALL_LINKS_CRC, *PER_LINK)
         assert inv.supported.tolist() == [[True] + [False] * len(PER_LINK)]
         assert "no GPU has NVLink links" in caplog.text
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -264,3 +267,33 @@ def test_links_all_down_at_open_that_answer_errors_while_down_are_read_once_up(
         assert source.read_errors.tolist() == [0]
     finally:
         source.close()
+
+
+def test_the_bandwidth_total_is_dcgms_rate_of_every_links_tx_and_rx(
+    fake: FakeNvml, source: NvmlSource, clock: Clock
+) -> None:
+    """DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL as DCGM computes it: NVML's TX and RX data KiB
+    counters over every link (scopeId UINT_MAX), summed, per second, / 1000; and the same
+    counters as hfsampler_nvlink_data_bytes_total, in bytes."""
+    inv = source.open((BANDWIDTH, DATA_BYTES))
+    # a GPU without NVLink has neither
+    assert inv.supported.tolist() == [[True, True], [True, True], [False, False]]
+    first = read(source, inv.fields, clock)
+    assert np.isnan(first[:, 0]).all()  # a rate needs two readings
+    values = read(source, inv.fields, clock)
+    # link k of GPU i: (10 + k + i) MiB/s out, twice that in, on the links that are up (GPU 0:
+    # 0, 1, 3; GPU 1: 0, 1, 2); DCGM's "MB/s" is KiB/s / 1000
+    for g, up in ((0, (0, 1, 3)), (1, (0, 1, 2))):
+        kib_per_s = sum(3 * (10 + k + g) * 1024 for k in up)
+        assert values[g, 0] == pytest.approx(kib_per_s / 1000, rel=1e-3)
+        t_s = (clock.us - clock.us % 10_000) / 1e6
+        assert values[g, 1] == pytest.approx(kib_per_s * 1024 * t_s, rel=1e-3)
+    assert np.isnan(values[2]).all()
+    # a repeat of the driver's reading (its 10 ms refresh not passed) gives no rate, not 0
+    clock.us += 1_000
+    values = read(source, inv.fields, clock)
+    clock.us -= 99_000  # read() adds 100 ms: 1 ms later, inside the same 10 ms refresh
+    again = read(source, inv.fields, clock)
+    assert np.isnan(again[0, 0])
+    assert again[0, 1] == values[0, 1]
+    assert source.read_errors.tolist() == [0, 0, 0]

@@ -67,8 +67,10 @@ def test_discovery_and_labels(fake: FakeNvml, source: NvmlSource) -> None:
     assert d.device == "nvidia1"
     assert inv.supported.shape == (3, len(F.CATALOGUE))
     # every field NVML has a way to read; a Jetson's rails and zones are not NVML's, and these
-    # GPUs have no NVLink: the per-link fields stay unexpanded, supported nowhere
-    readable = [f.nvml_readable and f.per != "link" for f in F.CATALOGUE]
+    # GPUs have no NVLink: the per-link fields stay unexpanded, supported nowhere, and the
+    # all-links data counters (scopeId UINT_MAX) answer NOT_SUPPORTED
+    nvlink = [f.per == "link" or f.nvml_call == "nvlink_data_kib" for f in F.CATALOGUE]
+    readable = [f.nvml_readable and not n for f, n in zip(F.CATALOGUE, nvlink, strict=True)]
     assert (inv.supported.all(axis=0) == readable).all()
     assert source.gpu_up.tolist() == [True, True, True]
 

@@ -122,8 +122,8 @@ def test_profiles_name_catalogue_fields_and_counters_follow_the_kind() -> None:
     first, _ = _read(src, [f.name for f in counters], T0)
     later, _ = _read(src, [f.name for f in counters], T0 + SEC)
     assert (later >= first).all()  # every counter only grows
-    nvlink = [f.name for f in counters].index("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL")
-    assert later[0, nvlink] - first[0, nvlink] == 1e9  # its profile's rate, one second
+    nvlink = [f.name for f in counters].index("hfsampler_nvlink_data_bytes_total")
+    assert later[0, nvlink] - first[0, nvlink] == 1.1e11  # its profile's rate, one second
 
 
 def test_nvlink_per_link_is_deterministic_distinct_per_link_and_nan_where_down() -> None:

@@ -275,7 +275,6 @@ def standard_gpu(i: int) -> FakeGpu:
         "NVML_FI_DEV_ECC_DBE_VOL_TOTAL": FakeReading(0.0, 1_000_000, ull),
         "NVML_FI_DEV_ECC_SBE_AGG_TOTAL": FakeReading(2.0, 1_000_000, ull),
         "NVML_FI_DEV_ECC_DBE_AGG_TOTAL": FakeReading(0.0, 1_000_000, ull),
-        "NVML_FI_DEV_NVLINK_BANDWIDTH_C0_TOTAL": FakeReading(0.0, 1_000_000, ull),
         "NVML_FI_DEV_REMAPPED_COR": FakeReading(0.0, 1_000_000, u),
         "NVML_FI_DEV_REMAPPED_UNC": FakeReading(0.0, 1_000_000, u),
         "NVML_FI_DEV_REMAPPED_FAILURE": FakeReading(0.0, 1_000_000, u),

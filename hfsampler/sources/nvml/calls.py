@@ -338,6 +338,49 @@ def _attr(name: str) -> Extract:
     return extract
 
 
+@dataclass(frozen=True, slots=True)
+class Stamped:
+    """A call's reading with the driver's timestamp of it (µs), for a field that is a rate."""
+
+    value: float
+    timestamp_us: int
+
+
+# nvml.h: a throughput field's scopeId names the link, UINT_MAX sums every link
+ALL_LINKS = 0xFFFFFFFF
+# (valueType, its name in FIELD_VALUE_DTYPE: c_nvmlValue_t's member without "Val")
+VALUE_TYPES: tuple[tuple[int, str], ...] = (
+    (pynvml.NVML_VALUE_TYPE_DOUBLE, "d"),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "ui"),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ul"),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ull"),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sll"),
+    (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "si"),
+    (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "us"),
+)
+_VALUE_NAMES = dict(VALUE_TYPES)
+
+
+def _nvlink_data_kib(handle: Any) -> Stamped:
+    """NVLink data moved over every link, TX and RX summed (KiB since the driver loaded).
+
+    DCGM's DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is made from the same two counters (NVML's
+    ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX`` and ``_RX``, payload without protocol headers),
+    summed and differenced between its polls. Raises with the driver's code where either
+    answers an error (NOT_SUPPORTED on a GPU without NVLink).
+    """
+    ids = [(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+           (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS)]  # fmt: skip
+    total, stamp = 0.0, 0
+    for entry in pynvml.nvmlDeviceGetFieldValues(handle, ids):
+        if entry.nvmlReturn != SUCCESS:
+            raise pynvml.NVMLError(int(entry.nvmlReturn))
+        member = _VALUE_NAMES.get(int(entry.valueType), "ull") + "Val"  # c_nvmlValue_t's
+        total += float(getattr(entry.value, member))
+        stamp = max(stamp, int(entry.timestamp))
+    return Stamped(total, stamp)
+
+
 CALL_FIELDS: dict[str, CallField] = {
     "clock_sm": CallField("clock_sm", _value),
     "clock_mem": CallField("clock_mem", _value),
@@ -359,6 +402,7 @@ CALL_FIELDS: dict[str, CallField] = {
     "clocks_event_reasons": CallField("clocks_event_reasons", _value),
     "fan": CallField("fan", _value),
     "pstate": CallField("pstate", _value),
+    "nvlink_data_kib": CallField("nvlink_data", _attr("value")),
 }
 
 
@@ -396,6 +440,7 @@ READERS: dict[str, tuple[Reader, ...]] = {
     "clocks_event_reasons": (_clocks_event_reasons, _clocks_throttle_reasons),
     "fan": (lambda h: pynvml.nvmlDeviceGetFanSpeed(h),),
     "pstate": (lambda h: pynvml.nvmlDeviceGetPerformanceState(h),),
+    "nvlink_data": (_nvlink_data_kib,),
 }
 
 
@@ -421,16 +466,6 @@ FieldValue: Any = pynvml.c_nvmlFieldValue_t  # one entry of a batched field-valu
 FIELD_VALUE_SIZE = ctypes.sizeof(pynvml.c_nvmlFieldValue_t)
 _VALUE_OFFSET = pynvml.c_nvmlFieldValue_t.value.offset
 _ULONG = "<u8" if ctypes.sizeof(ctypes.c_ulong) == 8 else "<u4"
-# (valueType, name of its union member in FIELD_VALUE_DTYPE)
-VALUE_TYPES: tuple[tuple[int, str], ...] = (
-    (pynvml.NVML_VALUE_TYPE_DOUBLE, "d"),
-    (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "ui"),
-    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ul"),
-    (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ull"),
-    (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sll"),
-    (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "si"),
-    (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "us"),
-)
 # c_nvmlFieldValue_t as numpy sees it, the value union as overlapping fields, so a whole
 # [gpu, field] block converts in a few vectorised operations instead of per-entry ctypes access.
 _ENTRY_HEAD = (  # (member, format) of the entry before its value union

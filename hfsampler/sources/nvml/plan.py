@@ -54,7 +54,10 @@ class Batch:
     failing: BoolArray  # [gpu, n]: cells whose last read failed (the health's record)
 
 
-Work = list[tuple[str, list[tuple[int, calls.Extract, float]]]]  # (reader, [(col, extract, scale)])
+# (reader, [(col, extract, scale, rate)]); rate: a cumulative counter exported as a rate per
+# second, the reader giving its driver timestamp (calls.Stamped)
+Out = tuple[int, calls.Extract, float, bool]
+Work = list[tuple[str, list[Out]]]
 
 
 @dataclass(slots=True)
@@ -68,6 +71,10 @@ class Plan:
     gpm: gpm.GpmPlan | None = None  # the cells read from GPM sample pairs
     xid_counts: xid.XidCells | None = None  # the per-code XID counts, from the XID watcher
     mig: bool = False  # reads MIG instance cells: the read that looks at the layout again
+    # [gpu, field]: the last distinct raw value of a call column that is a rate, and its driver
+    # timestamp (the batch keeps its own in Batch)
+    call_prev_value: FloatArray | None = None
+    call_prev_ts_us: IntArray | None = None
 
 
 class Plans:
@@ -116,11 +123,12 @@ class Plans:
         batch = self._batch(fields, src, batch_cols, mode) if batch_cols else None
         per_gpu: list[Work] = []
         for g in range(gpus):
-            by_reader: dict[str, list[tuple[int, calls.Extract, float]]] = {}
+            by_reader: dict[str, list[Out]] = {}
             for k, f in enumerate(fields):
                 if mode[g, k] == CALL and f.nvml_call and f.nvml_call != "xid_count":
                     spec = calls.CALL_FIELDS[f.nvml_call]
-                    by_reader.setdefault(spec.reader, []).append((k, spec.extract, f.scale))
+                    out = (k, spec.extract, f.scale, f.nvml_rate)
+                    by_reader.setdefault(spec.reader, []).append(out)
             per_gpu.append(list(by_reader.items()))
         xid_counts = xid.plan_counts(fields, mode == CALL)
         has_xid = xid_counts is not None or any(r == "xid" for work in per_gpu for r, _ in work)
@@ -129,7 +137,13 @@ class Plans:
         if gpm_cols and probe.gpm is not None:
             gpm_plan = probe.gpm.plan(fields, gpm_cols, mode[:, gpm_cols] == GPM)
         has_mig = any(f.mig_instance for f in fields) and self._mig
-        return Plan(fields, batch, per_gpu, has_xid, gpm_plan, xid_counts, has_mig)
+        rates = any(rate for work in per_gpu for _, outs in work for *_, rate in outs)
+        shape = (gpus, len(fields))
+        return Plan(
+            fields, batch, per_gpu, has_xid, gpm_plan, xid_counts, has_mig,
+            np.full(shape, np.nan) if rates else None,
+            np.zeros(shape, dtype=np.int64) if rates else None,
+        )  # fmt: skip
 
     def _batch(
         self, fields: tuple[Field, ...], src: list[int], cols: list[int], mode: Any

@@ -19,7 +19,7 @@ from hfsampler.sources.base import BoolArray, FloatArray, IntArray
 from hfsampler.sources.nvml import calls, nvlink, xid
 from hfsampler.sources.nvml.discovery import Probe
 from hfsampler.sources.nvml.health import Health
-from hfsampler.sources.nvml.plan import Batch, Plans, log_name
+from hfsampler.sources.nvml.plan import Batch, Out, Plan, Plans, log_name
 from hfsampler.sources.nvml.rows import Rows
 from hfsampler.sources.nvml.slots import Slots
 
@@ -98,11 +98,19 @@ class Reader:
                 if failing and (g, key) in failing:
                     health.call_answers(g, key, _names(plan.fields, outs))
                 health.answered(g)
-                for k, extract, scale in outs:
+                for k, extract, scale, rate in outs:
                     v = extract(raw)
-                    if v is not None:
-                        values[g, k] = v * scale
-                        driver_ts_us[g, k] = now_us
+                    if v is None:
+                        continue
+                    ts = now_us
+                    if rate:
+                        # the driver's timestamp tells a repeat from a counter at rest
+                        ts = raw.timestamp_us if isinstance(raw, calls.Stamped) else now_us
+                        v = _call_rate(plan, g, k, v, ts)
+                        if v is None:
+                            continue
+                    values[g, k] = v * scale
+                    driver_ts_us[g, k] = ts
         if plan.xid_counts is not None and watcher is not None:
             xid.fill_counts(watcher, plan.xid_counts, up, values, driver_ts_us, now_us)
 
@@ -150,9 +158,27 @@ class Reader:
         driver_ts_us[:, b.cols] = np.where(ok, ts, 0)
 
 
-def _names(fields: tuple[Field, ...], outs: Sequence[tuple[int, Any, float]]) -> str:
+def _names(fields: tuple[Field, ...], outs: Sequence[Out]) -> str:
     """The fields one call reads, as its log lines name them."""
     return ", ".join(log_name(fields[k]) for k, *_ in outs)
+
+
+def _call_rate(plan: Plan, g: int, k: int, raw: float, ts_us: int) -> float | None:
+    """A call column's counter as a rate per second, as ``_rates`` makes the batch's: None for
+    a repeat of the driver's last reading (same timestamp), and NaN for the first reading
+    and after a reset (the counter went backwards)."""
+    prev_value, prev_ts = plan.call_prev_value, plan.call_prev_ts_us
+    assert prev_value is not None  # a plan with a rate column has both
+    assert prev_ts is not None
+    before_ts = int(prev_ts[g, k])
+    if ts_us == before_ts:
+        return None
+    delta = raw - float(prev_value[g, k])
+    prev_value[g, k], prev_ts[g, k] = raw, ts_us
+    dt_s = (ts_us - before_ts) / 1e6
+    if before_ts <= 0 or dt_s <= 0 or not delta >= 0:
+        return float("nan")
+    return delta / dt_s
 
 
 def _rates(b: Batch, raw: FloatArray, ts: IntArray, ok: BoolArray) -> FloatArray:

@@ -116,7 +116,9 @@ _PROFILES: dict[str, Profile] = {
     "DCGM_FI_PROF_NVLINK_TX_BYTES": Profile(5.0e10, 5.0e9, 100_000_000),
     "DCGM_FI_PROF_NVLINK_RX_BYTES": Profile(6.0e10, 6.0e9, 100_000_000),
     # counters: energy and violation time follow the power and throttling signals instead
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Profile(0.0, 0.0, 100_000_000, rate_per_s=1.0e9),
+    # all 18 links' TX and RX below together: 1.1e11 B/s, in DCGM's KiB/s / 1000
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": Profile(107_000.0, 10_700.0, 100_000_000),
+    "hfsampler_nvlink_data_bytes_total": Profile(0.0, 0.0, 100_000_000, rate_per_s=1.1e11),
     # per link: an 18th of the GPM totals above, and a trickle of link-level errors
     "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK": Profile(2.8e9, 2.8e8, 100_000_000),
     "DCGM_FI_DEV_NVLINK_RX_THROUGHPUT_PER_LINK": Profile(3.3e9, 3.3e8, 100_000_000),

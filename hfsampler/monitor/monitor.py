@@ -18,7 +18,6 @@ thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import math
@@ -26,6 +25,7 @@ import os
 import threading
 import warnings
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from multiprocessing import util as mp_util
 from types import TracebackType
 
 import numpy as np
@@ -151,13 +151,18 @@ class Monitor:
         self.history_s = history_s
         self._stop = threading.Event()
         self._passes: threading.Thread | None = None
+        self._pid = os.getpid()  # a forked child's copy must not stop the parent's sampler
         self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
         try:
             self._pipeline.start()
         except BaseException:
             self.close()
             raise
-        atexit.register(self.close)  # a job that never closes it: stopped at exit all the same
+        # A job that never closes it: stopped at exit all the same. multiprocessing's exit hook,
+        # not atexit: a multiprocessing child (a DataLoader worker) runs only that one, and runs
+        # it before it waits for its own children, the sampler among them, which would never
+        # end otherwise. It is ignored in a forked child, whose copy is not its to stop.
+        self._at_exit = mp_util.Finalize(self, self.close, exitpriority=100)
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
@@ -176,6 +181,8 @@ class Monitor:
     def begin_window(self, key: Hashable) -> None:
         """Start the window ``key`` now (a ``ValueError`` if it is open already)."""
         t_ns = self._clock.now_ns()
+        if self._pipeline is None:
+            raise RuntimeError("the Monitor is closed")
         with self._lock:
             if key in self._open:
                 raise ValueError(f"window {key!r} is open already: end it, or use another key")
@@ -219,6 +226,7 @@ class Monitor:
         """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
         if self._pipeline is None:
             raise RuntimeError("the Monitor is closed")
+        self._check_sampling()
         p = self._parts
         rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
         if rows is None:
@@ -329,9 +337,26 @@ class Monitor:
     def alive(self) -> bool:
         return self._pipeline is not None and self._pipeline.alive()
 
+    def _check_sampling(self) -> None:
+        """A ``SourceError`` once the sampler process is gone: the rings' last samples would
+        otherwise be taken to hold until now. Only the process that started it can ask."""
+        pipeline = self._pipeline
+        if pipeline is None or os.getpid() != self._pid or pipeline.alive():
+            return
+        reason = pipeline.sampler.exit_reason() or "it stopped"
+        raise SourceError(
+            f"the Monitor's sampler process is gone ({reason}): nothing was sampled since; "
+            "close this Monitor and make a new one"
+        )
+
     def close(self) -> None:
-        """Stop the sampler process and free its shared memory; safe to call twice."""
-        atexit.unregister(self.close)
+        """Stop the sampler process and free its shared memory; safe to call twice. In a forked
+        child it only lets go of the parent's Monitor, which goes on."""
+        if os.getpid() != self._pid:
+            self._pipeline = None
+            return
+        if hasattr(self, "_at_exit"):
+            self._at_exit.cancel()
         self._stop.set()
         if self._passes is not None and self._passes is not threading.current_thread():
             self._passes.join()

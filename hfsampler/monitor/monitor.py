@@ -59,7 +59,7 @@ from hfsampler.monitor.measurement import (
 from hfsampler.monitor.running import RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
-from hfsampler.sampling.ring import IndexArray, Ring, RingRows, cells
+from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingRows, cells
 from hfsampler.sampling.stepping import VirtualClock
 
 SOURCES = ("auto", "nvml", "jetson", "sim")
@@ -132,7 +132,10 @@ class Monitor:
             base, source=kind, fields=FIELDS, window_s=history_s / 4, auto_intervals=False,
             listen=None, remote_write=(),
         )  # fmt: skip
-        plan = build_run(run_config)
+        try:
+            plan = build_run(run_config)
+        except ConfigError as exc:
+            raise _in_monitor_terms(exc, history_s, 0) from None
         if kind == "sim":  # CUDA's variables name this machine's GPUs, not simulated ones
             env = {k: v for k, v in env.items() if k != CUDA_VISIBLE}
         chosen = choose(plan.inventory.devices, gpu_indices, env)
@@ -152,7 +155,10 @@ class Monitor:
         self._stop = threading.Event()
         self._passes: threading.Thread | None = None
         self._pid = os.getpid()  # a forked child's copy must not stop the parent's sampler
-        self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        try:
+            self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        except ConfigError as exc:
+            raise _in_monitor_terms(exc, history_s, len(self._rows)) from None
         try:
             self._pipeline.start()
         except BaseException:
@@ -454,6 +460,25 @@ def _span(
     if start == first and len(rows):
         rows.driver_ts_us[0] = t0_ns // 1000
     return rows
+
+
+def _in_monitor_terms(exc: ConfigError, history_s: float, gpus: int) -> ConfigError:
+    """`run`'s refusal, whose fix names its flags (``--window``, ``--source``), as the Monitor's
+    arguments: its rings hold ``history_s``, its source is ``source=``."""
+    if exc.key == "max_ring_bytes":
+        need = exc.problem.partition(" needs ")[2]
+        return ConfigError(
+            "history_s",
+            f"{history_s:g} s on {gpus} GPU(s) needs {need}",
+            "give a shorter history_s, fewer gpu_indices, or a config= with a larger "
+            "max_ring_bytes",
+        )
+    if exc.fix == ROOM_FIX:
+        return ConfigError(exc.key, exc.problem, ROOM_FIX.partition("; or ")[0]
+                           + "; or give the Monitor a shorter history_s")  # fmt: skip
+    if exc.key == "source":
+        return ConfigError(exc.key, exc.problem, exc.fix.replace("--source ", "source="))
+    return exc
 
 
 def _source_kind(source: str, config: Config) -> str:

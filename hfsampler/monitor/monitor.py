@@ -24,6 +24,7 @@ import math
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from multiprocessing import util as mp_util
 from types import TracebackType
@@ -153,30 +154,38 @@ class Monitor:
         self._markers = markers.enabled()
         self.history_s = history_s
         self._stop = threading.Event()
-        self._passes: threading.Thread | None = None
+        self._passes: list[threading.Thread] = []
         self._pid = os.getpid()  # a forked child's copy must not stop the parent's sampler
         try:
             self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
         except ConfigError as exc:
             raise _in_monitor_terms(exc, history_s, len(self._rows)) from None
+        # What stops it, once: close(), the Monitor collected once nothing refers to it (a
+        # notebook cell run again), or the process's exit. multiprocessing's exit hook, not
+        # atexit: a multiprocessing child (a DataLoader worker) runs only that one, and runs it
+        # before it waits for its own children, the sampler among them, which would never end
+        # otherwise. It is ignored in a forked child, whose copy is not its to stop.
+        self._shut = mp_util.Finalize(
+            self, _shut, args=(self._stop, self._passes, self._pipeline), exitpriority=100
+        )
         try:
             self._pipeline.start()
         except BaseException:
             self.close()
             raise
-        # A job that never closes it: stopped at exit all the same. multiprocessing's exit hook,
-        # not atexit: a multiprocessing child (a DataLoader worker) runs only that one, and runs
-        # it before it waits for its own children, the sampler among them, which would never
-        # end otherwise. It is ignored in a forked child, whose copy is not its to stop.
-        self._at_exit = mp_util.Finalize(self, self.close, exitpriority=100)
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
             clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
         else:
-            self._passes = threading.Thread(target=self._pass_loop, name="hfsampler-monitor",
-                                            daemon=True)  # fmt: skip
-            self._passes.start()
+            passes = threading.Thread(
+                target=_pass_loop,
+                args=(weakref.ref(self), self._stop, self._pass_s),
+                name="hfsampler-monitor",
+                daemon=True,
+            )
+            self._passes.append(passes)
+            passes.start()
 
     @property
     def source(self) -> str:
@@ -297,10 +306,6 @@ class Monitor:
             open_windows = dict(self._open)
         self._running.advance(self._clock.now_ns(), open_windows)
 
-    def _pass_loop(self) -> None:
-        while not self._stop.wait(self._pass_s):
-            self._pass()
-
     def _virtual_pass(self) -> None:
         if self._pipeline is None:
             return
@@ -358,18 +363,9 @@ class Monitor:
     def close(self) -> None:
         """Stop the sampler process and free its shared memory; safe to call twice. In a forked
         child it only lets go of the parent's Monitor, which goes on."""
-        if os.getpid() != self._pid:
-            self._pipeline = None
-            return
-        if hasattr(self, "_at_exit"):
-            self._at_exit.cancel()
-        self._stop.set()
-        if self._passes is not None and self._passes is not threading.current_thread():
-            self._passes.join()
-            self._passes = None
-        pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            pipeline.close()
+        self._pipeline = None
+        if os.getpid() == self._pid:
+            self._shut()
 
     def __enter__(self) -> Monitor:
         return self
@@ -382,9 +378,26 @@ class Monitor:
     ) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+
+def _pass_loop(monitor: weakref.ref[Monitor], stop: threading.Event, every_s: float) -> None:
+    """The running statistics' passes, holding the Monitor only during one: a Monitor nothing
+    else refers to is collected, and its sampler stopped."""
+    while not stop.wait(every_s):
+        mon = monitor()
+        if mon is None:
+            return
+        mon._pass()
+        del mon
+
+
+def _shut(stop: threading.Event, passes: list[threading.Thread], pipeline: Pipeline) -> None:
+    """Stop a Monitor's passes and its sampler, free its rings (without the Monitor, which may
+    be gone)."""
+    stop.set()
+    for thread in passes:
+        if thread is not threading.current_thread():
+            thread.join()
+    pipeline.close()
 
 
 class Window:

@@ -8,6 +8,7 @@ subprocess with a timeout, since the failure they guard against is a hang.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -150,3 +151,23 @@ def test_a_closed_monitor_refuses_new_windows() -> None:
         mon.begin_window("late")
     with pytest.raises(RuntimeError, match="closed"), mon.window("late"):
         pass
+
+
+def test_a_monitor_no_longer_referenced_stops_its_sampler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real process: a notebook cell ``mon = Monitor()`` run again leaves the first Monitor
+    unreferenced; its sampler (a core's share, rings in /dev/shm) must not run on until exit."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    cell = "from hfsampler import Monitor\nmon = Monitor(source='sim')\n"
+    namespace: dict[str, Monitor] = {}
+    exec(cell, namespace)  # a notebook cell, as the kernel runs it
+    first = namespace["mon"]._pipeline
+    assert first is not None
+    pid, blocks = first.sampler.pid, len(list(tmp_path.iterdir()))
+    del first
+    exec(cell, namespace)
+    gc.collect()
+    assert not Path(f"/proc/{pid}").exists()
+    assert len(list(tmp_path.iterdir())) == blocks
+    namespace["mon"].close()

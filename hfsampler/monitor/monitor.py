@@ -151,6 +151,10 @@ class Monitor:
         self._clock = clock
         self._open: dict[Hashable, int] = {}
         self._lock = threading.Lock()
+        # the threads reading the rings now (end_window, measure): close() waits for them
+        self._readers: list[int] = []
+        self._read_done = threading.Condition(self._lock)
+        self._closing = False
         self._markers = markers.enabled()
         self.history_s = history_s
         self._stop = threading.Event()
@@ -210,17 +214,22 @@ class Monitor:
         t_ns = self._clock.now_ns()
         with self._lock:
             t0_ns = self._open.pop(key, None)
+            if t0_ns is not None:
+                self._begin_read()
         if t0_ns is None:
             raise KeyError(f"window {key!r} was never begun (or has ended already)")
-        if self._markers:
-            markers.edge("end", _name(key), t_ns)
         try:
-            return self._measure(t0_ns, t_ns, ended_now=True)
-        except WindowTooLongError:
-            running = self._running.take(key, t0_ns)
-            if running is None:
-                raise
-        return self._from_running(key, t0_ns, t_ns, *running)
+            if self._markers:
+                markers.edge("end", _name(key), t_ns)
+            try:
+                return self._measure(t0_ns, t_ns, ended_now=True)
+            except WindowTooLongError:
+                running = self._running.take(key, t0_ns)
+                if running is None:
+                    raise
+            return self._from_running(key, t0_ns, t_ns, *running)
+        finally:
+            self._end_read()
 
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[Window]:
@@ -235,7 +244,23 @@ class Monitor:
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
         """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
-        return self._measure(t0_ns, t1_ns)
+        with self._lock:
+            self._begin_read()
+        try:
+            return self._measure(t0_ns, t1_ns)
+        finally:
+            self._end_read()
+
+    def _begin_read(self) -> None:
+        """With the lock held: this thread reads the rings until ``_end_read``."""
+        if self._closing:
+            raise RuntimeError("the Monitor is closed")
+        self._readers.append(threading.get_ident())
+
+    def _end_read(self) -> None:
+        with self._lock:
+            self._readers.remove(threading.get_ident())
+            self._read_done.notify_all()
 
     def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
         """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
@@ -275,10 +300,11 @@ class Monitor:
     # -- windows longer than the rings hold --------------------------------------------------
 
     def _reduce_with_histogram(self, t0_ns: int, t1_ns: int) -> Span | None:
-        if self._pipeline is None:
+        pipeline = self._pipeline  # once: close() may clear it meanwhile (it joins this thread)
+        if pipeline is None:
             return None
         p = self._parts
-        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        rows = _span(pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
         if rows is None:
             return None
         return reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events, histogram=True)
@@ -362,7 +388,12 @@ class Monitor:
 
     def close(self) -> None:
         """Stop the sampler process and free its shared memory; safe to call twice. In a forked
-        child it only lets go of the parent's Monitor, which goes on."""
+        child it only lets go of the parent's Monitor, which goes on. Calls of other threads
+        reading the rings finish first; later ones raise ``RuntimeError``."""
+        with self._lock:
+            self._closing = True
+            me = threading.get_ident()  # a signal handler's close() in a reading thread
+            self._read_done.wait_for(lambda: all(r == me for r in self._readers))
         self._pipeline = None
         if os.getpid() == self._pid:
             self._shut()

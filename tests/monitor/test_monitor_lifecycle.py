@@ -171,3 +171,38 @@ def test_a_monitor_no_longer_referenced_stops_its_sampler(
     assert not Path(f"/proc/{pid}").exists()
     assert len(list(tmp_path.iterdir())) == blocks
     namespace["mon"].close()
+
+
+def test_close_while_other_threads_end_windows_is_clean_for_both() -> None:
+    """Threads ending windows while another closes the Monitor: each call either measures or says
+    the Monitor is closed (no AttributeError from a pipeline gone mid-call, no BufferError from
+    rings unmapped under a reader), and close() itself never raises."""
+    errors: list[str] = []
+    for _ in range(8):
+        mon = Monitor(source="sim", clock=VirtualClock(START_NS), env={})
+        started = threading.Barrier(4)
+
+        def windows(mon: Monitor = mon, started: threading.Barrier = started) -> None:
+            started.wait()
+            for k in range(100_000):
+                key = (threading.get_ident(), k)
+                try:
+                    mon.begin_window(key)
+                    mon.end_window(key)
+                except RuntimeError as exc:
+                    if "closed" not in str(exc):
+                        errors.append(repr(exc))
+                    return
+                except Exception as exc:  # any other is the failure
+                    errors.append(repr(exc))
+                    return
+
+        threads = [threading.Thread(target=windows) for _ in range(3)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.05)
+        mon.close()
+        for t in threads:
+            t.join()
+    assert errors == []

@@ -425,10 +425,12 @@ def _shut(stop: threading.Event, passes: list[threading.Thread], pipeline: Pipel
     """Stop a Monitor's passes and its sampler, free its rings (without the Monitor, which may
     be gone)."""
     stop.set()
-    for thread in passes:
-        if thread is not threading.current_thread():
-            thread.join()
-    pipeline.close()
+    try:
+        for thread in passes:
+            if thread is not threading.current_thread():
+                thread.join()
+    finally:  # this runs once: an interrupted join must not keep the sampler
+        pipeline.close()
 
 
 class Window:

@@ -360,14 +360,18 @@ class Sampler:
             self._layout = None
 
     def close(self) -> None:
-        """Stop the process and free every shared-memory block; safe to call twice."""
-        self.stop()
-        for ring in self.rings.values():
-            ring.close()
-        self.rings.clear()
-        if self.status is not None:
-            self.status.close()
-            self.status = None
+        """Stop the process and free every shared-memory block; safe to call twice. The blocks
+        are freed even when the wait for the process is interrupted (Ctrl-C): it has been told to
+        stop, and its own mappings outlive their names."""
+        try:
+            self.stop()
+        finally:
+            for ring in self.rings.values():
+                ring.close()
+            self.rings.clear()
+            if self.status is not None:
+                self.status.close()
+                self.status = None
 
     def __enter__(self) -> Sampler:
         return self

@@ -206,3 +206,26 @@ def test_close_while_other_threads_end_windows_is_clean_for_both() -> None:
         for t in threads:
             t.join()
     assert errors == []
+
+
+def test_ctrl_c_during_close_still_frees_the_shared_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real process, held stopped (SIGSTOP) so that close() is waiting for it when Ctrl-C comes:
+    the interrupt goes to the job, and the rings are freed all the same (nothing runs close()
+    again, at exit or later)."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    mon = Monitor(source="sim")
+    pid = mon._pipeline.sampler.pid if mon._pipeline else None
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(KeyboardInterrupt):
+            mon.close()
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        os.kill(pid, signal.SIGKILL)

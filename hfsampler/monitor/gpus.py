@@ -47,7 +47,7 @@ def visible(devices: Sequence[DeviceInfo], env: Mapping[str, str]) -> list[int]:
             raise ConfigError(
                 CUDA_VISIBLE,
                 f"{entry!r} names {'no' if not found else 'more than one'} GPU of this source",
-                f"use GPU indices or UUIDs of: {known}; or pass gpu_indices to the Monitor",
+                f"list GPU indices or UUIDs of: {known}; or unset it to measure them all",
             )
         out.append(found[0])
     if mig:

@@ -58,3 +58,16 @@ def test_a_local_rank_beyond_the_visible_gpus_is_named_as_such(
     with pytest.raises(ConfigError, match=r"^LOCAL_RANK: 3 is not a GPU this job sees"):
         gpus({"LOCAL_RANK": "3"})
     assert list(gpus({"LOCAL_RANK": "3", "CUDA_VISIBLE_DEVICES": "1"})) == ["cuda:0"]
+
+
+def test_an_entry_cuda_cannot_use_is_refused_with_a_fix_that_works(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CUDA_VISIBLE_DEVICES=-1`` (a CPU-only run) or a typo is refused even with ``gpu_indices``
+    given, so the fix must not be to give them."""
+    install(monkeypatch, make_fake(2))
+    for listed in ("-1", "garbage", "0,7"):
+        with pytest.raises(ConfigError, match="CUDA_VISIBLE_DEVICES") as refused:
+            Monitor(source="nvml", gpu_indices=[0], clock=VirtualClock(START_NS),
+                    env={"CUDA_VISIBLE_DEVICES": listed})  # fmt: skip
+        assert "gpu_indices" not in str(refused.value)

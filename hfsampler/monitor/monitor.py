@@ -401,6 +401,13 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self
 
+    def __reduce__(self) -> str | tuple[object, ...]:
+        raise TypeError(
+            "a Monitor cannot be sent to another process (its sampler and rings are this "
+            "process's): make a Monitor in each process, or fork (a forked child may use its "
+            "parent's)"
+        )
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,

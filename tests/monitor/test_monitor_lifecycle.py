@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -229,3 +230,11 @@ def test_ctrl_c_during_close_still_frees_the_shared_memory(
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_monitor_sent_to_a_spawned_process_is_refused_saying_what_to_do() -> None:
+    """``Process(target=work, args=(mon,))`` under spawn pickles the Monitor: its sampler and
+    rings are this process's, so the refusal says to make one in each process."""
+    mon = Monitor(source="sim", clock=VirtualClock(START_NS), env={})
+    with mon, pytest.raises(TypeError, match="make a Monitor in each process"):
+        pickle.dumps(mon)

@@ -56,7 +56,7 @@ STARTING, RUNNING, STOPPED, FAILED = 0, 1, 2, 3
 GIL_SWITCH_S = 50e-6
 # Fast ticks between the fast lane's bookkeeping: GPUs up, heartbeat, the slow lane's health.
 _HOUSEKEEPING_TICKS = 16
-_ORPHAN_CHECK_TICKS = 1024  # a getppid() where PR_SET_PDEATHSIG is not available or not set
+_ORPHAN_CHECK_TICKS = 1024  # a getppid() where PR_SET_PDEATHSIG is not available
 # How long the fast lane waits, on its way out, for a slow lane inside a slow call: well under
 # the parent's wait for the process (Sampler.stop), so that a stuck read is said, not killed.
 _JOIN_S = 2.0
@@ -280,7 +280,7 @@ def _fast_lane(
             if slow is not None and not slow.thread.is_alive():
                 return  # it failed (run_lanes raises its error) or was told to stop
             if ticks % _ORPHAN_CHECK_TICKS == 0 and os.getppid() != parent_pid:
-                return  # orphaned where PR_SET_PDEATHSIG is not available or not set
+                return  # orphaned where PR_SET_PDEATHSIG is not available
 
 
 class StuckRead(BaseException):

@@ -23,12 +23,8 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
-import sys
-import threading
 import time
-import types
-import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
@@ -38,6 +34,7 @@ import numpy.typing as npt
 from hfsampler import logs
 from hfsampler.config.settings import DEFAULT_MAX_RING_BYTES
 from hfsampler.errors import ConfigError, SourceError
+from hfsampler.sampling import spawning
 from hfsampler.sampling.groups import GroupPlan, SamplerPlan
 from hfsampler.sampling.lanes import (
     ERROR,
@@ -233,24 +230,18 @@ class Sampler:
         self._conn = reader
         self._layout = layout_reader
         self._exit_reason = None
-        # PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only the main
-        # thread lives as long as this process (a Monitor made on a worker thread would have its
-        # sampler killed when that thread returned; getppid() still ends an orphan then).
-        on_main = threading.current_thread() is threading.main_thread()
         process = ctx.Process(
             target=_child_main,
-            args=(self.plan, os.getpid(), writer, layout_writer, on_main),
+            args=(self.plan, os.getpid(), writer, layout_writer),
             name="hfsampler-sampler",
         )
         process.daemon = True
         try:
-            with _main_not_inherited(), _children_allowed():
-                process.start()
+            spawning.start(process)
         finally:
             writer.close()  # the child holds its own copy: EOF here once it is gone
             layout_writer.close()
         self._process = process  # only a started one: stop() joins it
-        _STARTED.add(process)
         deadline = time.monotonic() + timeout_s
         status = self._array()
         while status[STATE] == STARTING:
@@ -386,64 +377,11 @@ class Sampler:
         return array
 
 
-@contextlib.contextmanager
-def _main_not_inherited() -> Iterator[None]:
-    """While the process is spawned, a bare ``__main__``: spawn would otherwise have the child
-    import the parent's main module again, and a training script that made a ``Monitor`` at its
-    top level (no ``if __name__ == "__main__"``) would run again in the sampler process."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
-# The sampler processes this process started: a child forked from it (os.fork) must not take
-# them for its own.
-_STARTED: weakref.WeakSet[multiprocessing.process.BaseProcess] = weakref.WeakSet()
-
-
-def _forget_samplers_in_child() -> None:
-    """After a plain ``os.fork``: multiprocessing's exit hook in the child would signal and join
-    the parent's samplers as its own children (an AssertionError at the child's exit)."""
-    children: set[object] | None = getattr(multiprocessing.process, "_children", None)
-    if children is not None:
-        children.difference_update(_STARTED)
-    _STARTED.clear()
-
-
-os.register_at_fork(after_in_child=_forget_samplers_in_child)
-
-
-@contextlib.contextmanager
-def _children_allowed() -> Iterator[None]:
-    """While the process is started, this one not daemonic: multiprocessing refuses children to
-    a daemonic process (a DataLoader or Pool worker that makes a ``Monitor``) because it would
-    leave them orphaned when it is terminated; the sampler ends with its parent on its own
-    (PR_SET_PDEATHSIG, its getppid() check)."""
-    config: dict[str, object] = getattr(multiprocessing.current_process(), "_config", {})
-    daemon = config.get("daemon")
-    config["daemon"] = False
-    try:
-        yield
-    finally:
-        if daemon is None:
-            config.pop("daemon", None)
-        else:
-            config["daemon"] = daemon
-
-
 # -- the child process ---------------------------------------------------------------------------
 
 
 def _child_main(
-    plan: SamplerPlan,
-    parent_pid: int,
-    conn: Connection,
-    layout: Connection | None = None,
-    parent_death_signal: bool = True,
+    plan: SamplerPlan, parent_pid: int, conn: Connection, layout: Connection | None = None
 ) -> None:
     # The parent owns Ctrl-C and SIGTERM and stops us through the status block, after the last
     # window is out: a signal sent to the whole process group (a terminal, a batch scheduler,
@@ -451,10 +389,9 @@ def _child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the parent's; a hangup too
-    # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it (when
-    # its main thread started us: the signal comes when the starting thread ends).
-    if parent_death_signal:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it (we
+    # were started from a thread that lasts as long as it: ``sampling.spawning``).
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return
     logs.setup(logging.getLevelName(plan.log_level), "json" if plan.log_json else "text")

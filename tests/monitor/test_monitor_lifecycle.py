@@ -59,6 +59,36 @@ def test_a_monitor_made_on_a_thread_keeps_sampling_after_the_thread_ends(
         assert w.measurement.total_energy > 0
 
 
+def test_a_job_killed_with_sigkill_takes_along_the_sampler_its_thread_started(
+    tmp_path: Path,
+) -> None:
+    """Real processes: the sampler of a Monitor made on a worker thread still dies with the job
+    at once (the kernel's parent-death signal), not only when it next checks its parent."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    job = tmp_path / "job.py"
+    job.write_text("""
+import threading, time
+from hfsampler import Monitor
+made = []
+maker = threading.Thread(target=lambda: made.append(Monitor(source="sim")))
+maker.start()
+maker.join()
+print(made[0]._pipeline.sampler.pid, flush=True)
+time.sleep(60)
+""")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), SHM_DIR_ENV: str(shm)}
+    with subprocess.Popen([sys.executable, str(job)], env=env, stdout=subprocess.PIPE,
+                          text=True) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        sampler = int(proc.stdout.readline())
+        proc.kill()
+        proc.wait(10)
+        time.sleep(0.3)  # the getppid() check alone would take a second or more
+        stat = Path(f"/proc/{sampler}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_a_window_ended_after_the_sampler_died_is_an_error_not_stale_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,7 +10,8 @@
    the exact energy: median, p95, max.
 2. Cost, with the real sampler process on the sim source (wall clock): ``begin_window`` and
    ``end_window`` (median, p99) for windows of 10 ms and of 1 s (``end_window`` reads and reduces
-   the window's rows, so it grows with the window's length).
+   the window's rows, so it grows with the window's length); and then the first read of the p99
+   and the throttled time, which a ``Measurement`` makes on first use.
 
     python benchmarks/measure.py [--windows 40] [--cost-windows 300]
                                  [--out benchmarks/out/measure.json]
@@ -119,20 +120,24 @@ def cost(windows: int) -> dict[str, Any]:
     with Monitor(source="sim", env={}, history_s=10.0) as mon:
         time.sleep(1.2)  # some history, and the sampler settled
         for label, length_s, n in (("10ms", 0.01, windows), ("1s", 1.0, max(3, windows // 60))):
-            begin, end, end_cpu = [], [], []
+            begin, end, end_cpu, deferred = [], [], [], []
             for k in range(n):
                 a = time.perf_counter_ns()
                 mon.begin_window(k)
                 b = time.perf_counter_ns()
                 time.sleep(length_s)
                 c, c_cpu = time.perf_counter_ns(), time.thread_time_ns()
-                mon.end_window(k)
+                m = mon.end_window(k)
                 d, d_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                m.gpu_p99_power[0], m.gpu_throttled_time[0]  # made on first use
+                e = time.perf_counter_ns()
                 begin.append((b - a) / 1e3)
                 end.append((d - c) / 1e3)
                 end_cpu.append((d_cpu - c_cpu) / 1e3)
+                deferred.append((e - d) / 1e3)
             out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end),
-                          "end_cpu_us": _spread(end_cpu)}  # fmt: skip
+                          "end_cpu_us": _spread(end_cpu),
+                          "p99_and_throttling_us": _spread(deferred)}  # fmt: skip
         t1 = time.time_ns()
         warm = []
         for _ in range(windows):
@@ -144,11 +149,25 @@ def cost(windows: int) -> dict[str, Any]:
 
 
 def numpy_op_us(n: int = 2000) -> float:
-    """The median time of one small numpy operation here: ``end_window`` is some forty of them,
+    """The median time of one small numpy operation here: ``end_window`` is some thirty of them,
     so this is the machine's scale for its cost (about 1 us on an idle modern core)."""
     a, b = np.ones((12, 2, 3)), np.ones((12, 2, 3))
     times = []
     for _ in range(n):
+        t = time.perf_counter_ns()
+        np.add(a, b)
+        times.append(time.perf_counter_ns() - t)
+    return float(np.median(times)) / 1e3
+
+
+def numpy_op_after_sleep_us(n: int = 100) -> float:
+    """The median time of the same operation right after a 10 ms sleep, as ``end_window`` runs
+    after a step that waited: on a shared machine the core's caches held others' work
+    meanwhile, and every distinct call pays for that again (the floor for any code there)."""
+    a, b = np.ones((12, 2, 3)), np.ones((12, 2, 3))
+    times = []
+    for _ in range(n):
+        time.sleep(0.01)
         t = time.perf_counter_ns()
         np.add(a, b)
         times.append(time.perf_counter_ns() - t)
@@ -165,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     acc = accuracy(args.windows, args.seed)
     costs = cost(args.cost_windows)
-    op_us = numpy_op_us()
+    op_us, after_sleep_us = numpy_op_us(), numpy_op_after_sleep_us()
     print("relative energy error against the fake's exact energy (per GPU and window)")
     print(f"{'window':>8} | {'Monitor median':>14} {'p95':>9} {'max':>9} | "
           f"{'counter median':>14} {'p95':>9} {'max':>9}")  # fmt: skip
@@ -175,13 +194,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{c['median']:>14.2%} {c['p95']:>9.2%} {c['max']:>9.2%}")  # fmt: skip
     print("\ncost in the job's process, real sampler process on 2 sim GPUs (us)")
     print(f"{'window':>9} | {'begin median':>12} {'p99':>6} | {'end median':>10} {'p99':>7} "
-          f"{'min':>6} | {'end CPU median':>14}")  # fmt: skip
+          f"{'min':>6} | {'end CPU median':>14} | {'then p99+throttling':>19}")  # fmt: skip
     for label, c in costs.items():
-        b = c.get("begin_us", {"median": np.nan, "p99": np.nan})
-        e, cpu = c["end_us"], c.get("end_cpu_us", {"median": np.nan})
+        nan = {"median": np.nan, "p99": np.nan}
+        b, e, cpu = c.get("begin_us", nan), c["end_us"], c.get("end_cpu_us", nan)
+        later = c.get("p99_and_throttling_us", nan)
         print(f"{label:>9} | {b['median']:>12.1f} {b['p99']:>6.1f} | {e['median']:>10.1f} "
-              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f}")  # fmt: skip
-    print(f"one small numpy operation here: {op_us:.2f} us (the machine's scale)")
+              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f} | "
+              f"{later['median']:>19.1f}")  # fmt: skip
+    print(f"one small numpy operation here: {op_us:.2f} us, {after_sleep_us:.1f} us right after a "
+          "10 ms sleep (the machine's scale)")  # fmt: skip
     result = {
         "benchmark": "measure",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
@@ -190,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy": acc,
         "cost": costs,
         "numpy_op_us": op_us,
+        "numpy_op_after_sleep_us": after_sleep_us,
         "seconds": time.monotonic() - started,
     }  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

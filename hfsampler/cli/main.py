@@ -10,11 +10,11 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import NoReturn
 
 from hfsampler import __version__, logs
 from hfsampler import fields as catalogue
-from hfsampler.cli import probe, record, replay, report
 from hfsampler.cli.aio import run_async
 from hfsampler.config.flags import add_sampling_flags, config_from_args
 from hfsampler.config.loader import load_file
@@ -31,7 +31,37 @@ Handler = Callable[[argparse.Namespace], int]
 
 # The commands that have a module of their own here: each has ``register(subparsers) -> dict[str,
 # Handler]`` next to the calls it makes.
-COMMAND_MODULES = (record, report, replay, probe)
+COMMAND_MODULES = ("record", "report", "replay", "probe")
+OWN_COMMANDS = ("run", "check-config", "fields")  # defined here
+
+
+def command_modules(command: str | None = None) -> tuple[ModuleType, ...]:
+    """The modules of ``command`` alone (none for one defined here), else of every command.
+
+    Only the command asked for is imported: `report` and `record` need no HTTP client, and
+    importing every command's stack cost each of them more than half a second of startup.
+    """
+    if command in OWN_COMMANDS:
+        return ()
+    if command == "record":
+        from hfsampler.cli import record
+
+        return (record,)
+    if command == "report":
+        from hfsampler.cli import report
+
+        return (report,)
+    if command == "replay":
+        from hfsampler.cli import replay
+
+        return (replay,)
+    if command == "probe":
+        from hfsampler.cli import probe
+
+        return (probe,)
+    from hfsampler.cli import probe, record, replay, report
+
+    return (record, report, replay, probe)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,8 +70,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"hfsampler: error: {message}\n")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    """The parser and, per subcommand, the function that runs it."""
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The parser and, per subcommand, the function that runs it: every subcommand, or of those
+    with a module of their own none but ``command`` (the one about to run)."""
     parser = _Parser(
         prog="hfsampler",
         description="Millisecond GPU sampling with window statistics, pushed over Remote-Write.",
@@ -63,7 +94,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
         "check-config": cmd_check_config,
         "fields": cmd_fields,
     }
-    for module in COMMAND_MODULES:
+    for module in command_modules(command):
         handlers.update(module.register(sub))
     return parser, handlers
 
@@ -155,8 +186,10 @@ def one_line(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, handlers = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = words[0] if words and words[0] in (*OWN_COMMANDS, *COMMAND_MODULES) else None
+    parser, handlers = build_parser(command)
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE

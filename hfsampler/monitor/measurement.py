@@ -9,20 +9,24 @@ the last one to the window's end, and the value held at the window's start is th
 row read before it. Energy is then the exact integral of the power the driver reported; a
 trapezoid would need the sample after the window's end, which ``end_window`` cannot wait for.
 
-Every reduction is vectorised over the window's rows and GPUs at once: an ``end_window`` costs
-tens of microseconds for the windows a training step has.
+Every reduction is vectorised over the window's rows, GPUs and fields at once, in one pass: for
+the windows a training step has, the number of numpy calls is what an ``end_window`` costs, not
+the rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
+``Measurement``'s ``Deferred`` mappings are first read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from hfsampler.fields import CLOCK_EVENT_REASONS
-from hfsampler.sampling.ring import RingRows
+from hfsampler.sampling.ring import RingCells
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -34,6 +38,7 @@ _BITS = np.array(list(CLOCK_EVENT_REASONS), np.int64)
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
 _COLUMNS = np.arange(64)
 P99 = 0.99
+_V = TypeVar("_V")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +52,9 @@ class Measurement:
     against the counter's resolution (None where it is not, or the GPU has no counter).
     ``exact`` is False when the window was longer than the rings hold: the numbers then come from
     its running statistics (``monitor.running``: the p99 to a watt, no counter), and a warning
-    said so.
+    said so. ``gpu_p99_power`` and ``gpu_throttled_time`` are made on their first read, from the
+    window's rows, which the Measurement holds until then (16 bytes per sample, GPU and quantity:
+    about 100 KB for a 1 s window on 2 GPUs; pickling it makes them).
     """
 
     time: float
@@ -67,33 +74,126 @@ class Measurement:
 
 
 @dataclass(frozen=True, slots=True)
+class Layout:
+    """Where a window's quantities are among the cells it reads (``Ring.cell_index``'s order,
+    field by field): the power's cells first, one per GPU, then the others' where sampled."""
+
+    gpus: int
+    memory: slice | None  # None: not read with the power
+    events: slice | None
+
+    @classmethod
+    def of(cls, gpus: int, memory: int | None, events: int | None) -> Layout:
+        """``memory``, ``events``: the fields' positions among those read (the power's is 0)."""
+        at = [None if f is None else slice(f * gpus, (f + 1) * gpus) for f in (memory, events)]
+        return cls(gpus, *at)
+
+
+class Deferred(Mapping[int, _V]):
+    """A per-GPU mapping made on its first use: what costs ``end_window`` a dozen numpy calls
+    and few jobs read (the p99, the throttled time) is computed only for those that do."""
+
+    __slots__ = ("_made", "_make")
+
+    def __init__(self, make: Callable[[], dict[int, _V]]) -> None:
+        self._make: Callable[[], dict[int, _V]] | None = make
+        self._made: dict[int, _V] | None = None
+
+    def _got(self) -> dict[int, _V]:
+        if self._made is None:
+            make = self._make  # None: another thread has just made it
+            if make is not None:
+                self._made = make()  # two threads at once make the same dict: harmless
+                self._make = None  # the window's rows are let go
+        assert self._made is not None
+        return self._made
+
+    def __getitem__(self, gpu: int) -> _V:
+        return self._got()[gpu]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._got())
+
+    def __len__(self) -> int:
+        return len(self._got())
+
+    def __repr__(self) -> str:
+        return repr(self._got())
+
+    def __reduce__(self) -> tuple[type[dict[int, _V]], tuple[dict[int, _V]]]:
+        """Pickled (and deep-copied) as the plain dict, made then: no rows travel."""
+        return dict, (self._got(),)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A span's rows as read: each cell's value (0 where none) and how long it held in the
+    span. What the p99 and the throttled time are computed from, when asked."""
+
+    values: FloatArray  # [row, cell]
+    held_ns: IntArray  # [row, cell]
+    layout: Layout
+
+    def p99_w(self) -> FloatArray:
+        """Per GPU, the time-weighted p99: the power it stayed at or under 99 % of the time."""
+        values, held, gpus = self.values, self.held_ns, self.layout.gpus
+        column = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+        # the power's cells of ``values`` and ``held`` (flat), in ascending power, per GPU
+        flat = values[:, :gpus].argsort(axis=0) * values.shape[1] + column
+        covered = held[:, :gpus].sum(axis=0)
+        at = (held.take(flat).cumsum(axis=0) < P99 * covered).sum(axis=0)  # the last is covered
+        p99: FloatArray = values.take(flat[at, column])
+        return p99
+
+    def bits_ns(self) -> IntArray | None:
+        """``[reason, gpu]``: how long each throttle reason held; None: none did, or no field."""
+        events = self.layout.events
+        if events is None or not self.values[:, events].any():
+            return None
+        on = (self.values[:, events, None].astype(np.int64) & _BITS) != 0  # [row, gpu, bit]
+        bits: IntArray = (on * self.held_ns[:, events, None]).sum(axis=0).T
+        return bits
+
+
+@dataclass(frozen=True, slots=True)
 class Span:
-    """One span's reductions per GPU (arrays ``[gpu]``): what a ``Measurement`` is made of."""
+    """One span's reductions per GPU (arrays ``[gpu]``): what a ``Measurement`` is made of. The
+    p99 and the throttled time are either kept (``p99_w``, ``bits_ns``) or computed from
+    ``held`` when asked (``p99``, ``bits``)."""
 
     energy_j: FloatArray
     covered_s: FloatArray  # how long a power value was known; the others mean nothing where 0
     peak_w: FloatArray  # -inf: no value
-    p99_w: FloatArray
     memory_mib: FloatArray  # -inf: no value, or no memory field
-    bits_ns: FloatArray | None  # [reason, gpu]: how long each throttle reason held; None: none
+    held: Held | None = None
+    p99_w: FloatArray | None = None
+    bits_ns: IntArray | None = None  # [reason, gpu]: how long each throttle reason held
     # [gpu, watt]: how long the power was at each whole watt; kept by running statistics only
     histogram_ns: FloatArray | None = None
+
+    def p99(self) -> FloatArray:
+        if self.held is not None:
+            return self.held.p99_w()
+        return self.p99_w if self.p99_w is not None else np.full_like(self.energy_j, np.nan)
+
+    def bits(self) -> IntArray | None:
+        return self.held.bits_ns() if self.held is not None else self.bits_ns
 
     def merge(self, later: Span) -> Span:
         """This span and the one right after it, as one: sums and maxima are exact; the p99
         comes from the two histograms, to ``HISTOGRAM_W``."""
         covered = self.covered_s + later.covered_s
         energy = self.energy_j + later.energy_j
-        bits = self.bits_ns if later.bits_ns is None else later.bits_ns
-        if self.bits_ns is not None and later.bits_ns is not None:
-            bits = self.bits_ns + later.bits_ns
+        mine, theirs = self.bits(), later.bits()
+        bits = mine if theirs is None else theirs if mine is None else mine + theirs
         histogram = None
         p99 = np.full_like(energy, np.nan)
         if self.histogram_ns is not None and later.histogram_ns is not None:
             histogram = self.histogram_ns + later.histogram_ns
             p99 = histogram_quantile(histogram, P99)
-        return Span(energy, covered, np.maximum(self.peak_w, later.peak_w), p99,
-                    np.maximum(self.memory_mib, later.memory_mib), bits, histogram)  # fmt: skip
+        return Span(energy, covered, np.maximum(self.peak_w, later.peak_w),
+                    np.maximum(self.memory_mib, later.memory_mib), None, p99, bits,
+                    histogram)  # fmt: skip
 
 
 HISTOGRAM_W = 1.0  # the running statistics' power histogram: whole watts
@@ -110,85 +210,77 @@ def histogram_quantile(histogram_ns: FloatArray, q: float) -> FloatArray:
     return out
 
 
-def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> FloatArray:
-    """``[row, gpu, field]``: how long each row's value held inside ``[t0_ns, t1_ns)``; the
-    first row is the last read before ``t0_ns``, whose value holds at ``t0_ns``."""
-    ts = driver_us * 1000
-    host = read_ns[:, None, None]
-    ts = np.where(np.abs(ts - host) < _CLOCK_SLACK_NS, ts, host)
-    np.minimum(np.maximum(ts, t0_ns, out=ts), t1_ns, out=ts)
-    np.maximum.accumulate(ts, axis=0, out=ts)  # a clock stepped back never holds negative time
-    held = np.empty(ts.shape, np.float64)
-    np.subtract(ts[1:], ts[:-1], out=held[:-1])
-    np.subtract(t1_ns, ts[-1], out=held[-1])
+def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> IntArray:
+    """``[row, cell]``: how long each row's value held inside ``[t0_ns, t1_ns)``; the first row
+    is the last read before ``t0_ns``, whose value holds at ``t0_ns``."""
+    n = len(read_ns)
+    edges = np.empty((n + 1, driver_us.shape[1]), np.int64)  # each value's start, then t1_ns
+    ts = edges[:n]
+    np.multiply(driver_us, 1000, out=ts)
+    host = read_ns[:, None]
+    np.copyto(ts, host, where=np.abs(ts - host) >= _CLOCK_SLACK_NS)
+    edges[n] = t1_ns
+    np.minimum(np.maximum(edges, t0_ns, out=edges), t1_ns, out=edges)
+    np.maximum.accumulate(
+        edges, axis=0, out=edges
+    )  # a clock stepped back never holds negative time
+    held: IntArray = edges[1:] - edges[:-1]
     return held
 
 
 def reduce_span(
-    rows: RingRows,
-    t0_ns: int,
-    t1_ns: int,
-    power: int,
-    memory: int | None,
-    events: int | None,
-    histogram: bool = False,
+    rows: RingCells, t0_ns: int, t1_ns: int, layout: Layout, histogram: bool = False
 ) -> Span:
-    """The span's reductions from ring rows ``[row, gpu, field]`` (``rows.values`` is changed:
-    NaN becomes 0); ``power``, ``memory``, ``events``: their fields' positions; ``histogram``:
-    keep the power's histogram too (``Span.merge`` needs it)."""
+    """The span's reductions from ring rows ``[row, cell]`` laid out as ``layout`` says
+    (``rows.values`` is changed: NaN becomes 0); ``histogram``: keep the power's histogram too
+    (``Span.merge`` needs it). All GPUs and quantities in one pass of a dozen and a half numpy
+    calls, the p99 and the throttled time left to ``Held`` until asked: the calls, not the
+    rows, are what a short window costs."""
     values = rows.values
-    if not len(values):  # nothing sampled yet: the sampler has only just started
-        none, zero = np.full(values.shape[1], -np.inf), np.zeros(values.shape[1])
-        empty = np.zeros((values.shape[1], HISTOGRAM_BINS)) if histogram else None
-        return Span(zero, zero, none, none, none, None, empty)
+    n, gpus = len(values), layout.gpus
+    if not n:  # nothing sampled yet: the sampler has only just started
+        none, zero = np.full(gpus, -np.inf), np.zeros(gpus)
+        empty = np.zeros((gpus, HISTOGRAM_BINS)) if histogram else None
+        return Span(zero, zero, none, none, None, none, None, empty)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
-    missing = np.isnan(values)
-    if missing.any():  # a GPU or field without a value: it holds for no time
-        held[missing] = 0.0
+    # a GPU or field without a value holds for no time (a NaN anywhere makes the sum NaN: one
+    # call to learn that none is, the usual case)
+    if math.isnan(values.sum()):
+        missing = np.isnan(values)
+        held[missing] = 0
         values[missing] = 0.0
-    v, h = values[:, :, power], held[:, :, power]
+    v, h = values[:, :gpus], held[:, :gpus]
     covered = h.sum(axis=0)
     energy = (v * h).sum(axis=0) / 1e9
-    top = np.where(held > 0, values, -np.inf).max(axis=0)  # [gpu, field]; -inf: none
-    # the time-weighted p99: the power the GPU stayed at or under 99 % of the time
-    n, gpus = v.shape
+    top = np.where(held > 0, values, -np.inf).max(axis=0)  # -inf: none
+    memory_mib = top[layout.memory] if layout.memory is not None else np.full(gpus, -np.inf)
+    kept = Held(values, held, layout)
+    if not histogram:
+        return Span(energy, covered / 1e9, top[:gpus], memory_mib, kept)
     column = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
-    flat = np.argsort(v, axis=0) * gpus + column  # [rank, gpu] -> index into v.ravel()
-    cum = h.ravel()[flat].cumsum(axis=0)
-    at = np.minimum((cum < P99 * covered).sum(axis=0), n - 1)
-    p99 = v.ravel()[flat[at, column]]
-    bits = None
-    if events is not None and values[:, :, events].any():
-        on = (values[:, :, events].astype(np.int64)[:, :, None] & _BITS) != 0  # [row, gpu, bit]
-        bits = (on * held[:, :, events, None]).sum(axis=0).T
-    memory_mib = top[:, memory] if memory is not None else np.full(gpus, -np.inf)
-    hist: FloatArray | None = None
-    if histogram:
-        watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)
-        at = (watt + column * HISTOGRAM_BINS).ravel()
-        counts = np.bincount(at, weights=h.ravel(), minlength=gpus * HISTOGRAM_BINS)
-        hist = counts.astype(np.float64).reshape(gpus, HISTOGRAM_BINS)
-    return Span(energy, covered / 1e9, top[:, power], p99, memory_mib, bits, hist)
+    watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)
+    at = (watt + column * HISTOGRAM_BINS).ravel()
+    counts = np.bincount(at, weights=h.ravel(), minlength=gpus * HISTOGRAM_BINS)
+    hist = counts.astype(np.float64).reshape(gpus, HISTOGRAM_BINS)
+    # kept for long: the reductions only, not the rows
+    return Span(energy, covered / 1e9, top[:gpus], memory_mib, None, kept.p99_w(),
+                kept.bits_ns(), hist)  # fmt: skip
 
 
-def throttled(bits_ns: FloatArray | None, gpu: int) -> dict[str, float]:
+def throttled(bits_ns: IntArray | None, gpu: int) -> dict[str, float]:
     """One GPU's throttled seconds by reason, the reasons that happened only."""
     if bits_ns is None:
         return {}
     return {_REASONS[k]: float(bits_ns[k, gpu]) / 1e9 for k in np.flatnonzero(bits_ns[:, gpu])}
 
 
-def counter_difference(
-    read_ns: IntArray, driver_us: IntArray, value: FloatArray, t1_ns: int
-) -> tuple[FloatArray, FloatArray]:
-    """Per GPU, the counter's rise (its unit) from the value that held at the window's start to
-    the last before ``t1_ns``, and the ns between those two values' driver timestamps (NaN
-    where it did not move); the first row is the last one read before the window."""
-    n, gpus = value.shape
-    last = int(np.searchsorted(read_ns, t1_ns, side="right")) - 1
-    if n < 2 or last < 1:
-        nan = np.full(gpus, np.nan)
+def counter_difference(rows: RingCells) -> tuple[FloatArray, FloatArray]:
+    """Per cell, the counter's rise (its unit) from the value that held at the window's start
+    (the first row, the last one read before the window) to the last row's, and the ns between
+    those two values' driver timestamps (NaN where it did not move)."""
+    if len(rows) < 2:
+        nan = np.full(rows.values.shape[1], np.nan)
         return nan, nan
-    rise = value[last] - value[0]
-    span = (driver_us[last] - driver_us[0]) * 1e3
+    rise = rows.values[-1] - rows.values[0]
+    span = (rows.driver_ts_us[-1] - rows.driver_ts_us[0]) * 1e3
     return rise, np.where(span > 0, span, np.nan)

@@ -51,6 +51,8 @@ from hfsampler.fields import (
 )
 from hfsampler.monitor.gpus import CUDA_VISIBLE, choose
 from hfsampler.monitor.measurement import (
+    Deferred,
+    Layout,
     Measurement,
     Span,
     counter_difference,
@@ -60,7 +62,7 @@ from hfsampler.monitor.measurement import (
 from hfsampler.monitor.running import RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
-from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingRows, cells
+from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingCells
 from hfsampler.sampling.stepping import VirtualClock
 
 SOURCES = ("auto", "nvml", "jetson", "sim")
@@ -145,9 +147,10 @@ class Monitor:
         rows = {d.uuid: r for r, d in enumerate(plan.inventory.devices) if d.is_gpu}
         self.gpus: dict[int, int] = {i: rows[u] for i, u in uuids.items()}  # cuda index -> row
         self._rows = list(self.gpus.values())
+        self._indices = list(self.gpus)
         self._plan = plan
         self._parts = _Parts.of(plan)
-        self._cells = cells(self._rows, self._parts.cols)
+        self._layout = Layout.of(len(self._rows), self._parts.memory, self._parts.events)
         self._clock = clock
         self._open: dict[Hashable, int] = {}
         self._lock = threading.Lock()
@@ -177,6 +180,12 @@ class Monitor:
         except BaseException:
             self.close()
             raise
+        rings = self._pipeline.sampler.rings
+        self._cells = rings[self._parts.group].cell_index(self._rows, self._parts.cols)
+        energy = self._parts.energy
+        self._energy_cells = None
+        if energy is not None:
+            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]])
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
@@ -271,28 +280,41 @@ class Monitor:
         rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
         if rows is None:
             raise self._too_long(t0_ns, t1_ns)
-        span = reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events)
+        span = reduce_span(rows, t0_ns, t1_ns, self._layout)
         return self._measurement(span, t0_ns, t1_ns, self._counter(t0_ns, t1_ns))
 
     def _measurement(
         self, span: Span, t0_ns: int, t1_ns: int, counter: list[float | None], exact: bool = True
     ) -> Measurement:
-        idx = list(self.gpus)
+        idx = self._indices
+        energy, mean, peak, memory = {}, {}, {}, {}
         covered = span.covered_s.tolist()
         known = [s > 0 for s in covered]  # a GPU with no power value in the window: NaN
-        energy = [e if k else math.nan for e, k in zip(span.energy_j.tolist(), known, strict=True)]
-        mean = [e / s if k else math.nan for e, s, k in zip(energy, covered, known, strict=True)]
-        peak = [p if k else math.nan for p, k in zip(span.peak_w.tolist(), known, strict=True)]
-        p99 = [p if k else math.nan for p, k in zip(span.p99_w.tolist(), known, strict=True)]
-        memory = [m if m > -math.inf else math.nan for m in span.memory_mib.tolist()]
+        per_gpu = zip(idx, known, span.energy_j.tolist(), covered, span.peak_w.tolist(),
+                      span.memory_mib.tolist(), strict=True)  # fmt: skip
+        for i, k, e, s, p, m in per_gpu:
+            energy[i] = e if k else math.nan
+            mean[i] = e / s if k else math.nan
+            peak[i] = p if k else math.nan
+            memory[i] = m if m > -math.inf else math.nan
+
+        # the p99 and the throttled time: on first use (few jobs read them)
+        def p99() -> dict[int, float]:
+            return {i: p if k else math.nan
+                    for i, p, k in zip(idx, span.p99().tolist(), known, strict=True)}  # fmt: skip
+
+        def throttled_s() -> dict[int, Mapping[str, float]]:
+            bits = span.bits()
+            return {i: throttled(bits, g) for g, i in enumerate(idx)}
+
         return Measurement(
             time=(t1_ns - t0_ns) / 1e9,
-            gpu_energy=dict(zip(idx, energy, strict=True)),
-            gpu_mean_power=dict(zip(idx, mean, strict=True)),
-            gpu_peak_power=dict(zip(idx, peak, strict=True)),
-            gpu_p99_power=dict(zip(idx, p99, strict=True)),
-            gpu_throttled_time={i: throttled(span.bits_ns, g) for g, i in enumerate(idx)},
-            gpu_memory_high_water_mib=dict(zip(idx, memory, strict=True)),
+            gpu_energy=energy,
+            gpu_mean_power=mean,
+            gpu_peak_power=peak,
+            gpu_p99_power=Deferred(p99),
+            gpu_throttled_time=Deferred(throttled_s),
+            gpu_memory_high_water_mib=memory,
             gpu_energy_counter=dict(zip(idx, counter, strict=True)),
             exact=exact,
         )
@@ -307,7 +329,7 @@ class Monitor:
         rows = _span(pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
         if rows is None:
             return None
-        return reduce_span(rows, t0_ns, t1_ns, p.power, p.memory, p.events, histogram=True)
+        return reduce_span(rows, t0_ns, t1_ns, self._layout, histogram=True)
 
     def _from_running(
         self, key: Hashable, t0_ns: int, t1_ns: int, running: Span, passed_ns: int
@@ -346,17 +368,15 @@ class Monitor:
         times the window, so that its ~100 ms steps are not taken for the job's energy."""
         none: list[float | None] = [None] * len(self._rows)
         p = self._parts
-        if p.energy is None or self._pipeline is None:
+        if p.energy is None or self._energy_cells is None or self._pipeline is None:
             return none
-        group, col = p.energy
+        group = p.energy[0]
         if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
             return none
-        rows = _span(self._pipeline.sampler.rings[group], cells(self._rows, [col]), t0_ns, t1_ns)
+        rows = _span(self._pipeline.sampler.rings[group], self._energy_cells, t0_ns, t1_ns)
         if rows is None:
             return none
-        rise_mj, span_ns = counter_difference(
-            rows.time_ns, rows.driver_ts_us[:, :, 0], rows.values[:, :, 0], t1_ns
-        )
+        rise_mj, span_ns = counter_difference(rows)
         ok = np.isfinite(rise_mj) & (span_ns >= (t1_ns - t0_ns) / 2)
         joules = rise_mj / 1e3 * (t1_ns - t0_ns) / np.where(ok, span_ns, 1.0)
         return [float(j) if k else None for j, k in zip(joules, ok, strict=True)]
@@ -462,9 +482,8 @@ class _Parts:
     """Where each quantity is: the power's group, and the columns of it a window reads."""
 
     group: str
-    cols: list[int]  # the group's columns a window reads, in this order:
-    power: int  # positions in ``cols``
-    memory: int | None  # None: not sampled with the power
+    cols: list[int]  # the group's columns a window reads, in this order: the power first,
+    memory: int | None  # then these (their positions in ``cols``; None: not with the power)
     events: int | None
     energy: tuple[str, int] | None  # the energy counter's group and column
     intervals_ns: dict[str, int]
@@ -484,18 +503,18 @@ class _Parts:
         energy = locate(ENERGY, groups)
         intervals = {g.name: int(g.interval_s * 1e9) for g in plan.groups}
         return cls(
-            plan.groups[power[0]].name, cols, 0, memory, events,
+            plan.groups[power[0]].name, cols, memory, events,
             None if energy is None else (plan.groups[energy[0]].name, energy[1]), intervals,
         )  # fmt: skip
 
 
 def _span(
     ring: Ring,
-    cells: tuple[IndexArray, IndexArray],
+    cells: IndexArray,
     t0_ns: int,
     t1_ns: int,
     ended_now: bool = False,
-) -> RingRows | None:
+) -> RingCells | None:
     """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
     None when the ring no longer holds that one. ``ended_now``: every row up to the ring's head
     (a row read since ``t1_ns`` holds a value the driver had by then, or clips to nothing)."""

@@ -75,10 +75,16 @@ class RingRows:
         )
 
 
-def cells(gpus: Sequence[int], fields: Sequence[int]) -> tuple[IndexArray, IndexArray]:
-    """The index arrays ``Ring.columns`` takes for these GPUs' and fields' cells."""
-    g, f = np.ix_(np.asarray(gpus, np.intp), np.asarray(fields, np.intp))
-    return g, f
+@dataclass(frozen=True, slots=True)
+class RingCells:
+    """Rows copied out of a ring, oldest first, of only some cells (GPU and field pairs)."""
+
+    time_ns: npt.NDArray[np.int64]  # [n] host wall-clock time of each tick's read
+    values: npt.NDArray[np.float64]  # [n, cell] as written (repeats kept)
+    driver_ts_us: npt.NDArray[np.int64]  # [n, cell]
+
+    def __len__(self) -> int:
+        return len(self.time_ns)
 
 
 SHM_DIR = Path("/dev/shm")
@@ -289,6 +295,9 @@ class Ring:
         self._values: npt.NDArray[np.float64] = np.ndarray(shape, np.float64, buf, off)
         off += 8 * c * cells
         self._driver: npt.NDArray[np.int64] = np.ndarray(shape, np.int64, buf, off)
+        # the same, a row's cells flat: what ``columns`` takes cells from, with one ``take``
+        self._flat_values = self._values.reshape(c, cells)
+        self._flat_driver = self._driver.reshape(c, cells)
         self._writer: _Writer | None = None
 
     @classmethod
@@ -396,26 +405,24 @@ class Ring:
                 hi = mid
         return lo, oldest
 
-    def columns(
-        self, start: int, stop: int, cells: tuple[IndexArray, IndexArray]
-    ) -> tuple[RingRows, bool]:
-        """Rows ``[start, stop)`` (as rows ever written) of only some GPUs and fields, and
-        whether all of them were still there after the copy (False: the writer overwrote the
-        first ones meanwhile, or had before). ``cells``: ``np.ix_(gpus, fields)``, made once by
-        the caller. Repeats are kept as written: a reader that integrates over driver
-        timestamps needs no NaN for them."""
-        if stop <= start:
-            return RingRows.empty(len(cells[0]), cells[1].shape[1]), True
+    def cell_index(self, gpus: Sequence[int], fields: Sequence[int]) -> IndexArray:
+        """The cells ``columns`` takes for these GPUs and fields, field by field: the first
+        field's cell of each GPU in order, then the second field's, and so on."""
+        return np.array([g * self.fields + f for f in fields for g in gpus], np.intp)
+
+    def columns(self, start: int, stop: int, cells: IndexArray) -> tuple[RingCells, bool]:
+        """Rows ``[start, stop)`` (as rows ever written) of only some cells, and whether all of
+        them were still there after the copy (False: the writer overwrote the first ones
+        meanwhile, or had before). ``cells``: ``cell_index``'s, made once by the caller.
+        Repeats are kept as written: a reader that integrates over driver timestamps needs no
+        NaN for them."""
+        seqs = np.arange(start, stop)  # rows ever written: ``take`` wraps them into the ring
+        rows = RingCells(
+            self._time.take(seqs, mode="wrap"),
+            self._flat_values.take(seqs, axis=0, mode="wrap").take(cells, axis=1),
+            self._flat_driver.take(seqs, axis=0, mode="wrap").take(cells, axis=1),
+        )
         c = self.capacity
-        a, b = start % c, (stop - 1) % c + 1
-        pieces = [slice(a, b)] if a < b else [slice(a, c), slice(0, b)]
-        g, f = cells
-        parts = [
-            RingRows(self._time[s].copy(), self._late[s].copy(), self._values[s][:, g, f],
-                     self._driver[s][:, g, f])
-            for s in pieces
-        ]  # fmt: skip
-        rows = parts[0] if len(parts) == 1 else RingRows.concat(parts)
         whole = start >= self.write_seq - c + 1  # nothing of ours was overwritten while we copied
         return rows, whole
 
@@ -430,7 +437,15 @@ class Ring:
         if self._writer is not None:
             self._writer.ints.release()
             self._writer = None
-        for attr in ("_header", "_time", "_late", "_values", "_driver"):
+        for attr in (
+            "_header",
+            "_time",
+            "_late",
+            "_values",
+            "_driver",
+            "_flat_values",
+            "_flat_driver",
+        ):
             with contextlib.suppress(AttributeError):
                 delattr(self, attr)
         self._shm.close()

@@ -76,8 +76,8 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
     with ConformanceReceiver(flavour=flavor, tenant_header=header) as receiver:  # type: ignore[arg-type]
         config = write_config(tmp_path / "hfsampler.yml", receiver.url, flavor, jobs)
         args = rx.sim_run_args(
-            [], duration="6s", labels={"team": "ml"}, extra=["--fields", "all"]
-        )  # all: the opt-in per-link NVLink series too
+            [], duration="60s", labels={"team": "ml"}, extra=["--fields", "all"]
+        )  # all: the opt-in per-link NVLink series too; stopped once both jobs are seen
         proc = rx.spawn_cli([*args, "--config", str(config)], tmp_path / "run.log")
         try:
             receiver.wait(
@@ -85,7 +85,16 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
                 20,
             )
             (jobs / "0").write_text("slurm-4243\n")  # a new job on GPU 0: series swap
-            assert proc.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()
+            # Until the new job's series arrive, however slowly a loaded machine started the run
+            # (a fixed 6 s run sometimes ended before it read the job file again).
+            receiver.wait(
+                lambda r: (
+                    proc.poll() is not None
+                    or any(dict(k).get("hpc_job") == "slurm-4243" for k in r.samples)
+                ),
+                30,
+            )
+            assert rx.stop_cli(proc) == 0, (tmp_path / "run.log").read_text()
         finally:
             rx.stop_cli(proc)
     receiver.assert_conformant()

@@ -7,6 +7,7 @@ sim) in this process as the clock moves, one millisecond per move, so a 2 s wind
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -124,6 +125,23 @@ def test_throttling_and_memory_are_measured_per_gpu(
     # the standard fake's memory: (10 + ms % 7) GiB, so 16 GiB at its highest
     assert m.gpu_memory_high_water_mib[0] == pytest.approx(16 * 1024)
     assert 250.0 <= m.gpu_p99_power[0] <= m.gpu_peak_power[0]
+
+
+def test_the_p99_and_throttled_time_made_on_first_use_read_as_plain_mappings(
+    known: tuple[KnownPower, VirtualClock], mon: Monitor
+) -> None:
+    truth, clock = known
+    truth.throttle(0, clock.now_ns() + 5 * MS_NS, 10)
+    with mon.window("w") as w:
+        run_ms(clock, 30)
+    m = w.measurement
+    assert m is not None
+    assert m.gpu_throttled_time == {0: {"sw_power_cap": pytest.approx(0.010)}, 1: {}}
+    assert sorted(m.gpu_p99_power) == [0, 1]
+    assert len(m.gpu_p99_power) == 2
+    assert repr(m.gpu_p99_power) == repr(dict(m.gpu_p99_power))
+    assert pickle.loads(pickle.dumps(m)) == m
+    assert all(m.gpu_p99_power[g] <= m.gpu_peak_power[g] for g in (0, 1))
 
 
 def test_ending_a_key_never_begun_is_a_key_error(mon: Monitor) -> None:

@@ -52,6 +52,26 @@ def test_a_lagging_reader_loses_the_oldest_rows_and_counts_them() -> None:
         ring.close()
 
 
+def test_columns_reads_some_cells_of_a_span_across_the_wrap_field_by_field() -> None:
+    ring = Ring.create(8, 3, 4)
+    try:
+        for i in range(13):  # rows 5..12 held, row 8's at the ring's start
+            values, driver = ring.slot()
+            values[:] = np.arange(12).reshape(3, 4) + 100 * i
+            driver[:] = i
+            ring.commit(1_000 + i, 0)
+        cells = ring.cell_index([0, 2], [3, 1])  # field 3 of GPUs 0 and 2, then field 1's
+        rows, whole = ring.columns(6, 11, cells)
+        assert whole
+        assert rows.time_ns.tolist() == [1006, 1007, 1008, 1009, 1010]
+        assert rows.values[:, 0].tolist() == [603, 703, 803, 903, 1003]
+        assert rows.values[0].tolist() == [603, 611, 601, 609]
+        assert rows.driver_ts_us[:, 3].tolist() == [6, 7, 8, 9, 10]
+        assert not ring.columns(4, 11, cells)[1]  # row 4 was overwritten
+    finally:
+        ring.close()
+
+
 def _write_driver(ring: Ring, driver_ts: list[list[int]]) -> None:
     """One row per entry: its driver timestamps (one per field), its value the row's number."""
     for ts in driver_ts:

@@ -39,7 +39,7 @@ def test_no_room_in_dev_shm_names_history_s_not_window(small_shm: Path) -> None:
     assert "shorter history_s" in text
 
 
-def test_jetson_on_a_machine_without_one_names_the_source_argument(tmp_path: Path) -> None:
+def test_jetson_on_a_machine_without_one_names_the_source_argument() -> None:
     text = refusal(source="jetson")
     assert "--source" not in text
     assert "source=" in text

@@ -2,8 +2,9 @@
 
 Most of these start the real sampler process: what they check is the operating system's (a
 parent-death signal tied to the starting thread, multiprocessing's exit hook that joins a
-process's children, what a fork copies), which no fake shows. Each runs its job in a
-subprocess with a timeout, since the failure they guard against is a hang.
+process's children, what a fork copies, a thread's Ctrl-C), which no fake shows. Those whose
+failure was a hang run their job in a subprocess with a timeout; the cheap ones (use after
+close, pickling, threads racing close()) run on a VirtualClock.
 """
 
 from __future__ import annotations

@@ -18,14 +18,15 @@ thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import math
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
+from multiprocessing import util as mp_util
 from types import TracebackType
 
 import numpy as np
@@ -61,7 +62,7 @@ from hfsampler.monitor.measurement import (
 from hfsampler.monitor.running import RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
-from hfsampler.sampling.ring import IndexArray, Ring, RingCells
+from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingCells
 from hfsampler.sampling.stepping import VirtualClock
 
 SOURCES = ("auto", "nvml", "jetson", "sim")
@@ -134,7 +135,10 @@ class Monitor:
             base, source=kind, fields=FIELDS, window_s=history_s / 4, auto_intervals=False,
             listen=None, remote_write=(),
         )  # fmt: skip
-        plan = build_run(run_config)
+        try:
+            plan = build_run(run_config)
+        except ConfigError as exc:
+            raise _in_monitor_terms(exc, history_s, 0) from None
         if kind == "sim":  # CUDA's variables name this machine's GPUs, not simulated ones
             env = {k: v for k, v in env.items() if k != CUDA_VISIBLE}
         chosen = choose(plan.inventory.devices, gpu_indices, env)
@@ -150,11 +154,27 @@ class Monitor:
         self._clock = clock
         self._open: dict[Hashable, int] = {}
         self._lock = threading.Lock()
+        # the threads reading the rings now (end_window, measure): close() waits for them
+        self._readers: list[int] = []
+        self._read_done = threading.Condition(self._lock)
+        self._closing = False
         self._markers = markers.enabled()
         self.history_s = history_s
         self._stop = threading.Event()
-        self._passes: threading.Thread | None = None
-        self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        self._passes: list[threading.Thread] = []
+        self._pid = os.getpid()  # a forked child's copy must not stop the parent's sampler
+        try:
+            self._pipeline: Pipeline | None = Pipeline(plan, RECORD, clock=clock)
+        except ConfigError as exc:
+            raise _in_monitor_terms(exc, history_s, len(self._rows)) from None
+        # What stops it, once: close(), the Monitor collected once nothing refers to it (a
+        # notebook cell run again), or the process's exit. multiprocessing's exit hook, not
+        # atexit: a multiprocessing child (a DataLoader worker) runs only that one, and runs it
+        # before it waits for its own children, the sampler among them, which would never end
+        # otherwise. It is ignored in a forked child, whose copy is not its to stop.
+        self._shut = mp_util.Finalize(
+            self, _shut, args=(self._stop, self._passes, self._pipeline), exitpriority=100
+        )
         try:
             self._pipeline.start()
         except BaseException:
@@ -166,15 +186,19 @@ class Monitor:
         self._energy_cells = None
         if energy is not None:
             self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]])
-        atexit.register(self.close)  # a job that never closes it: stopped at exit all the same
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
             clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
         else:
-            self._passes = threading.Thread(target=self._pass_loop, name="hfsampler-monitor",
-                                            daemon=True)  # fmt: skip
-            self._passes.start()
+            passes = threading.Thread(
+                target=_pass_loop,
+                args=(weakref.ref(self), self._stop, self._pass_s),
+                name="hfsampler-monitor",
+                daemon=True,
+            )
+            self._passes.append(passes)
+            passes.start()
 
     @property
     def source(self) -> str:
@@ -185,6 +209,8 @@ class Monitor:
     def begin_window(self, key: Hashable) -> None:
         """Start the window ``key`` now (a ``ValueError`` if it is open already)."""
         t_ns = self._clock.now_ns()
+        if self._pipeline is None:
+            raise RuntimeError("the Monitor is closed")
         with self._lock:
             if key in self._open:
                 raise ValueError(f"window {key!r} is open already: end it, or use another key")
@@ -197,17 +223,22 @@ class Monitor:
         t_ns = self._clock.now_ns()
         with self._lock:
             t0_ns = self._open.pop(key, None)
+            if t0_ns is not None:
+                self._begin_read()
         if t0_ns is None:
             raise KeyError(f"window {key!r} was never begun (or has ended already)")
-        if self._markers:
-            markers.edge("end", _name(key), t_ns)
         try:
-            return self._measure(t0_ns, t_ns, ended_now=True)
-        except WindowTooLongError:
-            running = self._running.take(key, t0_ns)
-            if running is None:
-                raise
-        return self._from_running(key, t0_ns, t_ns, *running)
+            if self._markers:
+                markers.edge("end", _name(key), t_ns)
+            try:
+                return self._measure(t0_ns, t_ns, ended_now=True)
+            except WindowTooLongError:
+                running = self._running.take(key, t0_ns)
+                if running is None:
+                    raise
+            return self._from_running(key, t0_ns, t_ns, *running)
+        finally:
+            self._end_read()
 
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[Window]:
@@ -222,12 +253,29 @@ class Monitor:
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
         """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
-        return self._measure(t0_ns, t1_ns)
+        with self._lock:
+            self._begin_read()
+        try:
+            return self._measure(t0_ns, t1_ns)
+        finally:
+            self._end_read()
+
+    def _begin_read(self) -> None:
+        """With the lock held: this thread reads the rings until ``_end_read``."""
+        if self._closing:
+            raise RuntimeError("the Monitor is closed")
+        self._readers.append(threading.get_ident())
+
+    def _end_read(self) -> None:
+        with self._lock:
+            self._readers.remove(threading.get_ident())
+            self._read_done.notify_all()
 
     def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
         """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
         if self._pipeline is None:
             raise RuntimeError("the Monitor is closed")
+        self._check_sampling()
         p = self._parts
         rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
         if rows is None:
@@ -274,10 +322,11 @@ class Monitor:
     # -- windows longer than the rings hold --------------------------------------------------
 
     def _reduce_with_histogram(self, t0_ns: int, t1_ns: int) -> Span | None:
-        if self._pipeline is None:
+        pipeline = self._pipeline  # once: close() may clear it meanwhile (it joins this thread)
+        if pipeline is None:
             return None
         p = self._parts
-        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        rows = _span(pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
         if rows is None:
             return None
         return reduce_span(rows, t0_ns, t1_ns, self._layout, histogram=True)
@@ -304,10 +353,6 @@ class Monitor:
         with self._lock:
             open_windows = dict(self._open)
         self._running.advance(self._clock.now_ns(), open_windows)
-
-    def _pass_loop(self) -> None:
-        while not self._stop.wait(self._pass_s):
-            self._pass()
 
     def _virtual_pass(self) -> None:
         if self._pipeline is None:
@@ -349,19 +394,39 @@ class Monitor:
     def alive(self) -> bool:
         return self._pipeline is not None and self._pipeline.alive()
 
+    def _check_sampling(self) -> None:
+        """A ``SourceError`` once the sampler process is gone: the rings' last samples would
+        otherwise be taken to hold until now. Only the process that started it can ask."""
+        pipeline = self._pipeline
+        if pipeline is None or os.getpid() != self._pid or pipeline.alive():
+            return
+        reason = pipeline.sampler.exit_reason() or "it stopped"
+        raise SourceError(
+            f"the Monitor's sampler process is gone ({reason}): nothing was sampled since; "
+            "close this Monitor and make a new one"
+        )
+
     def close(self) -> None:
-        """Stop the sampler process and free its shared memory; safe to call twice."""
-        atexit.unregister(self.close)
-        self._stop.set()
-        if self._passes is not None and self._passes is not threading.current_thread():
-            self._passes.join()
-            self._passes = None
-        pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            pipeline.close()
+        """Stop the sampler process and free its shared memory; safe to call twice. In a forked
+        child it only lets go of the parent's Monitor, which goes on. Calls of other threads
+        reading the rings finish first; later ones raise ``RuntimeError``."""
+        with self._lock:
+            self._closing = True
+            me = threading.get_ident()  # a signal handler's close() in a reading thread
+            self._read_done.wait_for(lambda: all(r == me for r in self._readers))
+        self._pipeline = None
+        if os.getpid() == self._pid:
+            self._shut()
 
     def __enter__(self) -> Monitor:
         return self
+
+    def __reduce__(self) -> str | tuple[object, ...]:
+        raise TypeError(
+            "a Monitor cannot be sent to another process (its sampler and rings are this "
+            "process's): make a Monitor in each process, or fork (a forked child may use its "
+            "parent's)"
+        )
 
     def __exit__(
         self,
@@ -371,9 +436,28 @@ class Monitor:
     ) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
+
+def _pass_loop(monitor: weakref.ref[Monitor], stop: threading.Event, every_s: float) -> None:
+    """The running statistics' passes, holding the Monitor only during one: a Monitor nothing
+    else refers to is collected, and its sampler stopped."""
+    while not stop.wait(every_s):
+        mon = monitor()
+        if mon is None:
+            return
+        mon._pass()
+        del mon
+
+
+def _shut(stop: threading.Event, passes: list[threading.Thread], pipeline: Pipeline) -> None:
+    """Stop a Monitor's passes and its sampler, free its rings (without the Monitor, which may
+    be gone)."""
+    stop.set()
+    try:
+        for thread in passes:
+            if thread is not threading.current_thread():
+                thread.join()
+    finally:  # this runs once: an interrupted join must not keep the sampler
+        pipeline.close()
 
 
 class Window:
@@ -448,6 +532,25 @@ def _span(
     if start == first and len(rows):
         rows.driver_ts_us[0] = t0_ns // 1000
     return rows
+
+
+def _in_monitor_terms(exc: ConfigError, history_s: float, gpus: int) -> ConfigError:
+    """`run`'s refusal, whose fix names its flags (``--window``, ``--source``), as the Monitor's
+    arguments: its rings hold ``history_s``, its source is ``source=``."""
+    if exc.key == "max_ring_bytes":
+        need = exc.problem.partition(" needs ")[2]
+        return ConfigError(
+            "history_s",
+            f"{history_s:g} s on {gpus} GPU(s) needs {need}",
+            "give a shorter history_s, fewer gpu_indices, or a config= with a larger "
+            "max_ring_bytes",
+        )
+    if exc.fix == ROOM_FIX:
+        return ConfigError(exc.key, exc.problem, ROOM_FIX.partition("; or ")[0]
+                           + "; or give the Monitor a shorter history_s")  # fmt: skip
+    if exc.key == "source":
+        return ConfigError(exc.key, exc.problem, exc.fix.replace("--source ", "source="))
+    return exc
 
 
 def _source_kind(source: str, config: Config) -> str:

@@ -23,10 +23,8 @@ import multiprocessing
 import multiprocessing.process
 import os
 import signal
-import sys
 import time
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
@@ -36,6 +34,7 @@ import numpy.typing as npt
 from hfsampler import logs
 from hfsampler.config.settings import DEFAULT_MAX_RING_BYTES
 from hfsampler.errors import ConfigError, SourceError
+from hfsampler.sampling import spawning
 from hfsampler.sampling.groups import GroupPlan, SamplerPlan
 from hfsampler.sampling.lanes import (
     ERROR,
@@ -238,8 +237,7 @@ class Sampler:
         )
         process.daemon = True
         try:
-            with _main_not_inherited():
-                process.start()
+            spawning.start(process)
         finally:
             writer.close()  # the child holds its own copy: EOF here once it is gone
             layout_writer.close()
@@ -353,14 +351,18 @@ class Sampler:
             self._layout = None
 
     def close(self) -> None:
-        """Stop the process and free every shared-memory block; safe to call twice."""
-        self.stop()
-        for ring in self.rings.values():
-            ring.close()
-        self.rings.clear()
-        if self.status is not None:
-            self.status.close()
-            self.status = None
+        """Stop the process and free every shared-memory block; safe to call twice. The blocks
+        are freed even when the wait for the process is interrupted (Ctrl-C): it has been told to
+        stop, and its own mappings outlive their names."""
+        try:
+            self.stop()
+        finally:
+            for ring in self.rings.values():
+                ring.close()
+            self.rings.clear()
+            if self.status is not None:
+                self.status.close()
+                self.status = None
 
     def __enter__(self) -> Sampler:
         return self
@@ -375,20 +377,6 @@ class Sampler:
         return array
 
 
-@contextlib.contextmanager
-def _main_not_inherited() -> Iterator[None]:
-    """While the process is spawned, a bare ``__main__``: spawn would otherwise have the child
-    import the parent's main module again, and a training script that made a ``Monitor`` at its
-    top level (no ``if __name__ == "__main__"``) would run again in the sampler process."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
 # -- the child process ---------------------------------------------------------------------------
 
 
@@ -401,7 +389,8 @@ def _child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload is the parent's; a hangup too
-    # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it.
+    # A parent killed with SIGKILL cannot tell us to stop: have the kernel end us with it (we
+    # were started from a thread that lasts as long as it: ``sampling.spawning``).
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # it died before prctl took effect
         return

@@ -21,6 +21,7 @@ from hfsampler.config.loader import load_file
 from hfsampler.config.settings import Config
 from hfsampler.config.webconfig import load_web_config
 from hfsampler.errors import ConfigError, HfsamplerError
+from hfsampler.logs import one_line
 from hfsampler.sampling.plan import build_run
 
 log = logging.getLogger("hfsampler")
@@ -99,7 +100,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         fields = tuple(f for f in fields if f.jetson)
     print(f"{args.file or args.fields_csv}: OK")
     for warning in config.warnings():
-        print(f"  warning: {warning}")
+        print(f"  warning: {one_line(warning)}")
     for line in config.fields_csv.describe() if config.fields_csv is not None else ():
         print(f"  {one_line(line)}")
     listen = one_line(str(config.listen))
@@ -147,11 +148,6 @@ def cmd_fields(args: argparse.Namespace) -> int:
         print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {jetson:<22}  "
               f"{how}")  # fmt: skip
     return EXIT_OK
-
-
-def one_line(text: str) -> str:
-    """One line, whatever a file or a path held: control characters are shown escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -202,3 +202,24 @@ def _sampler_pid(parent: int) -> int:
         if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
             return int(pid)
     raise AssertionError(f"no sampler among {children}")
+
+
+def test_a_line_break_in_a_counters_file_name_stays_on_its_own_log_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a quoted name may hold a line break (Go's csv allows it): in the warning it would forge a
+    # log line of its own, and a terminal escape would reach the terminal
+    forged = "2026-01-01 00:00:00,000 ERROR hfsampler: forged \x1b[2J"
+    csv = tmp_path / "counters.csv"
+    csv.write_text(f'DCGM_FI_DEV_GPU_TEMP, gauge, t\n"DCGM_FAKE\n{forged}", gauge, y\n')
+    escaped = "DCGM_FAKE\\n2026-01-01 00:00:00,000 ERROR hfsampler: forged \\x1b[2J"
+    assert main(["check-config", "--fields-csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert f"left out: {escaped}\n" in out
+    assert not [line for line in out.splitlines() if not line.startswith(("  ", str(csv)))]
+    proc = _hfsampler("run", "--source", "sim", "--gpus", "1", "--duration", "1s",
+                      "--listen", "", "--fields-csv", str(csv))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"left out: {escaped}\n" in proc.stderr
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ hfsampler\.")
+    assert [line for line in proc.stderr.splitlines() if not stamp.match(line)] == []

@@ -55,8 +55,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
 
     check = sub.add_parser("check-config", help="validate a config file and print it")
     check.add_argument("file", metavar="FILE", nargs="?")
-    wording = {"--fields-csv": "a dcgm-exporter counters file: alone, or over FILE's fields_csv"}
-    add_sampling_flags(check, ("--fields-csv",), wording=wording)
+    wording = {"--fields-csv": "a dcgm-exporter counters file: alone, or over FILE's fields_csv",
+               "--web-config-file": "a web configuration file: alone, or over FILE's"}  # fmt: skip
+    add_sampling_flags(check, ("--fields-csv", "--web-config-file"), wording=wording)
 
     sub.add_parser("fields", help="list the field catalogue")
     handlers: dict[str, Handler] = {
@@ -89,16 +90,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    if args.file is None and args.fields_csv is None:
+    if args.file is None and args.fields_csv is None and not args.web_config_file:
         raise ConfigError(
-            "check-config", "nothing to check", "give FILE, --fields-csv FILE or both"
+            "check-config", "nothing to check", "give FILE, --fields-csv or --web-config-file"
         )
     config = config_from_args(args, load_file(args.file) if args.file else None)
     fields = config.selected_fields()
     jetson = config.source == "jetson"
     if jetson:  # the fields a Jetson has files for; a per-rail or per-zone one counts once
         fields = tuple(f for f in fields if f.jetson)
-    print(f"{args.file or args.fields_csv}: OK")
+    print(f"{args.file or args.fields_csv or args.web_config_file}: OK")
     for warning in config.warnings():
         print(f"  warning: {one_line(warning)}")
     for line in config.fields_csv.describe() if config.fields_csv is not None else ():

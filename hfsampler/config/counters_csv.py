@@ -119,12 +119,14 @@ class CountersFile:
         """The file's fields and those ``selectors`` (the ``fields`` key) name besides, in
         catalogue order, with the file's help texts where honoured."""
         wanted = set(self.selected)
-        if selectors is not None:
-            wanted.update(f.name for f in catalogue.select(selectors))
+        given = tuple(selectors or ())
+        if any(s.strip() for s in given):  # ``fields: []`` beside the file: none besides
+            wanted.update(f.name for f in catalogue.select(given))
         if not wanted:
+            some = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
             raise ConfigError(
                 KEY,
-                f"{self.path} selects no field hfsampler has",
+                f"{self.path} selects no field hfsampler has" + (f" (only {some})" if some else ""),
                 "`hfsampler fields` lists them; name some in the file or in fields",
             )
         helps = self.help_texts()

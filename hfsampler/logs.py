@@ -25,12 +25,27 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry).decode()
 
 
+def one_line(text: str) -> str:
+    """One line, whatever a file or a path held: control characters are shown escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, each message one line: a name read from a user's file (a counters
+    file's row, a path) may hold a line break, which would forge a log line of its own, or a
+    terminal escape. A traceback after it keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+
 def setup(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

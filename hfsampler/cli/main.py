@@ -21,6 +21,7 @@ from hfsampler.config.loader import load_file
 from hfsampler.config.settings import Config
 from hfsampler.config.webconfig import load_web_config
 from hfsampler.errors import ConfigError, HfsamplerError
+from hfsampler.logs import one_line
 from hfsampler.sampling.plan import build_run
 
 log = logging.getLogger("hfsampler")
@@ -85,8 +86,9 @@ def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, d
 
     check = sub.add_parser("check-config", help="validate a config file and print it")
     check.add_argument("file", metavar="FILE", nargs="?")
-    wording = {"--fields-csv": "a dcgm-exporter counters file: alone, or over FILE's fields_csv"}
-    add_sampling_flags(check, ("--fields-csv",), wording=wording)
+    wording = {"--fields-csv": "a dcgm-exporter counters file: alone, or over FILE's fields_csv",
+               "--web-config-file": "a web configuration file: alone, or over FILE's"}  # fmt: skip
+    add_sampling_flags(check, ("--fields-csv", "--web-config-file"), wording=wording)
 
     sub.add_parser("fields", help="list the field catalogue")
     handlers: dict[str, Handler] = {
@@ -119,18 +121,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    if args.file is None and args.fields_csv is None:
+    if args.file is None and args.fields_csv is None and not args.web_config_file:
         raise ConfigError(
-            "check-config", "nothing to check", "give FILE, --fields-csv FILE or both"
+            "check-config", "nothing to check", "give FILE, --fields-csv or --web-config-file"
         )
     config = config_from_args(args, load_file(args.file) if args.file else None)
     fields = config.selected_fields()
     jetson = config.source == "jetson"
     if jetson:  # the fields a Jetson has files for; a per-rail or per-zone one counts once
         fields = tuple(f for f in fields if f.jetson)
-    print(f"{args.file or args.fields_csv}: OK")
+    print(f"{args.file or args.fields_csv or args.web_config_file}: OK")
     for warning in config.warnings():
-        print(f"  warning: {warning}")
+        print(f"  warning: {one_line(warning)}")
     for line in config.fields_csv.describe() if config.fields_csv is not None else ():
         print(f"  {one_line(line)}")
     listen = one_line(str(config.listen))
@@ -178,11 +180,6 @@ def cmd_fields(args: argparse.Namespace) -> int:
         print(f"{f.name:<{width}}  {f.kind.value:<7}  {f.group:<5}  {f.unit:<5}  {jetson:<22}  "
               f"{how}")  # fmt: skip
     return EXIT_OK
-
-
-def one_line(text: str) -> str:
-    """One line, whatever a file or a path held: control characters are shown escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,9 +36,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from hfsampler import fields as catalogue
+from hfsampler.config.yamlfile import read_text
 from hfsampler.errors import ConfigError
 
 KEY = "fields_csv"
@@ -119,12 +119,14 @@ class CountersFile:
         """The file's fields and those ``selectors`` (the ``fields`` key) name besides, in
         catalogue order, with the file's help texts where honoured."""
         wanted = set(self.selected)
-        if selectors is not None:
-            wanted.update(f.name for f in catalogue.select(selectors))
+        given = tuple(selectors or ())
+        if any(s.strip() for s in given):  # ``fields: []`` beside the file: none besides
+            wanted.update(f.name for f in catalogue.select(given))
         if not wanted:
+            some = ", ".join(self.left_out[:5]) + (", ..." if len(self.left_out) > 5 else "")
             raise ConfigError(
                 KEY,
-                f"{self.path} selects no field hfsampler has",
+                f"{self.path} selects no field hfsampler has" + (f" (only {some})" if some else ""),
                 "`hfsampler fields` lists them; name some in the file or in fields",
             )
         helps = self.help_texts()
@@ -279,13 +281,7 @@ def parse_rows(text: str, path: str, key: str = KEY) -> tuple[Row, ...]:
 
 def read_counters_file(path: str, key: str = KEY) -> CountersFile:
     """Read and check the counters file at ``path``; ``key`` is how the user named it."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc.strerror}", "check the path") from None
-    except UnicodeDecodeError:
-        raise ConfigError(key, f"{path} is not UTF-8 text", "save it as UTF-8") from None
-    return CountersFile(path, parse_rows(text, path, key))
+    return CountersFile(path, parse_rows(read_text(path, key), path, key))
 
 
 def counters_file_flag(value: str, name: str) -> CountersFile | None:

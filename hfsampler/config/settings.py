@@ -314,10 +314,12 @@ class Config:
             ("xid_count_window", self.xid_count_window_s),
             ("clock_events_count_window", self.clock_events_count_window_s),
         ):
-            if not 0 < count_s <= 86400:
-                raise ConfigError(
-                    name, f"{count_s:g}s is out of range", "use up to 24h; dcgm-exporter's is 5m"
-                )
+            # whole milliseconds: the series say the window in their window_size_in_ms label
+            # (dcgm-exporter's flag is in ms), where 100us would read 0
+            count_ns = to_ns(count_s)
+            if not 0 < count_ns <= 86400 * 10**9 or count_ns % 10**6:
+                fix = "use whole ms from 1ms to 24h; dcgm-exporter's is 5m"
+                raise ConfigError(name, f"{count_s:g}s is out of range", fix)
         for group, interval in self.intervals_s.items():
             if to_ns(interval) < _MIN_INTERVAL_NS:
                 raise ConfigError(f"intervals.{group}", "shorter than 100us", "use 100us or more")

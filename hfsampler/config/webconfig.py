@@ -72,8 +72,9 @@ _UNSUPPORTED = {
     "tls_server_config.client_allowed_sans": "hfsampler does not match client SANs: issue client "
     "certificates from a CA of their own and name it in client_ca_file",
 }
-# A bcrypt hash: version, cost, then 22 characters of salt and 31 of hash.
-_BCRYPT = re.compile(rb"\$2[abxy]?\$(\d\d)\$[./A-Za-z0-9]{53}")
+# A bcrypt hash: version, cost, then 22 characters of salt and 31 of hash. Not $2$, bcrypt's
+# first version: Python's bcrypt refuses to check it, so its user could never log in.
+_BCRYPT = re.compile(rb"\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}")
 HASH_FIX = "hash the password with bcrypt, e.g. htpasswd -nBC 10 \"\" | tr -d ':\\n'"
 
 

@@ -30,7 +30,7 @@ from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
 from hfsampler.export.metrics import MetricModel
-from hfsampler.export.web import WebGate
+from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.config import EndpointConfig
@@ -371,6 +371,7 @@ class Service:
         if gate is not None:
             app.on_response_prepare.append(gate.add_headers)
         runner = web.AppRunner(app, access_log=None)
+        logging.getLogger("aiohttp.server").addFilter(BAD_REQUEST_FILTER)  # once: one instance
         await runner.setup()
         ssl_context = gate.ssl_context() if gate is not None else None
         try:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import bcrypt
 from aiohttp import hdrs, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hfsampler.config.webconfig import KEY, load_web_config, server_context
 from hfsampler.errors import ConfigError
@@ -68,8 +69,12 @@ def basic_credentials(header: str | None) -> tuple[bytes, bytes] | None:
 
 
 class VerdictCache:
-    """bcrypt verdicts by a keyed hash of (user, hash, password); the oldest tenth dropped when
-    full (the toolkit drops a random tenth: either keeps the cost of a flood bounded)."""
+    """bcrypt verdicts by a keyed hash of (user, hash, password); the oldest tenth of the wrong
+    ones dropped when full (the toolkit drops a random tenth: either keeps the cost of a flood
+    bounded). A right one is dropped only when there is no wrong one left: a flood of guesses
+    would otherwise evict a scraper's verdict, and its next scrape wait behind every queued
+    guess, one bcrypt at a time, past its timeout. Only who knows a password adds a right one.
+    """
 
     def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
@@ -84,7 +89,8 @@ class VerdictCache:
 
     def set(self, key: bytes, verdict: bool) -> None:
         if len(self._verdicts) >= CACHE_SIZE:
-            for old in list(self._verdicts)[: max(1, CACHE_SIZE // 10)]:
+            wrong = [k for k, right in self._verdicts.items() if not right]
+            for old in (wrong or list(self._verdicts))[: max(1, CACHE_SIZE // 10)]:
                 del self._verdicts[old]
         self._verdicts[key] = verdict
 
@@ -94,6 +100,27 @@ def _check(password: bytes, hashed: bytes) -> bool:
         return bcrypt.checkpw(password, hashed)
     except ValueError:  # bcrypt refuses passwords over 72 bytes, as Go's does
         return False
+
+
+class BadRequestFilter(logging.Filter):
+    """aiohttp's log of a request it could not parse, cut to one debug line without the request.
+
+    aiohttp logs it with a traceback whose message quotes the offending line, at error level
+    (an over-long header, a control character in one): an ``Authorization`` header's
+    credentials went to the log, and any client could fill it. The client is answered 400.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        record.msg = f"{record.msg}: {exc.code} {type(exc).__name__}"
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+BAD_REQUEST_FILTER = BadRequestFilter()
 
 
 class _CurrentContext(ssl.SSLContext):

@@ -214,3 +214,43 @@ def test_a_command_imports_no_http_stack_it_does_not_use(command: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_line_break_in_a_counters_file_name_stays_on_its_own_log_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a quoted name may hold a line break (Go's csv allows it): in the warning it would forge a
+    # log line of its own, and a terminal escape would reach the terminal
+    forged = "2026-01-01 00:00:00,000 ERROR hfsampler: forged \x1b[2J"
+    csv = tmp_path / "counters.csv"
+    csv.write_text(f'DCGM_FI_DEV_GPU_TEMP, gauge, t\n"DCGM_FAKE\n{forged}", gauge, y\n')
+    escaped = "DCGM_FAKE\\n2026-01-01 00:00:00,000 ERROR hfsampler: forged \\x1b[2J"
+    assert main(["check-config", "--fields-csv", str(csv)]) == 0
+    out = capsys.readouterr().out
+    assert f"left out: {escaped}\n" in out
+    assert not [line for line in out.splitlines() if not line.startswith(("  ", str(csv)))]
+    proc = _hfsampler("run", "--source", "sim", "--gpus", "1", "--duration", "1s",
+                      "--listen", "", "--fields-csv", str(csv))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"left out: {escaped}\n" in proc.stderr
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ hfsampler\.")
+    assert [line for line in proc.stderr.splitlines() if not stamp.match(line)] == []
+
+
+def test_check_config_takes_a_web_configuration_file_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as --fields-csv: a file a user is about to mount, checked without a config file around it
+    web = tmp_path / "web.yml"
+    web.write_text("basic_auth_users:\n  prometheus: Sup3r-Secret-PW\n")
+    assert _exit_code(["check-config", "--web-config-file", str(web)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hfsampler: error: web_config_file: basic_auth_users.prometheus: is not")
+    assert "Sup3r" not in err
+    web.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    assert _exit_code(["check-config", "--web-config-file", str(web)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{web}: OK\n")
+    assert f"  web_config_file: {web}: no TLS; no basic auth; headers X-Frame-Options\n" in out
+    assert _exit_code(["check-config", "--web-config-file", ""]) == 2
+    assert "nothing to check" in capsys.readouterr().err

@@ -407,3 +407,20 @@ def test_dcgm_exporter_defaults_host_label_and_count_windows() -> None:
         "DCGM_FI_DEV_XID_ERRORS",
         "hfsampler_xid_events_total",
     }
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("100us", "0.0001"), ("1500us", "0.0015"),
+                                                 ("0s", "0"), ("25h", "90000")])  # fmt: skip
+def test_a_count_window_its_label_cannot_say_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, seconds: str
+) -> None:
+    # the series carry the window as window_size_in_ms, whole milliseconds: 100us would read 0
+    config = tmp_path / "hfsampler.yml"
+    config.write_text(f"clock_events_count_window: {value}\n")
+    assert main(["check-config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"hfsampler: error: clock_events_count_window: {seconds}s is out of range (use whole ms "
+        "from 1ms to 24h; dcgm-exporter's is 5m)\n"
+    )
+    config.write_text("xid_count_window: 1ms\n")
+    assert main(["check-config", str(config)]) == 0

@@ -335,3 +335,22 @@ def test_a_counted_row_brings_the_fields_it_counts(tmp_path: Path) -> None:
     config = from_mapping({"fields_csv": path})
     assert [f.name for f in config.counted_fields()] == ["DCGM_EXP_CLOCK_EVENTS_COUNT"]
     assert [f.name for f in config.selected_fields()] == ["DCGM_FI_DEV_CLOCKS_EVENT_REASONS"]
+
+
+def test_an_empty_fields_beside_the_file_adds_none_and_a_file_of_strangers_names_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `fields: []` (a Helm value left empty) means none besides the file, not a mistake
+    path = _write(tmp_path, "DCGM_FI_DEV_GPU_TEMP, gauge, t\n")
+    config = tmp_path / "hfsampler.yml"
+    config.write_text(f"fields: []\nfields_csv: {path}\n")
+    assert main(["check-config", str(config)]) == 0
+    assert "1 fields selected" in capsys.readouterr().out
+    # a file whose every name is unknown (written in lower case, say) says which they are
+    path = _write(tmp_path, "dcgm_fi_dev_gpu_temp, gauge, t\nDCGM_FI_FOO, gauge, f\n")
+    assert main(["check-config", "--fields-csv", path]) == 2
+    assert capsys.readouterr().err == (
+        f"hfsampler: error: fields_csv: {path} selects no field hfsampler has (only "
+        "dcgm_fi_dev_gpu_temp, DCGM_FI_FOO) (`hfsampler fields` lists them; name some in the "
+        "file or in fields)\n"
+    )

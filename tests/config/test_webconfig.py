@@ -139,6 +139,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
      "web_config_file: basic_auth_users.alice: is not a bcrypt hash (hash the password"),
     ("a clear password", {"basic_auth_users": {"alice": "Web-Pa55word-7f3a"}},
      "web_config_file: basic_auth_users.alice: is not a bcrypt hash"),
+    # $2$, bcrypt's first version: Go checks it, Python's bcrypt cannot, so it would never match
+    ("a $2$ hash", {"basic_auth_users": {"alice": "$2$" + HASH[4:]}},
+     "web_config_file: basic_auth_users.alice: is not a bcrypt hash"),
     ("a header it reserves", {"http_server_config": {"headers": {"Server": "hfsampler"}}},
      "web_config_file: http_server_config.headers.Server: cannot be configured (the toolkit "
      "allows only Strict-Transport-Security, X-Content-Type-Options"),

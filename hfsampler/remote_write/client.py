@@ -26,6 +26,7 @@ import aiohttp
 import hfsampler
 from hfsampler import selfmetrics as sm
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
+from hfsampler.logs import one_line
 from hfsampler.remote_write.config import EndpointConfig, redact_url
 from hfsampler.remote_write.encoder_v2 import CONTENT_TYPE as CONTENT_TYPE_V2
 from hfsampler.remote_write.encoder_v2 import VERSION as VERSION_V2
@@ -38,7 +39,6 @@ log = logging.getLogger(__name__)
 # How much of a receiver's error body is read, and how much of it goes into the log.
 BODY_READ_LIMIT = 4096
 BODY_LOG_LIMIT = 512
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 PROTOCOL_HEADERS = {
     "Content-Encoding": "snappy",
@@ -263,17 +263,13 @@ class RemoteClient:
         """A receiver's text as one log-safe line: every secret sent replaced by ``<secret>``
         (a receiver may echo the request's head), control characters escaped, truncated."""
         text = self._redact(text, self._auth.secrets() if self._auth is not None else ())
-        text = _CONTROL.sub(lambda m: _escape(m.group()), text)
+        text = one_line(text)
         if len(text) > BODY_LOG_LIMIT:
             text = text[:BODY_LOG_LIMIT] + "...(truncated)"
         return text
 
     def _count_request(self, status: str) -> None:
         self._metrics.inc(sm.RW_REQUESTS, 1, {**self._labels, "status": status})
-
-
-def _escape(char: str) -> str:
-    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}")
 
 
 def _written(value: str | None, sent: int) -> int | None:

@@ -36,6 +36,12 @@ and logged once, anything else.
   ``MAX_BATCH_EVENTS`` objects with exactly ``t_ns``, ``kind``, ``name`` and ``step`` as above
   (possibly none: a last count of drops). Sent when events waited; a single event goes as
   version 1, so a recorder that reads only version 1 still gets the common case.
+- Version 3, a batch with the sender's parent: version 2's keys and ``ppid``
+  (``os.getppid()`` when it was sent). The recorder takes a datagram only from the job's process
+  tree, which it finds by walking up /proc from the sender; a forked child that sends and exits
+  is often reaped before its datagram is read, and only its parent, named here, can vouch for
+  it. Sent, for every datagram, only when the recorder says it reads it (``WIRE_ENV``), so an
+  older recorder still gets versions 1 and 2.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ from typing import Any, NamedTuple, TypeVar
 ENV = "HFSAMPLER_MARKER_SOCKET"
 WIRE_VERSION = 1  # one event per datagram
 BATCH_WIRE_VERSION = 2  # several events per datagram
+PARENT_WIRE_VERSION = 3  # several events and the sender's parent
+# the newest wire version the recorder reads, set by ``record`` beside ``ENV``
+WIRE_ENV = "HFSAMPLER_MARKER_WIRE"
 MAX_NAME_CHARS = 256
 STEP_LIMIT = 1 << 63  # step numbers are 0 <= n < 2**63: a recording stores them as 64-bit JSON
 # the largest datagram the recorder reads: a batch of short events, or a few with long names
@@ -69,6 +78,7 @@ EXIT_WAIT_S = 0.5
 _STALE_NS = 300 * 10**9
 EVENT_KEYS = frozenset(("v", "t_ns", "kind", "name", "step", "pid", "dropped"))
 BATCH_KEYS = frozenset(("v", "pid", "dropped", "events"))
+PARENT_BATCH_KEYS = BATCH_KEYS | {"ppid"}
 BATCH_EVENT_KEYS = frozenset(("t_ns", "kind", "name", "step"))
 # terminal escape sequences (colours, titles): removed whole, they are not part of a name
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
@@ -217,7 +227,11 @@ class _Sender:
                 break
             batch.append(event)
         pid, told = os.getpid(), self.dropped
-        if len(batch) == 1:
+        if _recorder_reads_parents():
+            head = (f'{{"v":{PARENT_WIRE_VERSION},"pid":{pid},"ppid":{os.getppid()},'
+                    f'"dropped":{told},"events":[')  # fmt: skip
+            data = head.encode() + b",".join(e.body for e in batch) + b"]}"
+        elif len(batch) == 1:
             tail = f',"pid":{pid},"dropped":{told}}}'.encode()
             data = b'{"v":%d,' % WIRE_VERSION + batch[0].body[1:-1] + tail
         else:
@@ -262,6 +276,11 @@ class _Sender:
                 self.handed.clear()
             finally:
                 self.lock.release()
+
+
+def _recorder_reads_parents() -> bool:
+    newest = os.environ.get(WIRE_ENV, "")
+    return newest.isdecimal() and len(newest) < 10 and int(newest) >= PARENT_WIRE_VERSION
 
 
 _sender = _Sender()

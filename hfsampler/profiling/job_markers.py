@@ -3,7 +3,9 @@
 ``MarkerSocket`` is a Unix datagram socket in a private directory (mode 0700) that ``record``
 names to its child in ``HFSAMPLER_MARKER_SOCKET``. Once told the job's pid (``watch``), it takes
 a datagram only from the job's process tree, and only with the pid the kernel says sent it
-(``SCM_CREDENTIALS``); a count of drops larger than the job could have made is refused too.
+(``SCM_CREDENTIALS``); a sender already gone from /proc (a forked child, reaped) is judged by the
+parent its version-3 datagram names; a count of drops larger than the job could have made is
+refused too.
 A thread of its own reads it as datagrams arrive (Linux queues only
 ``net.unix.max_dgram_qlen`` datagrams, 10 by default, so a reader that looked between ticks
 would lose bursts) and checks each against the wire format, version 1 (an event) or 2 (a batch;
@@ -44,6 +46,8 @@ from hfsampler.markers import (
     MAX_BATCH_EVENTS,
     MAX_DATAGRAM_BYTES,
     MAX_NAME_CHARS,
+    PARENT_BATCH_KEYS,
+    PARENT_WIRE_VERSION,
     STEP_LIMIT,
     WIRE_VERSION,
     clean_name,
@@ -76,17 +80,19 @@ class BadDatagram(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Datagram:
-    """What one datagram carried: its good events as markers, the sender's pid and its count of
-    events dropped so far, and why each bad event of a batch was refused."""
+    """What one datagram carried: its good events as markers, the sender's pid, its parent's
+    (version 3; else None) and its count of events dropped so far, and why each bad event of a
+    batch was refused."""
 
     markers: list[Marker]
     pid: int
+    parent: int | None
     dropped: int
     refused: list[str]
 
 
 def parse_datagram(data: bytes, now_ns: int) -> Datagram:
-    """A version-1 event or a version-2 batch (``hfsampler.markers``), or ``BadDatagram``
+    """A version-1 event or a version-2 or -3 batch (``hfsampler.markers``), or ``BadDatagram``
     saying what is wrong with it; a batch's bad events are refused one by one."""
     try:
         message = orjson.loads(data)
@@ -97,9 +103,10 @@ def parse_datagram(data: bytes, now_ns: int) -> Datagram:
     version = message.get("v")
     keys = EVENT_KEYS if version == WIRE_VERSION else None
     keys = BATCH_KEYS if version == BATCH_WIRE_VERSION else keys
+    keys = PARENT_BATCH_KEYS if version == PARENT_WIRE_VERSION else keys
     if keys is None or not _is_int(version):  # not `true`, which equals 1
         raise BadDatagram(f"wire version {version!r}; this recorder reads "
-                          f"{WIRE_VERSION} and {BATCH_WIRE_VERSION}")  # fmt: skip
+                          f"{WIRE_VERSION} to {PARENT_WIRE_VERSION}")  # fmt: skip
     if set(message) != keys:
         raise BadDatagram(f"keys {sorted(message)}, expected {sorted(keys)}")
     pid, dropped = message["pid"], message["dropped"]
@@ -107,8 +114,11 @@ def parse_datagram(data: bytes, now_ns: int) -> Datagram:
         raise BadDatagram(f"pid {pid!r} is not a process id")
     if not (_is_int(dropped) and dropped >= 0):
         raise BadDatagram(f"dropped {dropped!r} is not a count")
+    parent: Any = message.get("ppid")
+    if version == PARENT_WIRE_VERSION and not (_is_int(parent) and parent >= 0):
+        raise BadDatagram(f"ppid {parent!r} is not a process id")
     if version == WIRE_VERSION:
-        return Datagram([_marker(message, pid, now_ns)], pid, dropped, [])
+        return Datagram([_marker(message, pid, now_ns)], pid, None, dropped, [])
     events = message["events"]
     if not isinstance(events, list) or len(events) > MAX_BATCH_EVENTS:
         raise BadDatagram(f"events must be a list of at most {MAX_BATCH_EVENTS}")
@@ -120,7 +130,7 @@ def parse_datagram(data: bytes, now_ns: int) -> Datagram:
             found.append(_marker(event, pid, now_ns))
         except BadDatagram as exc:
             refused.append(str(exc))
-    return Datagram(found, pid, dropped, refused)
+    return Datagram(found, pid, parent, dropped, refused)
 
 
 def _marker(event: dict[str, Any], pid: int, now_ns: int) -> Marker:
@@ -227,7 +237,12 @@ class MarkerSocket:
             return
         if sender is None or got.pid != sender:
             raise BadDatagram(f"pid {got.pid} is not the sender's ({sender})")
-        if not self._of_job(sender):
+        if self._of_job(sender):
+            return
+        # a sender gone from /proc cannot be walked up from: its parent, if it named one,
+        # vouches for it (a child that sent and exited, reaped before its datagram was read)
+        gone = parent_pid(sender) is None
+        if not (gone and got.parent and got.parent > 1 and self._of_job(got.parent)):
             raise BadDatagram(f"pid {sender} is not in the job's process tree")
 
     def _of_job(self, pid: int) -> bool:

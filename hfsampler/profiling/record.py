@@ -39,6 +39,8 @@ from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError
 from hfsampler.fields import POWER, locate
 from hfsampler.markers import ENV as MARKER_ENV
+from hfsampler.markers import PARENT_WIRE_VERSION
+from hfsampler.markers import WIRE_ENV as MARKER_WIRE_ENV
 from hfsampler.profiling.job_markers import MarkerSocket, OutputTap, parent_pid
 from hfsampler.profiling.recording_format import Marker, RecordingWriteError
 from hfsampler.profiling.recording_writer import RecordingWriter
@@ -309,10 +311,12 @@ class Recorder:
         try:
             self.inbox = MarkerSocket()
             env[MARKER_ENV] = str(self.inbox.path)
+            env[MARKER_WIRE_ENV] = str(PARENT_WIRE_VERSION)
         except OSError as exc:  # markers are a nice-to-have: the job runs all the same
             log.warning("no marker socket for the job (%s): hfsampler.markers calls are dropped",
                         exc)  # fmt: skip
             env.pop(MARKER_ENV, None)
+            env.pop(MARKER_WIRE_ENV, None)
         piped = bool(self.opts.mark_patterns)
         if piped:  # a pipe makes Python block-buffer its output: lines, and marks, come late
             env.setdefault("PYTHONUNBUFFERED", "1")

@@ -409,3 +409,58 @@ def test_once_watching_a_job_only_its_tree_and_true_pids_are_taken(inbox: Marker
     markers.mark("mine")
     got = _arrived(inbox, 3)
     assert [(m.name, m.pid) for m in got] == [("mine", os.getpid())]
+
+
+def _reaped_child() -> int:
+    """The pid of a child of ours that has exited and been reaped: gone from /proc."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def test_a_reaped_sender_is_vouched_for_by_the_parent_it_names(inbox: MarkerSocket) -> None:
+    """A forked child that sent and exited is often reaped before its datagram is read; the
+    kernel's pid is then nobody's in /proc, and only the parent a version-3 datagram names can
+    place it in the job's tree (taken here as the reader thread would, with the kernel's pid)."""
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    gone, stranger = _reaped_child(), os.getpid()  # we are the job's parent, not below it
+    try:
+        inbox.watch(job.pid)
+        event = {"t_ns": time.time_ns(), "kind": "mark", "name": "x", "step": None}
+
+        def datagram(v: int, pid: int, parent: object) -> bytes:
+            if v == 1:
+                return json.dumps({"v": 1, **event, "pid": pid, "dropped": 0}).encode()
+            return json.dumps({"v": v, "pid": pid, "ppid": parent, "dropped": 0,
+                               "events": [event]}).encode()  # fmt: skip
+
+        now = time.time_ns()
+        inbox.take(datagram(3, gone, job.pid), now, sender=gone)  # taken
+        inbox.take(datagram(1, gone, None), now, sender=gone)  # gone, nobody vouches
+        inbox.take(datagram(3, gone, stranger), now, sender=gone)  # its parent: not the job's
+        inbox.take(datagram(3, gone, 1), now, sender=gone)  # reparented to init: not the job's
+        inbox.take(datagram(3, gone, "me"), now, sender=gone)
+        # a live sender is judged by its real parents, whatever it names
+        inbox.take(datagram(3, stranger, job.pid), now, sender=stranger)
+    finally:
+        job.kill()
+        job.wait()
+    assert [(m.name, m.pid) for m in inbox.drain()] == [("x", gone)]
+    assert inbox.rejected == 5
+
+
+def test_the_parent_is_sent_only_to_a_recorder_that_reads_it(
+    inbox: MarkerSocket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 3 only when ``record`` says it reads it: an older recorder gets 1 and 2."""
+    got: list[bytes] = []
+    monkeypatch.setattr(markers._sender, "_send", lambda address, data: got.append(data))
+    for newest in ("", "2", "x", "9" * 5000, "3", "4"):
+        monkeypatch.setenv(markers.WIRE_ENV, newest)
+        markers.mark("m")
+    versions = [json.loads(d)["v"] for d in got]
+    assert versions == [1, 1, 1, 1, 3, 3]
+    last = json.loads(got[-1])
+    assert (last["pid"], last["ppid"], len(last["events"])) == (os.getpid(), os.getppid(), 1)

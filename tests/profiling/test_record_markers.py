@@ -46,7 +46,7 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 work(1.2)  # the process list is polled once a second
-print("sent", markers.sent(), "dropped", markers.dropped())
+print("sent", markers.sent(), "dropped", markers.dropped(), "wire", os.environ[markers.WIRE_ENV])
 """
 
 
@@ -78,7 +78,7 @@ def test_markers_output_patterns_gpm_and_processes_are_recorded(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr.decode()
     # the child's output reached our stdout and stderr unchanged
     assert proc.stdout.decode().splitlines() == [
-        "Epoch 0 begins", "Epoch 1 begins", "sent 10 dropped 0"
+        "Epoch 0 begins", "Epoch 1 begins", "sent 10 dropped 0 wire 3"
     ]  # fmt: skip
     assert b"checkpoint saved: ckpt-0\ncheckpoint saved: ckpt-1\n" in proc.stderr
     rec = Recording(out)

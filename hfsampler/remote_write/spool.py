@@ -21,7 +21,9 @@ A full disk (or one that refuses writes) is a state: appends stop, logged once; 
 memory, where past ``capacity`` samples the oldest unwritten ones are dropped and counted
 (``disk_full``); delivery goes on from disk and memory, and what is delivered from memory is
 never written; acknowledged segments are deleted at once, which frees space; every ``RETRY_S``
-one record is tried, and when it is written appending resumes, logged once. Acknowledgements
+one record is tried, and when it is written appending resumes; the state ends, logged once, when
+an append after it is written too (a disk with room for the one record only, refusing the next
+append, stays in the same state and says nothing more). Acknowledgements
 need no free space (``segment.AckFile``). Writes are fsynced before a record counts as written,
 so a ``kill -9`` loses only records put since the last write (milliseconds).
 """
@@ -111,8 +113,11 @@ class SpoolQueue:
         self._ack_dirty = False
         self._ack_failing = False
         self._full_since: float | None = None  # appends fail since then
+        self._probed = False  # the one record tried was written: appending resumes on probation
         self._full_dropped = 0
-        self._retry_at = 0.0
+        # the timer's word, not a clock compared with a deadline: uvloop fires timers up to a
+        # millisecond early, and a wake that found the deadline not yet come would be the last
+        self._probe_due = False
         self._retry: asyncio.TimerHandle | None = None
         self._reported: set[Path] = set()  # segments whose damage found on reading was logged
         self._wake = asyncio.Event()
@@ -156,7 +161,7 @@ class SpoolQueue:
         self._mem.append(rec)
         self._mem_samples += rec.count
         self._unread += rec.count
-        if self._full_since is not None:
+        if self._refusing:
             self._evict()
         self._kick_writer()
         self._waiter.queued(self._unread)
@@ -228,7 +233,7 @@ class SpoolQueue:
             self._evict()
             if self._closing and (failed or not (self._pending or self._ack_dirty)):
                 return
-            if self._pending and (self._full_since is None or self._closing):
+            if self._pending and (not self._refusing or self._closing):
                 self._wake.set()  # more came meanwhile, or the probe succeeded
 
     def _take_pending(self) -> list[_Entry]:
@@ -236,12 +241,13 @@ class SpoolQueue:
         pending = self._pending
         while pending and (pending[0].dropped or pending[0].seq < self._acked):
             pending.popleft()  # gone from memory, or delivered before it was written
-        if self._full_since is None or self._closing:
+        if not self._refusing or self._closing:
             todo = [e for e in pending if not e.dropped and e.seq >= self._acked]
             pending.clear()
             return todo
-        if not pending or self._clock() < self._retry_at:
+        if not pending or not self._probe_due:
             return []
+        self._probe_due = False
         return [pending.popleft()]
 
     async def _frames(self, todo: list[_Entry]) -> list[bytes]:
@@ -309,9 +315,19 @@ class SpoolQueue:
             for rec, offset in zip(a.entries, a.offsets, strict=True):
                 seg.add(rec.seq, rec.count, offset)
 
+    @property
+    def _refusing(self) -> bool:
+        """The disk refused the last append: one record is tried every ``RETRY_S``."""
+        return self._full_since is not None and not self._probed
+
+    def _probe_now(self) -> None:
+        self._probe_due = True
+        self._wake.set()
+
     def _appended(self, tried: bool, done: int, error: OSError | None, freed: bool) -> None:
         """Enter or leave the state of a disk that refuses writes, saying so once each."""
         if error is not None:
+            self._probed = False
             if self._full_since is None:
                 self._full_since = self._clock()
                 self._full_dropped = 0
@@ -324,10 +340,12 @@ class SpoolQueue:
                     self._capacity,
                     RETRY_S,
                 )
-            self._retry_at = self._clock() + RETRY_S
+            self._probe_due = False
             if self._retry is not None:
                 self._retry.cancel()
-            self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._wake.set)
+            self._retry = asyncio.get_running_loop().call_later(RETRY_S, self._probe_now)
+        elif tried and done and self._full_since is not None and not self._probed:
+            self._probed = True  # the next append says whether the disk takes writes again
         elif tried and done and self._full_since is not None:
             log.info(
                 "spool %s: writing again after %.1f s; %d sample(s) dropped meanwhile",
@@ -336,9 +354,9 @@ class SpoolQueue:
                 self._full_dropped,
             )
             self._full_since = None
-        elif freed and self._full_since is not None:
-            self._retry_at = 0.0  # deleted segments freed space: try again now
-            self._wake.set()
+            self._probed = False
+        elif freed and self._refusing:
+            self._probe_now()  # deleted segments freed space: try again now
 
     def _ack_written(self, acked: int | None, error: OSError | None) -> None:
         if error is not None:
@@ -374,7 +392,7 @@ class SpoolQueue:
         written = self._unwritten_first()
         while self._mem_samples > self._capacity and mem and mem[0].seq < written:
             self._mem_samples -= mem.popleft().count
-        if self._full_since is None:
+        if not self._refusing:
             return
         waiting = self._pending[0].seq if self._pending else self._next_seq
         i = 0

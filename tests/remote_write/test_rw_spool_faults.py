@@ -373,6 +373,48 @@ async def test_full_disk_is_a_state_not_a_loop(
     assert len(got) + drops.by_reason["disk_full"] + left == put
 
 
+async def test_a_disk_with_room_for_one_record_is_one_episode(
+    small_fs: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full tmpfs still has the slack of a segment's last page: the one record tried after a
+    refusal fits there (about 1 KB here, three of them in 4 KiB), the append after it does not.
+    That is one full disk, said once, not an error and a "writing again" each time."""
+    monkeypatch.setattr(spool_module, "RETRY_S", 0.01)
+    root = small_fs / "shard-0"
+    drops = Drops()
+
+    def said(word: str) -> list[str]:
+        return [
+            r.getMessage() for r in caplog.records if r.name == LOGGER and word in r.getMessage()
+        ]
+
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        q = SpoolQueue(root, 500, 1 << 30, drops)
+        q.put(wide_window(1000))
+        await eventually(lambda: q.disk_bytes > 0)  # a segment, its last page mostly free
+        first = q.disk_bytes
+        fill(small_fs)
+        put = 50
+        for t in range(2, 14):  # one append, too big for the slack
+            q.put(wide_window(1000 * t))
+            put += 50
+        # a second record fitted: it was tried only after an append following the first failed
+        await eventually(lambda: q.disk_bytes > first + 1900)
+        assert len(said("cannot write")) == 1, said("")
+        assert said("writing again") == []
+        got = await deliver_all(q)
+        (small_fs / "filler").unlink()
+        for t in range(14, 17):  # the one record tried, then an append: the disk is back
+            q.put(wide_window(1000 * t))
+            put += 50
+        await eventually(lambda: bool(said("writing again")))
+        got += await deliver_all(q)
+        await q.close()
+    assert len(said("writing again")) == 1, said("")
+    assert len(said("cannot write")) == 1, said("")
+    assert len(got) + drops.by_reason.get("disk_full", 0) == put
+
+
 async def test_acknowledgements_are_kept_on_a_full_disk(small_fs: Path) -> None:
     root = small_fs / "shard-0"
     q = SpoolQueue(root, 10, 1 << 30, Drops())

@@ -150,22 +150,28 @@ def batched_latency(
     return out
 
 
-def field_refresh(handle: Any, ids: dict[str, int], duration_s: float = 3.0) -> dict[str, Any]:
-    """Per field id: distinct driver timestamps seen while reading back to back for a while."""
+def field_refresh(
+    handle: Any,
+    ids: dict[str, int],
+    duration_s: float = 3.0,
+    now: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Per field id: distinct driver timestamps seen while reading back to back for a while
+    (``now``: the clock that says how long, in s)."""
     names = list(ids)
     batch = _Batched([ids[n] for n in names])
     seen: list[set[int]] = [set() for _ in names]
     reads = 0
-    end = time.perf_counter() + duration_s
-    t0 = time.perf_counter()
-    while time.perf_counter() < end:
+    end = now() + duration_s
+    t0 = now()
+    while now() < end:
         batch(handle)
         reads += 1
         for k in range(batch.n):
             e = batch.values[k]
             if e.nvmlReturn == calls.SUCCESS:
                 seen[k].add(int(e.timestamp))
-    elapsed = time.perf_counter() - t0
+    elapsed = now() - t0
     out: dict[str, Any] = {"reads": reads, "elapsed_s": elapsed}
     for name, stamps in zip(names, seen, strict=True):
         if not stamps:
@@ -183,9 +189,13 @@ def field_refresh(handle: Any, ids: dict[str, int], duration_s: float = 3.0) -> 
 
 
 def call_refresh(
-    handle: Any, keys: Sequence[str] | None = None, duration_s: float = 2.0
+    handle: Any,
+    keys: Sequence[str] | None = None,
+    duration_s: float = 2.0,
+    now: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
-    """Per call-based field key: value changes seen while calling back to back for a while."""
+    """Per call-based field key: value changes seen while calling back to back for a while
+    (``now``: the clock that says how long, in s)."""
     out: dict[str, Any] = {}
     # the XID ones are the event set's, not a call to repeat
     for key in keys or [k for k, c in calls.CALL_FIELDS.items() if c.reader != "xid"]:
@@ -195,9 +205,9 @@ def call_refresh(
             out[key] = {"supported": False, "error": error}
             continue
         changes, n, last = 0, 0, None
-        end = time.perf_counter() + duration_s
-        t0 = time.perf_counter()
-        while time.perf_counter() < end:
+        end = now() + duration_s
+        t0 = now()
+        while now() < end:
             try:
                 v = spec.extract(reader(handle))
             except calls.NvmlError:
@@ -206,7 +216,7 @@ def call_refresh(
             if last is not None and v != last:
                 changes += 1
             last = v
-        elapsed = time.perf_counter() - t0
+        elapsed = now() - t0
         out[key] = {
             "supported": True,
             "calls": n,

@@ -29,8 +29,6 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from multiprocessing import util as mp_util
 from types import TracebackType
 
-import numpy as np
-
 from hfsampler import markers
 from hfsampler.config.settings import Config
 from hfsampler.errors import (
@@ -55,7 +53,7 @@ from hfsampler.monitor.measurement import (
     Layout,
     Measurement,
     Span,
-    counter_difference,
+    counter_energy_j,
     reduce_span,
     throttled,
 )
@@ -185,7 +183,7 @@ class Monitor:
         energy = self._parts.energy
         self._energy_cells = None
         if energy is not None:
-            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]])
+            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]]).tolist()
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
@@ -373,13 +371,17 @@ class Monitor:
         group = p.energy[0]
         if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
             return none
-        rows = _span(self._pipeline.sampler.rings[group], self._energy_cells, t0_ns, t1_ns)
-        if rows is None:
+        ring = self._pipeline.sampler.rings[group]
+        bounds = _bounds(ring, t0_ns, t1_ns, ended_now=False)
+        if bounds is None or bounds[1] - bounds[0] < 2:
             return none
-        rise_mj, span_ns = counter_difference(rows)
-        ok = np.isfinite(rise_mj) & (span_ns >= (t1_ns - t0_ns) / 2)
-        joules = rise_mj / 1e3 * (t1_ns - t0_ns) / np.where(ok, span_ns, 1.0)
-        return [float(j) if k else None for j, k in zip(joules, ok, strict=True)]
+        start, stop, own = bounds
+        first, last = ring.row(start, self._energy_cells), ring.row(stop - 1, self._energy_cells)
+        if not ring.holds(start):
+            return none
+        if own:
+            first = (first[0], [t0_ns // 1000] * len(first[1]))
+        return counter_energy_j(first, last, t1_ns - t0_ns)
 
     def _too_long(self, t0_ns: int, t1_ns: int) -> WindowTooLongError:
         need = (t1_ns - t0_ns) / 1e9
@@ -508,29 +510,36 @@ class _Parts:
         )  # fmt: skip
 
 
-def _span(
-    ring: Ring,
-    cells: IndexArray,
-    t0_ns: int,
-    t1_ns: int,
-    ended_now: bool = False,
-) -> RingCells | None:
-    """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
-    None when the ring no longer holds that one. ``ended_now``: every row up to the ring's head
-    (a row read since ``t1_ns`` holds a value the driver had by then, or clips to nothing)."""
+def _bounds(ring: Ring, t0_ns: int, t1_ns: int, ended_now: bool) -> tuple[int, int, bool] | None:
+    """The rows (as rows ever written) ``[start, stop)`` read in ``[t0_ns, t1_ns]`` and the last
+    one before (which holds at ``t0_ns``), and whether ``start`` is the window's own first row
+    instead (nothing was sampled before the window: its first sample holds from its start);
+    None when the ring no longer holds the row before. ``ended_now``: every row up to the
+    ring's head (a row read since ``t1_ns`` holds a value the driver had by then, or clips to
+    nothing)."""
     first, oldest = ring.seq_at(t0_ns)
     stop = ring.write_seq if ended_now else ring.seq_at(t1_ns + 1)[0]
     if first > oldest:
-        start = first - 1
-    elif oldest == 0:  # nothing sampled before the window: its first sample holds from its start
-        start = first
-    else:
+        return first - 1, stop, False
+    if oldest == 0:
+        return first, stop, True
+    return None
+
+
+def _span(
+    ring: Ring, cells: IndexArray, t0_ns: int, t1_ns: int, ended_now: bool = False
+) -> RingCells | None:
+    """``_bounds``' rows of ``cells``, the first one's timestamps moved to ``t0_ns`` where it is
+    the window's own; None when the ring no longer holds them."""
+    bounds = _bounds(ring, t0_ns, t1_ns, ended_now)
+    if bounds is None:
         return None
+    start, stop, own = bounds
     rows, whole = ring.columns(start, stop, cells)
     if not whole:
         return None
-    if start == first and len(rows):
-        rows.driver_ts_us[0] = t0_ns // 1000
+    if own and len(rows):
+        rows.driver_ts_us[:, 0] = t0_ns // 1000
     return rows
 
 

@@ -57,7 +57,7 @@ from hfsampler.monitor.measurement import (
     reduce_span,
     throttled,
 )
-from hfsampler.monitor.running import RunningStats
+from hfsampler.monitor.running import Missed, RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
 from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingCells
@@ -184,7 +184,7 @@ class Monitor:
         self._energy_cells = None
         if energy is not None:
             self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]]).tolist()
-        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
+        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns(), clock.now_ns)
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
             clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
@@ -231,9 +231,9 @@ class Monitor:
             try:
                 return self._measure(t0_ns, t_ns, ended_now=True)
             except WindowTooLongError:
-                running = self._running.take(key, t0_ns)
-                if running is None:
-                    raise
+                running = self._running.claim(key, t0_ns, t_ns)
+                if isinstance(running, Missed):
+                    raise self._too_long(t0_ns, t_ns, running) from None
             return self._from_running(key, t0_ns, t_ns, *running)
         finally:
             self._end_read()
@@ -336,7 +336,7 @@ class Monitor:
         pass, and the rings from there."""
         rest = self._reduce_with_histogram(passed_ns, t1_ns)
         if rest is None:
-            raise self._too_long(t0_ns, t1_ns)
+            raise self._too_long(t0_ns, t1_ns, self._running.behind(t1_ns))
         warnings.warn(
             f"window {_name(key)!r} ({(t1_ns - t0_ns) / 1e9:.1f} s) is longer than the "
             f"{self.history_s:g} s of samples the Monitor keeps: answered from its running "
@@ -383,13 +383,22 @@ class Monitor:
             first = (first[0], [t0_ns // 1000] * len(first[1]))
         return counter_energy_j(first, last, t1_ns - t0_ns)
 
-    def _too_long(self, t0_ns: int, t1_ns: int) -> WindowTooLongError:
+    def _too_long(self, t0_ns: int, t1_ns: int, missed: Missed | None = None) -> WindowTooLongError:
+        """The refusal of a window the rings no longer hold the start of, naming its cause: the
+        history (a span alone, ``missed`` None), or why its running statistics are missing."""
         need = (t1_ns - t0_ns) / 1e9
-        return WindowTooLongError(
-            f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of samples "
-            f"the Monitor keeps (history_s); give Monitor(history_s={max(need * 2, 60):.0f}) "
-            "to measure windows this long"
-        )
+        long = (f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of "
+                "samples the Monitor keeps")  # fmt: skip
+        more = f"give Monitor(history_s={max(need * 2, 60):.0f}) to measure windows this long"
+        if missed is None:
+            return WindowTooLongError(f"{long} (history_s); {more}")
+        if os.getpid() != self._pid:
+            return WindowTooLongError(
+                f"{long}, and a forked process has no running statistics (the parent's thread "
+                f"keeps them); measure long windows in the process that made the Monitor, or "
+                f"{more}"
+            )
+        return WindowTooLongError(f"{long}, and {missed.cause(self._pass_s, more)}")
 
     # -- life ------------------------------------------------------------------------------------
 

@@ -225,8 +225,11 @@ def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> I
     if np.maximum.reduce(off, axis=None, initial=0) >= _CLOCK_SLACK_NS:
         np.copyto(ts, host, where=off >= _CLOCK_SLACK_NS)
     edges[:, n] = t1_ns
-    np.minimum(np.maximum(edges, t0_ns, out=edges), t1_ns, out=edges)
-    np.maximum.accumulate(edges, axis=1, out=edges)  # a clock stepped back holds no time
+    # a clock stepped back holds no time: each start is the latest so far; and none is before
+    # t0_ns, which the first one's being so makes true of all (a running maximum)
+    np.maximum(edges[:, 0], t0_ns, out=edges[:, 0])
+    np.maximum.accumulate(edges, axis=1, out=edges)
+    np.minimum(edges, t1_ns, out=edges)
     held: IntArray = np.subtract(edges[:, 1:], edges[:, :-1])
     return held
 

@@ -427,20 +427,20 @@ class Ring:
         them were still there after the copy (False: the writer overwrote the first ones
         meanwhile, or had before). ``cells``: ``cell_index``'s, made once by the caller.
         Repeats are kept as written: a reader that integrates over driver timestamps needs no
-        NaN for them. A span in one stretch of the ring (all but one in ``capacity``) is three
-        copies: its read times, its cells of values and timestamps in one ``take``, and those
-        cell by cell."""
+        NaN for them. A span in one stretch of the ring (all but one in ``capacity``) is two
+        copies: its read times, and its cells of values and timestamps, cell by cell, in one
+        ``take``."""
         c = self.capacity
         at, n = start % c, max(stop - start, 0)
         if at + n <= c:
             times = self._time[at : at + n].copy()
-            both = self._flat_both[:, at : at + n].take(cells, axis=2)
+            rows = self._flat_both[:, at : at + n]
         else:  # across the ring's end: rows ever written, which ``take`` wraps into the ring
             seqs = np.arange(start, stop)
             times = self._time.take(seqs, mode="wrap")
-            both = self._flat_both.take(seqs, axis=1, mode="wrap").take(cells, axis=2)
-        by_cell = both.transpose(0, 2, 1).copy()  # values' half viewed as float64 again
-        return RingCells(times, by_cell[0].view(np.float64), by_cell[1]), self.holds(start)
+            rows = self._flat_both.take(seqs, axis=1, mode="wrap")
+        both = rows.transpose(0, 2, 1).take(cells, axis=1)  # [values | timestamps, cell, row]
+        return RingCells(times, both[0].view(np.float64), both[1]), self.holds(start)
 
     def row(self, seq: int, cells: Sequence[int]) -> tuple[list[float], list[int]]:
         """One row's (as rows ever written) values and driver timestamps of some cells, as

@@ -9,10 +9,16 @@ the last one to the window's end, and the value held at the window's start is th
 row read before it. Energy is then the exact integral of the power the driver reported; a
 trapezoid would need the sample after the window's end, which ``end_window`` cannot wait for.
 
-Every reduction is vectorised over the window's rows, GPUs and fields at once, in one pass: for
-the windows a training step has, the number of numpy calls is what an ``end_window`` costs, not
-the rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
-``Measurement``'s ``Deferred`` mappings are first read.
+Every reduction is vectorised over the window's rows, GPUs and fields at once, in one pass, on
+rows copied cell by cell (``RingCells``: each cell's rows contiguous, as numpy runs fast along
+them and slowly across a ring's few cells): how long each value held (its start clipped to the
+window, a running maximum, the differences), then three reductions of every cell at once (the
+time held, the integral, the highest value held). A missing value (NaN) shows in its cell's
+integral, so the usual case, none, spends no pass looking for one. For the windows a training
+step has, the number of numpy calls (about twenty) is what an ``end_window`` costs, not the
+rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
+``Measurement``'s ``Deferred`` mappings are first read. The energy counter's cross-check needs
+two rows, and takes them as Python numbers (``counter_energy_j``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ IntArray = npt.NDArray[np.int64]
 _CLOCK_SLACK_NS = 1_000_000_000
 _BITS = np.array(list(CLOCK_EVENT_REASONS), np.int64)
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
-_COLUMNS = np.arange(64)
+_GPU_INDICES = np.arange(64)
 P99 = 0.99
 _V = TypeVar("_V")
 
@@ -137,7 +143,7 @@ class Held:
     def p99_w(self) -> FloatArray:
         """Per GPU, the time-weighted p99: the power it stayed at or under 99 % of the time."""
         values, held, gpus = self.values, self.held_ns, self.layout.gpus
-        gpu = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+        gpu = _GPU_INDICES[:gpus] if gpus <= len(_GPU_INDICES) else np.arange(gpus)
         # the power's cells of ``values`` and ``held`` (flat), in ascending power, per GPU
         flat = values[:gpus].argsort(axis=1) + (gpu * values.shape[1])[:, None]
         covered = held[:gpus].sum(axis=1)
@@ -274,7 +280,7 @@ def reduce_span(
     if not histogram:
         return Span(sums[1, :gpus], sums[0, :gpus], top[:gpus], memory_mib, kept)
     v, h = values[:gpus], held[:gpus]
-    gpu = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+    gpu = _GPU_INDICES[:gpus] if gpus <= len(_GPU_INDICES) else np.arange(gpus)
     watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)
     at = (watt + (gpu * HISTOGRAM_BINS)[:, None]).ravel()
     counts = np.bincount(at, weights=h.ravel(), minlength=gpus * HISTOGRAM_BINS)

@@ -5,9 +5,9 @@ It starts the sampler process `run` uses (its own, in the background: ``sampling
 only what a window needs (power, the energy counter, throttle reasons, memory used) every
 millisecond into the shared-memory rings. ``begin_window`` only takes the time; ``end_window``
 takes the time again and reads that span straight from the rings (a binary search and a copy of
-the window's rows of a few columns, reduced in ``monitor.measurement``): no window boundary to
-wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window is also sent
-as a phase (``markers.edge``), with the same edges, so the report shows it.
+the window's cells, each cell's rows together, reduced in ``monitor.measurement``): no window
+boundary to wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window
+is also sent as a phase (``markers.edge``), with the same edges, so the report shows it.
 
 Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
 guards the open windows only). The rings hold ``history_s``; a window longer than that is answered

@@ -9,12 +9,16 @@
    ``nvmlDeviceGetTotalEnergyConsumption`` at the window's ends). Relative error of each against
    the exact energy: median, p95, max.
 2. Cost, with the real sampler process on the sim source (wall clock): ``begin_window`` and
-   ``end_window`` (median, p99) for windows of 10 ms and of 1 s (``end_window`` reads and reduces
-   the window's rows, so it grows with the window's length); and then the first read of the p99
-   and the throttled time, which a ``Measurement`` makes on first use.
+   ``end_window`` (median, p99, min) for windows of 10 ms, 100 ms and 1 s, each right after the
+   window's sleep (``end_window`` reads and reduces the window's rows, so it grows with the
+   window's length), and then the first read of the p99 and the throttled time, which a
+   ``Measurement`` makes on first use; and the same 10 ms and 1 s spans measured back to back
+   (``warm``). With ``--peer-ref`` (a commit of this repository, exported with ``git archive``),
+   the cost of this tree and of the peer's, each in a process of its own, alternating
+   ``--rounds`` times: the same machine and load for both.
 
-    python benchmarks/measure.py [--windows 40] [--cost-windows 300]
-                                 [--out benchmarks/out/measure.json]
+    python benchmarks/measure.py [--windows 40] [--cost-windows 300] [--peer-ref c79951a]
+                                 [--rounds 2] [--out benchmarks/out/measure.json]
 
 Prints a table and writes JSON.
 """
@@ -25,7 +29,9 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +40,10 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+# --tree: the package to measure (a peer's, exported by ``cost_against``); this one by default
+TREE = Path(sys.argv[sys.argv.index("--tree") + 1]) if "--tree" in sys.argv else REPO
 sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(TREE))
 
 from fake_nvml import install  # noqa: E402  (the tests' fake libnvidia-ml)
 from known_power import MS_NS, KnownPower  # noqa: E402
@@ -112,14 +120,20 @@ def _spread(us: list[float]) -> dict[str, float]:
             "min": float(np.min(us))}  # fmt: skip
 
 
+# each window's length, and the share of --cost-windows timed at it
+COST_WINDOWS = {"10ms": (0.01, 1.0), "100ms": (0.1, 0.25), "1s": (1.0, 0.05)}
+
+
 def cost(windows: int) -> dict[str, Any]:
     """begin/end cost with the real sampler process on the sim: wall clock, and the thread's CPU
-    time (which leaves out being preempted); ``warm``: the same 10 ms span measured back to back,
-    caches hot, as against right after the window's sleep."""
+    time (which leaves out being preempted); ``warm``: the same span measured back to back,
+    caches hot, as against right after the window's sleep. Only the Monitor's public calls, so
+    that an older tree (``--peer-ref``) runs the same code."""
     out: dict[str, Any] = {}
     with Monitor(source="sim", env={}, history_s=10.0) as mon:
         time.sleep(1.2)  # some history, and the sampler settled
-        for label, length_s, n in (("10ms", 0.01, windows), ("1s", 1.0, max(3, windows // 60))):
+        for label, (length_s, share) in COST_WINDOWS.items():
+            n = max(3, int(windows * share))
             begin, end, end_cpu, deferred = [], [], [], []
             for k in range(n):
                 a = time.perf_counter_ns()
@@ -138,13 +152,38 @@ def cost(windows: int) -> dict[str, Any]:
             out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end),
                           "end_cpu_us": _spread(end_cpu),
                           "p99_and_throttling_us": _spread(deferred)}  # fmt: skip
-        t1 = time.time_ns()
-        warm = []
-        for _ in range(windows):
-            a = time.perf_counter_ns()
-            mon.measure(t1 - 10_000_000, t1)
-            warm.append((time.perf_counter_ns() - a) / 1e3)
-        out["10ms warm"] = {"windows": windows, "end_us": _spread(warm)}
+        for label in ("10ms", "1s"):
+            t1 = time.time_ns()
+            span_ns = int(COST_WINDOWS[label][0] * 1e9)
+            warm = []
+            for _ in range(windows if label == "10ms" else windows // 10):
+                a = time.perf_counter_ns()
+                mon.measure(t1 - span_ns, t1)
+                warm.append((time.perf_counter_ns() - a) / 1e3)
+            out[f"{label} warm"] = {"windows": len(warm), "end_us": _spread(warm)}
+    return out
+
+
+def cost_against(windows: int, peer_ref: str, rounds: int) -> dict[str, Any]:
+    """``cost`` of this tree and of ``peer_ref`` (this repository's package at that commit),
+    each in a process of its own, alternating, ``rounds`` times: the same machine, the same
+    load, for both."""
+    from record import export_peer  # here: it imports this tree's package, not the peer's
+
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = export_peer(peer_ref, Path(tmp, "peer"))
+        if peer is None:
+            raise SystemExit(f"cannot export {peer_ref} from {REPO}")
+        sides = {"this": REPO, peer_ref: peer}
+        out: dict[str, Any] = {side: [] for side in sides}
+        for _ in range(rounds):
+            for side, tree in sides.items():
+                got = Path(tmp, "cost.json")
+                env = {**os.environ, "PYTHONPATH": str(tree)}
+                subprocess.run([sys.executable, __file__, "--cost-only", "--tree", str(tree),
+                                "--cost-windows", str(windows), "--out", str(got)],
+                               check=True, env=env)  # fmt: skip
+                out[side].append(json.loads(got.read_text()))
     return out
 
 
@@ -174,25 +213,7 @@ def numpy_op_after_sleep_us(n: int = 100) -> float:
     return float(np.median(times)) / 1e3
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--windows", type=int, default=40, help="windows per length")
-    parser.add_argument("--cost-windows", type=int, default=300, help="10 ms windows timed")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "measure.json"))
-    args = parser.parse_args(argv)
-    started = time.monotonic()
-    acc = accuracy(args.windows, args.seed)
-    costs = cost(args.cost_windows)
-    op_us, after_sleep_us = numpy_op_us(), numpy_op_after_sleep_us()
-    print("relative energy error against the fake's exact energy (per GPU and window)")
-    print(f"{'window':>8} | {'Monitor median':>14} {'p95':>9} {'max':>9} | "
-          f"{'counter median':>14} {'p95':>9} {'max':>9}")  # fmt: skip
-    for ms in WINDOWS_MS:
-        a, c = acc["monitor"][str(ms)], acc["counter"][str(ms)]
-        print(f"{ms:>6}ms | {a['median']:>14.2e} {a['p95']:>9.2e} {a['max']:>9.2e} | "
-              f"{c['median']:>14.2%} {c['p95']:>9.2%} {c['max']:>9.2%}")  # fmt: skip
-    print("\ncost in the job's process, real sampler process on 2 sim GPUs (us)")
+def _cost_table(costs: dict[str, Any]) -> None:
     print(f"{'window':>9} | {'begin median':>12} {'p99':>6} | {'end median':>10} {'p99':>7} "
           f"{'min':>6} | {'end CPU median':>14} | {'then p99+throttling':>19}")  # fmt: skip
     for label, c in costs.items():
@@ -202,6 +223,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:>9} | {b['median']:>12.1f} {b['p99']:>6.1f} | {e['median']:>10.1f} "
               f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f} | "
               f"{later['median']:>19.1f}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--windows", type=int, default=40, help="windows per length")
+    parser.add_argument("--cost-windows", type=int, default=300, help="10 ms windows timed")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--peer-ref", help="also time the package at this commit, alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations with --peer-ref")
+    parser.add_argument("--cost-only", action="store_true", help="only the cost (what a peer runs)")
+    parser.add_argument("--tree", help="the package's tree to time (set by --peer-ref)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "measure.json"))
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    if args.cost_only:
+        Path(args.out).write_text(json.dumps(cost(args.cost_windows)) + "\n")
+        return 0
+    acc = accuracy(args.windows, args.seed)
+    peers: dict[str, Any] = {}
+    if args.peer_ref:
+        peers = cost_against(args.cost_windows, args.peer_ref, args.rounds)
+        costs = peers["this"][0]
+    else:
+        costs = cost(args.cost_windows)
+    op_us, after_sleep_us = numpy_op_us(), numpy_op_after_sleep_us()
+    print("relative energy error against the fake's exact energy (per GPU and window)")
+    print(f"{'window':>8} | {'Monitor median':>14} {'p95':>9} {'max':>9} | "
+          f"{'counter median':>14} {'p95':>9} {'max':>9}")  # fmt: skip
+    for ms in WINDOWS_MS:
+        a, c = acc["monitor"][str(ms)], acc["counter"][str(ms)]
+        print(f"{ms:>6}ms | {a['median']:>14.2e} {a['p95']:>9.2e} {a['max']:>9.2e} | "
+              f"{c['median']:>14.2%} {c['p95']:>9.2%} {c['max']:>9.2%}")  # fmt: skip
+    if peers:
+        for side, rounds in peers.items():
+            for k, got in enumerate(rounds, 1):
+                print(f"\ncost in the job's process, {side}, round {k} of {len(rounds)} "
+                      "(alternating), real sampler process on 2 sim GPUs (us)")  # fmt: skip
+                _cost_table(got)
+    else:
+        print("\ncost in the job's process, real sampler process on 2 sim GPUs (us)")
+        _cost_table(costs)
     print(f"one small numpy operation here: {op_us:.2f} us, {after_sleep_us:.1f} us right after a "
           "10 ms sleep (the machine's scale)")  # fmt: skip
     result = {
@@ -211,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "counter_update_period_ms": 100,
         "accuracy": acc,
         "cost": costs,
+        "cost_rounds": peers,
         "numpy_op_us": op_us,
         "numpy_op_after_sleep_us": after_sleep_us,
         "seconds": time.monotonic() - started,

@@ -9,10 +9,16 @@ the last one to the window's end, and the value held at the window's start is th
 row read before it. Energy is then the exact integral of the power the driver reported; a
 trapezoid would need the sample after the window's end, which ``end_window`` cannot wait for.
 
-Every reduction is vectorised over the window's rows, GPUs and fields at once, in one pass: for
-the windows a training step has, the number of numpy calls is what an ``end_window`` costs, not
-the rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
-``Measurement``'s ``Deferred`` mappings are first read.
+Every reduction is vectorised over the window's rows, GPUs and fields at once, in one pass, on
+rows copied cell by cell (``RingCells``: each cell's rows contiguous, as numpy runs fast along
+them and slowly across a ring's few cells): how long each value held (its start clipped to the
+window, a running maximum, the differences), then three reductions of every cell at once (the
+time held, the integral, the highest value held). A missing value (NaN) shows in its cell's
+integral, so the usual case, none, spends no pass looking for one. For the windows a training
+step has, the number of numpy calls (about twenty) is what an ``end_window`` costs, not the
+rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
+``Measurement``'s ``Deferred`` mappings are first read. The energy counter's cross-check needs
+two rows, and takes them as Python numbers (``counter_energy_j``).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ IntArray = npt.NDArray[np.int64]
 _CLOCK_SLACK_NS = 1_000_000_000
 _BITS = np.array(list(CLOCK_EVENT_REASONS), np.int64)
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
-_COLUMNS = np.arange(64)
+_GPU_INDICES = np.arange(64)
 P99 = 0.99
 _V = TypeVar("_V")
 
@@ -130,28 +136,29 @@ class Held:
     """A span's rows as read: each cell's value (0 where none) and how long it held in the
     span. What the p99 and the throttled time are computed from, when asked."""
 
-    values: FloatArray  # [row, cell]
-    held_ns: IntArray  # [row, cell]
+    values: FloatArray  # [cell, row]
+    held_ns: IntArray  # [cell, row]
     layout: Layout
 
     def p99_w(self) -> FloatArray:
         """Per GPU, the time-weighted p99: the power it stayed at or under 99 % of the time."""
         values, held, gpus = self.values, self.held_ns, self.layout.gpus
-        column = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+        gpu = _GPU_INDICES[:gpus] if gpus <= len(_GPU_INDICES) else np.arange(gpus)
         # the power's cells of ``values`` and ``held`` (flat), in ascending power, per GPU
-        flat = values[:, :gpus].argsort(axis=0) * values.shape[1] + column
-        covered = held[:, :gpus].sum(axis=0)
-        at = (held.take(flat).cumsum(axis=0) < P99 * covered).sum(axis=0)  # the last is covered
-        p99: FloatArray = values.take(flat[at, column])
+        flat = values[:gpus].argsort(axis=1) + (gpu * values.shape[1])[:, None]
+        covered = held[:gpus].sum(axis=1)
+        at = (held.take(flat).cumsum(axis=1) < P99 * covered[:, None]).sum(axis=1)  # covered
+        p99: FloatArray = values.take(flat[gpu, at])
         return p99
 
     def bits_ns(self) -> IntArray | None:
         """``[reason, gpu]``: how long each throttle reason held; None: none did, or no field."""
         events = self.layout.events
-        if events is None or not self.values[:, events].any():
+        if events is None or not self.values[events].any():
             return None
-        on = (self.values[:, events, None].astype(np.int64) & _BITS) != 0  # [row, gpu, bit]
-        bits: IntArray = (on * self.held_ns[:, events, None]).sum(axis=0).T
+        # [gpu, bit, row]
+        on = (self.values[events, None, :].astype(np.int64) & _BITS[:, None]) != 0
+        bits: IntArray = (on * self.held_ns[events, None, :]).sum(axis=2).T
         return bits
 
 
@@ -211,59 +218,75 @@ def histogram_quantile(histogram_ns: FloatArray, q: float) -> FloatArray:
 
 
 def held_ns(read_ns: IntArray, driver_us: IntArray, t0_ns: int, t1_ns: int) -> IntArray:
-    """``[row, cell]``: how long each row's value held inside ``[t0_ns, t1_ns)``; the first row
+    """``[cell, row]``: how long each row's value held inside ``[t0_ns, t1_ns)``; the first row
     is the last read before ``t0_ns``, whose value holds at ``t0_ns``."""
     n = len(read_ns)
-    edges = np.empty((n + 1, driver_us.shape[1]), np.int64)  # each value's start, then t1_ns
-    ts = edges[:n]
+    edges = np.empty((driver_us.shape[0], n + 1), np.int64)  # each value's start, then t1_ns
+    ts = edges[:, :n]
     np.multiply(driver_us, 1000, out=ts)
-    host = read_ns[:, None]
-    np.copyto(ts, host, where=np.abs(ts - host) >= _CLOCK_SLACK_NS)
-    edges[n] = t1_ns
-    np.minimum(np.maximum(edges, t0_ns, out=edges), t1_ns, out=edges)
-    np.maximum.accumulate(
-        edges, axis=0, out=edges
-    )  # a clock stepped back never holds negative time
-    held: IntArray = edges[1:] - edges[:-1]
+    host = read_ns  # broadcast over the cells
+    off = np.subtract(ts, host)
+    np.absolute(off, out=off)
+    # one reduction to learn that every timestamp is on the host's clock, the usual case
+    if np.maximum.reduce(off, axis=None, initial=0) >= _CLOCK_SLACK_NS:
+        np.copyto(ts, host, where=off >= _CLOCK_SLACK_NS)
+    edges[:, n] = t1_ns
+    # a clock stepped back holds no time: each start is the latest so far; and none is before
+    # t0_ns, which the first one's being so makes true of all (a running maximum)
+    np.maximum(edges[:, 0], t0_ns, out=edges[:, 0])
+    np.maximum.accumulate(edges, axis=1, out=edges)
+    np.minimum(edges, t1_ns, out=edges)
+    held: IntArray = np.subtract(edges[:, 1:], edges[:, :-1])
     return held
+
+
+def _sums(values: FloatArray, held: IntArray) -> FloatArray:
+    """``[3, cell]``: the ns each cell's values held, their integral (value times ns), and the
+    highest that held at all (-inf: none); a NaN value makes its cell's integral NaN."""
+    out = np.empty((3, len(values)))
+    np.add.reduce(held, axis=1, out=out[0])
+    np.add.reduce(np.multiply(values, held), axis=1, out=out[1])
+    np.maximum.reduce(values, axis=1, out=out[2], where=held > 0, initial=-np.inf)
+    return out
 
 
 def reduce_span(
     rows: RingCells, t0_ns: int, t1_ns: int, layout: Layout, histogram: bool = False
 ) -> Span:
-    """The span's reductions from ring rows ``[row, cell]`` laid out as ``layout`` says
+    """The span's reductions from ring rows (``[cell, row]``) laid out as ``layout`` says
     (``rows.values`` is changed: NaN becomes 0); ``histogram``: keep the power's histogram too
-    (``Span.merge`` needs it). All GPUs and quantities in one pass of a dozen and a half numpy
-    calls, the p99 and the throttled time left to ``Held`` until asked: the calls, not the
-    rows, are what a short window costs."""
+    (``Span.merge`` needs it). All GPUs and quantities in one pass of about twenty numpy calls
+    (the held time's, then three reductions of every cell at once), the p99 and the throttled
+    time left to ``Held`` until asked: the calls, not the rows, are what a short window costs."""
     values = rows.values
-    n, gpus = len(values), layout.gpus
+    n, gpus = len(rows), layout.gpus
     if not n:  # nothing sampled yet: the sampler has only just started
         none, zero = np.full(gpus, -np.inf), np.zeros(gpus)
         empty = np.zeros((gpus, HISTOGRAM_BINS)) if histogram else None
         return Span(zero, zero, none, none, None, none, None, empty)
     held = held_ns(rows.time_ns, rows.driver_ts_us, t0_ns, t1_ns)
-    # a GPU or field without a value holds for no time (a NaN anywhere makes the sum NaN: one
-    # call to learn that none is, the usual case)
-    if math.isnan(values.sum()):
+    sums = _sums(values, held)
+    # a GPU or field without a value (NaN) holds for no time: a NaN value, held or not, makes
+    # its cell's integral NaN, so the integrals' sum says whether any is (the usual case: none)
+    if math.isnan(np.add.reduce(sums[1])):
         missing = np.isnan(values)
         held[missing] = 0
         values[missing] = 0.0
-    v, h = values[:, :gpus], held[:, :gpus]
-    covered = h.sum(axis=0)
-    energy = (v * h).sum(axis=0) / 1e9
-    top = np.where(held > 0, values, -np.inf).max(axis=0)  # -inf: none
+        sums = _sums(values, held)
+    sums[:2] /= 1e9  # s, J
+    top = sums[2]  # -inf: none
     memory_mib = top[layout.memory] if layout.memory is not None else np.full(gpus, -np.inf)
     kept = Held(values, held, layout)
     if not histogram:
-        return Span(energy, covered / 1e9, top[:gpus], memory_mib, kept)
-    column = _COLUMNS[:gpus] if gpus <= len(_COLUMNS) else np.arange(gpus)
+        return Span(sums[1, :gpus], sums[0, :gpus], top[:gpus], memory_mib, kept)
+    v, h = values[:gpus], held[:gpus]
+    gpu = _GPU_INDICES[:gpus] if gpus <= len(_GPU_INDICES) else np.arange(gpus)
     watt = np.clip(v / HISTOGRAM_W, 0, HISTOGRAM_BINS - 1).astype(np.intp)
-    at = (watt + column * HISTOGRAM_BINS).ravel()
+    at = (watt + (gpu * HISTOGRAM_BINS)[:, None]).ravel()
     counts = np.bincount(at, weights=h.ravel(), minlength=gpus * HISTOGRAM_BINS)
     hist = counts.astype(np.float64).reshape(gpus, HISTOGRAM_BINS)
     # kept for long: the reductions only, not the rows
-    return Span(energy, covered / 1e9, top[:gpus], memory_mib, None, kept.p99_w(),
+    return Span(sums[1, :gpus], sums[0, :gpus], top[:gpus], memory_mib, None, kept.p99_w(),
                 kept.bits_ns(), hist)  # fmt: skip
 
 
@@ -274,13 +297,19 @@ def throttled(bits_ns: IntArray | None, gpu: int) -> dict[str, float]:
     return {_REASONS[k]: float(bits_ns[k, gpu]) / 1e9 for k in np.flatnonzero(bits_ns[:, gpu])}
 
 
-def counter_difference(rows: RingCells) -> tuple[FloatArray, FloatArray]:
-    """Per cell, the counter's rise (its unit) from the value that held at the window's start
-    (the first row, the last one read before the window) to the last row's, and the ns between
-    those two values' driver timestamps (NaN where it did not move)."""
-    if len(rows) < 2:
-        nan = np.full(rows.values.shape[1], np.nan)
-        return nan, nan
-    rise = rows.values[-1] - rows.values[0]
-    span = (rows.driver_ts_us[-1] - rows.driver_ts_us[0]) * 1e3
-    return rise, np.where(span > 0, span, np.nan)
+def counter_energy_j(
+    first: tuple[list[float], list[int]], last: tuple[list[float], list[int]], length_ns: int
+) -> list[float | None]:
+    """Per cell, the energy counter's answer in J for a window ``length_ns`` long, from two rows'
+    values (mJ) and driver timestamps (µs): the value that held at the window's start (the last
+    row read before it) and the last one read in it. The counter's mean power between those two
+    values' driver timestamps times the window, so that its ~100 ms steps are not taken for the
+    job's energy; None where it did not move, or its values span under half the window. Plain
+    floats: two rows of a few GPUs want no numpy."""
+    (v0, d0), (v1, d1) = first, last
+    out: list[float | None] = []
+    for a, b, s, e in zip(v0, v1, d0, d1, strict=True):
+        rise_mj, span_ns = b - a, (e - s) * 1e3  # NaN: no value at one end
+        ok = math.isfinite(rise_mj) and span_ns > 0 and span_ns >= length_ns / 2
+        out.append(rise_mj / 1e3 * length_ns / span_ns if ok else None)
+    return out

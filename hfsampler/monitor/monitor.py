@@ -5,9 +5,9 @@ It starts the sampler process `run` uses (its own, in the background: ``sampling
 only what a window needs (power, the energy counter, throttle reasons, memory used) every
 millisecond into the shared-memory rings. ``begin_window`` only takes the time; ``end_window``
 takes the time again and reads that span straight from the rings (a binary search and a copy of
-the window's rows of a few columns, reduced in ``monitor.measurement``): no window boundary to
-wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window is also sent
-as a phase (``markers.edge``), with the same edges, so the report shows it.
+the window's cells, each cell's rows together, reduced in ``monitor.measurement``): no window
+boundary to wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window
+is also sent as a phase (``markers.edge``), with the same edges, so the report shows it.
 
 Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
 guards the open windows only). The rings hold ``history_s``; a window longer than that is answered
@@ -28,8 +28,6 @@ import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from multiprocessing import util as mp_util
 from types import TracebackType
-
-import numpy as np
 
 from hfsampler import markers
 from hfsampler.config.settings import Config
@@ -55,11 +53,11 @@ from hfsampler.monitor.measurement import (
     Layout,
     Measurement,
     Span,
-    counter_difference,
+    counter_energy_j,
     reduce_span,
     throttled,
 )
-from hfsampler.monitor.running import RunningStats
+from hfsampler.monitor.running import Missed, RunningStats
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
 from hfsampler.sampling.plan import RunPlan, build_run
 from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingCells
@@ -185,8 +183,8 @@ class Monitor:
         energy = self._parts.energy
         self._energy_cells = None
         if energy is not None:
-            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]])
-        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns())
+            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]]).tolist()
+        self._running = RunningStats(self._reduce_with_histogram, clock.now_ns(), clock.now_ns)
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
             clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
@@ -233,9 +231,9 @@ class Monitor:
             try:
                 return self._measure(t0_ns, t_ns, ended_now=True)
             except WindowTooLongError:
-                running = self._running.take(key, t0_ns)
-                if running is None:
-                    raise
+                running = self._running.claim(key, t0_ns, t_ns)
+                if isinstance(running, Missed):
+                    raise self._too_long(t0_ns, t_ns, running) from None
             return self._from_running(key, t0_ns, t_ns, *running)
         finally:
             self._end_read()
@@ -338,7 +336,7 @@ class Monitor:
         pass, and the rings from there."""
         rest = self._reduce_with_histogram(passed_ns, t1_ns)
         if rest is None:
-            raise self._too_long(t0_ns, t1_ns)
+            raise self._too_long(t0_ns, t1_ns, self._running.behind(t1_ns))
         warnings.warn(
             f"window {_name(key)!r} ({(t1_ns - t0_ns) / 1e9:.1f} s) is longer than the "
             f"{self.history_s:g} s of samples the Monitor keeps: answered from its running "
@@ -373,21 +371,34 @@ class Monitor:
         group = p.energy[0]
         if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
             return none
-        rows = _span(self._pipeline.sampler.rings[group], self._energy_cells, t0_ns, t1_ns)
-        if rows is None:
+        ring = self._pipeline.sampler.rings[group]
+        bounds = _bounds(ring, t0_ns, t1_ns, ended_now=False)
+        if bounds is None or bounds[1] - bounds[0] < 2:
             return none
-        rise_mj, span_ns = counter_difference(rows)
-        ok = np.isfinite(rise_mj) & (span_ns >= (t1_ns - t0_ns) / 2)
-        joules = rise_mj / 1e3 * (t1_ns - t0_ns) / np.where(ok, span_ns, 1.0)
-        return [float(j) if k else None for j, k in zip(joules, ok, strict=True)]
+        start, stop, own = bounds
+        first, last = ring.row(start, self._energy_cells), ring.row(stop - 1, self._energy_cells)
+        if not ring.holds(start):
+            return none
+        if own:
+            first = (first[0], [t0_ns // 1000] * len(first[1]))
+        return counter_energy_j(first, last, t1_ns - t0_ns)
 
-    def _too_long(self, t0_ns: int, t1_ns: int) -> WindowTooLongError:
+    def _too_long(self, t0_ns: int, t1_ns: int, missed: Missed | None = None) -> WindowTooLongError:
+        """The refusal of a window the rings no longer hold the start of, naming its cause: the
+        history (a span alone, ``missed`` None), or why its running statistics are missing."""
         need = (t1_ns - t0_ns) / 1e9
-        return WindowTooLongError(
-            f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of samples "
-            f"the Monitor keeps (history_s); give Monitor(history_s={max(need * 2, 60):.0f}) "
-            "to measure windows this long"
-        )
+        long = (f"the window is {need:.1f} s long, longer than the {self.history_s:g} s of "
+                "samples the Monitor keeps")  # fmt: skip
+        more = f"give Monitor(history_s={max(need * 2, 60):.0f}) to measure windows this long"
+        if missed is None:
+            return WindowTooLongError(f"{long} (history_s); {more}")
+        if os.getpid() != self._pid:
+            return WindowTooLongError(
+                f"{long}, and a forked process has no running statistics (the parent's thread "
+                f"keeps them); measure long windows in the process that made the Monitor, or "
+                f"{more}"
+            )
+        return WindowTooLongError(f"{long}, and {missed.cause(self._pass_s, more)}")
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -508,29 +519,36 @@ class _Parts:
         )  # fmt: skip
 
 
-def _span(
-    ring: Ring,
-    cells: IndexArray,
-    t0_ns: int,
-    t1_ns: int,
-    ended_now: bool = False,
-) -> RingCells | None:
-    """The rows read in ``[t0_ns, t1_ns]`` and the last one before (which holds at ``t0_ns``);
-    None when the ring no longer holds that one. ``ended_now``: every row up to the ring's head
-    (a row read since ``t1_ns`` holds a value the driver had by then, or clips to nothing)."""
+def _bounds(ring: Ring, t0_ns: int, t1_ns: int, ended_now: bool) -> tuple[int, int, bool] | None:
+    """The rows (as rows ever written) ``[start, stop)`` read in ``[t0_ns, t1_ns]`` and the last
+    one before (which holds at ``t0_ns``), and whether ``start`` is the window's own first row
+    instead (nothing was sampled before the window: its first sample holds from its start);
+    None when the ring no longer holds the row before. ``ended_now``: every row up to the
+    ring's head (a row read since ``t1_ns`` holds a value the driver had by then, or clips to
+    nothing)."""
     first, oldest = ring.seq_at(t0_ns)
     stop = ring.write_seq if ended_now else ring.seq_at(t1_ns + 1)[0]
     if first > oldest:
-        start = first - 1
-    elif oldest == 0:  # nothing sampled before the window: its first sample holds from its start
-        start = first
-    else:
+        return first - 1, stop, False
+    if oldest == 0:
+        return first, stop, True
+    return None
+
+
+def _span(
+    ring: Ring, cells: IndexArray, t0_ns: int, t1_ns: int, ended_now: bool = False
+) -> RingCells | None:
+    """``_bounds``' rows of ``cells``, the first one's timestamps moved to ``t0_ns`` where it is
+    the window's own; None when the ring no longer holds them."""
+    bounds = _bounds(ring, t0_ns, t1_ns, ended_now)
+    if bounds is None:
         return None
+    start, stop, own = bounds
     rows, whole = ring.columns(start, stop, cells)
     if not whole:
         return None
-    if start == first and len(rows):
-        rows.driver_ts_us[0] = t0_ns // 1000
+    if own and len(rows):
+        rows.driver_ts_us[:, 0] = t0_ns // 1000
     return rows
 
 

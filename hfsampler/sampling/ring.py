@@ -77,11 +77,13 @@ class RingRows:
 
 @dataclass(frozen=True, slots=True)
 class RingCells:
-    """Rows copied out of a ring, oldest first, of only some cells (GPU and field pairs)."""
+    """Rows copied out of a ring, oldest first, of only some cells (GPU and field pairs), cell
+    by cell: each cell's rows lie together, so that a reduction over the rows runs along
+    contiguous memory (a ring's row is a few cells wide; numpy is slow across such rows)."""
 
     time_ns: npt.NDArray[np.int64]  # [n] host wall-clock time of each tick's read
-    values: npt.NDArray[np.float64]  # [n, cell] as written (repeats kept)
-    driver_ts_us: npt.NDArray[np.int64]  # [n, cell]
+    values: npt.NDArray[np.float64]  # [cell, n] as written (repeats kept)
+    driver_ts_us: npt.NDArray[np.int64]  # [cell, n]
 
     def __len__(self) -> int:
         return len(self.time_ns)
@@ -295,9 +297,19 @@ class Ring:
         self._values: npt.NDArray[np.float64] = np.ndarray(shape, np.float64, buf, off)
         off += 8 * c * cells
         self._driver: npt.NDArray[np.int64] = np.ndarray(shape, np.int64, buf, off)
-        # the same, a row's cells flat: what ``columns`` takes cells from, with one ``take``
-        self._flat_values = self._values.reshape(c, cells)
-        self._flat_driver = self._driver.reshape(c, cells)
+        # the values and the driver timestamps, a row's cells flat, as one array of int64 (the
+        # driver's block follows the values'): ``columns`` takes a span's cells of both with
+        # one ``take``, and views the values' half as float64 again
+        self._flat_both: npt.NDArray[np.int64] = np.ndarray(
+            (2, c, cells), np.int64, buf, 8 * (_HEADER_SLOTS + 2 * c)
+        )
+        # the header and the read times as Python ints: a reader's binary search and head read
+        # index this (no numpy scalar per probe)
+        self._ints = buf[: 8 * (_HEADER_SLOTS + c)].cast("q")
+        # and every row's values and timestamps, for ``row``
+        at = 8 * (_HEADER_SLOTS + 2 * c)
+        self._row_values = buf[at : at + 8 * c * cells].cast("d")
+        self._row_driver = buf[at + 8 * c * cells : at + 16 * c * cells].cast("q")
         self._writer: _Writer | None = None
 
     @classmethod
@@ -326,7 +338,7 @@ class Ring:
     @property
     def write_seq(self) -> int:
         """How many rows have ever been written."""
-        return int(self._header[_SEQ])
+        return self._ints[_SEQ]
 
     # -- writer ----------------------------------------------------------------------------------
     # A millisecond tick runs with cold caches after each sleep, so the writer's path is short:
@@ -393,13 +405,13 @@ class Ring:
         A binary search over the rows held (their read times only grow): a few microseconds,
         whatever the ring's size, so a reader can take any span without following the ring.
         """
-        head = self.write_seq
-        lo = oldest = max(0, head - self.capacity + 1)  # the row at head - capacity may be torn
+        ints, capacity = self._ints, self.capacity
+        head = ints[_SEQ]
+        lo = oldest = max(0, head - capacity + 1)  # the row at head - capacity may be torn
         hi = head
-        times, capacity = self._time, self.capacity
         while lo < hi:
             mid = (lo + hi) // 2
-            if int(times[mid % capacity]) < t_ns:
+            if ints[_HEADER_SLOTS + mid % capacity] < t_ns:
                 lo = mid + 1
             else:
                 hi = mid
@@ -415,16 +427,33 @@ class Ring:
         them were still there after the copy (False: the writer overwrote the first ones
         meanwhile, or had before). ``cells``: ``cell_index``'s, made once by the caller.
         Repeats are kept as written: a reader that integrates over driver timestamps needs no
-        NaN for them."""
-        seqs = np.arange(start, stop)  # rows ever written: ``take`` wraps them into the ring
-        rows = RingCells(
-            self._time.take(seqs, mode="wrap"),
-            self._flat_values.take(seqs, axis=0, mode="wrap").take(cells, axis=1),
-            self._flat_driver.take(seqs, axis=0, mode="wrap").take(cells, axis=1),
-        )
+        NaN for them. A span in one stretch of the ring (all but one in ``capacity``) is two
+        copies: its read times, and its cells of values and timestamps, cell by cell, in one
+        ``take``."""
         c = self.capacity
-        whole = start >= self.write_seq - c + 1  # nothing of ours was overwritten while we copied
-        return rows, whole
+        at, n = start % c, max(stop - start, 0)
+        if at + n <= c:
+            times = self._time[at : at + n].copy()
+            rows = self._flat_both[:, at : at + n]
+        else:  # across the ring's end: rows ever written, which ``take`` wraps into the ring
+            seqs = np.arange(start, stop)
+            times = self._time.take(seqs, mode="wrap")
+            rows = self._flat_both.take(seqs, axis=1, mode="wrap")
+        both = rows.transpose(0, 2, 1).take(cells, axis=1)  # [values | timestamps, cell, row]
+        return RingCells(times, both[0].view(np.float64), both[1]), self.holds(start)
+
+    def row(self, seq: int, cells: Sequence[int]) -> tuple[list[float], list[int]]:
+        """One row's (as rows ever written) values and driver timestamps of some cells, as
+        Python numbers: what a reader of two rows (a counter's ends) reads without numpy. Ask
+        ``holds`` after, as ``columns`` does."""
+        at = (seq % self.capacity) * self.gpus * self.fields
+        values, driver = self._row_values, self._row_driver
+        return [values[at + c] for c in cells], [driver[at + c] for c in cells]
+
+    def holds(self, seq: int) -> bool:
+        """Whether row ``seq`` (as rows ever written) is still whole: asked after a copy, the
+        copy is of it."""
+        return seq >= self._ints[_SEQ] - self.capacity + 1
 
     def _copy(self, start: int, stop: int) -> RingRows:
         if stop <= start:
@@ -437,15 +466,11 @@ class Ring:
         if self._writer is not None:
             self._writer.ints.release()
             self._writer = None
-        for attr in (
-            "_header",
-            "_time",
-            "_late",
-            "_values",
-            "_driver",
-            "_flat_values",
-            "_flat_driver",
-        ):
+        for view in ("_ints", "_row_values", "_row_driver"):
+            with contextlib.suppress(AttributeError):
+                getattr(self, view).release()
+        for attr in ("_header", "_time", "_late", "_values", "_driver", "_flat_both", "_ints",
+                     "_row_values", "_row_driver"):  # fmt: skip
             with contextlib.suppress(AttributeError):
                 delattr(self, attr)
         self._shm.close()

@@ -20,8 +20,9 @@ from hfsampler import Measurement, Monitor, markers
 from hfsampler.config.settings import Config
 from hfsampler.errors import ConfigError, DriverNotFoundError, NoPermissionError
 from hfsampler.fields import POWER_INSTANT
+from hfsampler.monitor.measurement import HISTOGRAM_BINS, Span
 from hfsampler.monitor.monitor import LongWindowWarning, WindowTooLongError
-from hfsampler.monitor.running import RunningStats
+from hfsampler.monitor.running import Missed, RunningStats
 from hfsampler.profiling.job_markers import MarkerSocket
 from hfsampler.sampling.ring import SHM_DIR_ENV
 from hfsampler.sampling.stepping import VirtualClock
@@ -298,3 +299,60 @@ def test_running_statistics_a_pass_could_not_read_are_none() -> None:
     running.advance(20, {"w": 5})
     assert running.take("w", 5) is None
     assert running.take("never", 0) is None
+
+
+def _rings_hold(held_s: float, reduction_s: float, now: list[int]) -> object:
+    """A pass's reduce whose rings hold ``held_s`` before the pass, each reduction taking
+    ``reduction_s`` on the clock ``now`` (no sleep: the clock is moved)."""
+    zero, none = np.zeros(2), np.full(2, -np.inf)
+
+    def reduce(t0_ns: int, t1_ns: int) -> Span | None:
+        now[0] += int(reduction_s * 1e9)
+        if t1_ns - t0_ns > held_s * 1e9:
+            return None
+        return Span(zero, zero, none, none, None, zero, None, np.zeros((2, HISTOGRAM_BINS)))
+
+    return reduce
+
+
+def test_windows_a_slow_pass_left_without_running_statistics_are_refused_naming_it() -> None:
+    """10,000 windows begun at once: the next pass reduces each from its begin, one by one, for
+    longer than the rings hold; the refusal names that cause and its fix, not the history."""
+    now = [0]
+    running = RunningStats(_rings_hold(60.0, 0.01, now), 0, lambda: now[0])
+    windows = {k: 1_000_000 * k for k in range(10_000)}
+    now[0] = 15 * 10**9
+    running.advance(now[0], windows)  # 100 s of reductions
+    now[0] += 15 * 10**9
+    running.advance(now[0], windows)  # 130 s since the pass before: the rings hold 60
+    missed = running.claim(7, windows[7], now[0])
+    assert isinstance(missed, Missed)
+    assert (missed.gap_s, missed.took_s, missed.begun) == (
+        pytest.approx(115.0, abs=0.1),
+        pytest.approx(100.0, abs=0.1),
+        10_000,
+    )
+    cause = missed.cause(15.0, "give history_s")
+    assert "took 100.0 s, reducing the 10000 windows begun" in cause
+    assert "keep fewer windows open at once" in cause
+    assert "history_s" not in cause
+    assert running.take(7, windows[7]) is None  # claimed once
+
+
+def test_windows_a_late_pass_left_without_running_statistics_are_refused_naming_the_gil() -> None:
+    now = [0]
+    running = RunningStats(_rings_hold(60.0, 0.001, now), 0, lambda: now[0])
+    now[0] = 15 * 10**9
+    running.advance(now[0], {"epoch": 10})
+    now[0] = 90 * 10**9  # no pass for 75 s: the job held the GIL
+    running.advance(now[0], {"epoch": 10})
+    cause = running.claim("epoch", 10, now[0])
+    assert isinstance(cause, Missed)
+    text = cause.cause(15.0, "give Monitor(history_s=240)")
+    assert "no pass of them ran for 75.0 s" in text
+    assert "GIL" in text
+    assert "give Monitor(history_s=240)" in text
+    # a window begun since the last pass, which has not come: the same cause, said as it stands
+    late = running.claim("later", 95 * 10**9, 170 * 10**9)
+    assert isinstance(late, Missed)
+    assert "ran for 80.0 s" in late.cause(15.0, "give history_s")

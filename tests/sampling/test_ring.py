@@ -64,11 +64,37 @@ def test_columns_reads_some_cells_of_a_span_across_the_wrap_field_by_field() -> 
         rows, whole = ring.columns(6, 11, cells)
         assert whole
         assert rows.time_ns.tolist() == [1006, 1007, 1008, 1009, 1010]
-        assert rows.values[:, 0].tolist() == [603, 703, 803, 903, 1003]
-        assert rows.values[0].tolist() == [603, 611, 601, 609]
-        assert rows.driver_ts_us[:, 3].tolist() == [6, 7, 8, 9, 10]
+        assert rows.values[0].tolist() == [603, 703, 803, 903, 1003]  # cell by cell
+        assert rows.values[:, 0].tolist() == [603, 611, 601, 609]
+        assert rows.driver_ts_us[3].tolist() == [6, 7, 8, 9, 10]
         assert not ring.columns(4, 11, cells)[1]  # row 4 was overwritten
+        # a span in one stretch of the ring (rows 8..11 are its slots 0..3): the same cells
+        rows, whole = ring.columns(8, 12, cells)
+        assert whole
+        assert rows.time_ns.tolist() == [1008, 1009, 1010, 1011]
+        assert rows.values[:, 1].tolist() == [903, 911, 901, 909]
+        assert rows.driver_ts_us[2].tolist() == [8, 9, 10, 11]
+        assert len(ring.columns(9, 9, cells)[0]) == 0
     finally:
+        ring.close()
+
+
+def test_row_reads_one_rows_cells_as_python_numbers_and_holds_says_if_it_was_overwritten() -> None:
+    ring = Ring.create(8, 3, 4)
+    reader = Ring.attach(ring.name)
+    try:
+        for i in range(13):
+            values, driver = ring.slot()
+            values[:] = np.arange(12).reshape(3, 4) + 100 * i
+            driver[:] = i
+            ring.commit(1_000 + i, 0)
+        cells = ring.cell_index([0, 2], [3, 1]).tolist()
+        assert reader.row(12, cells) == ([1203.0, 1211.0, 1201.0, 1209.0], [12, 12, 12, 12])
+        assert reader.row(6, cells)[0] == [603.0, 611.0, 601.0, 609.0]
+        assert reader.holds(6)
+        assert not reader.holds(5)  # the row at the head minus the capacity may be torn
+    finally:
+        reader.close()
         ring.close()
 
 

@@ -82,11 +82,11 @@ def decode_png(data: bytes) -> np.ndarray:
             cur = line
         elif kind == 2:
             cur = (line + prev) % 256
-        else:  # sub, average, paeth: byte by byte
-            cur = np.zeros_like(line)
-            for x in range(len(line)):
-                a = cur[x - channels] if x >= channels else 0
-                b, c = prev[x], (prev[x - channels] if x >= channels else 0)
+        else:  # sub, average, paeth: byte by byte, on Python ints (numpy's scalars are slow)
+            got, above = line.tolist(), prev.tolist()  # got: decoded up to x, filtered after
+            for x in range(len(got)):
+                a = got[x - channels] if x >= channels else 0
+                b, c = above[x], (above[x - channels] if x >= channels else 0)
                 if kind == 1:
                     pred = a
                 elif kind == 3:
@@ -95,7 +95,8 @@ def decode_png(data: bytes) -> np.ndarray:
                     p = a + b - c
                     pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                     pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                cur[x] = (line[x] + pred) % 256
+                got[x] = (got[x] + pred) % 256
+            cur = np.array(got, np.int64)
         out[y], prev = cur, cur
     return out.reshape(height, width, channels)
 

@@ -1,4 +1,10 @@
-"""The command line as a user drives it: exit codes, messages, /metrics while it runs."""
+"""The command line as a user drives it: exit codes, messages, /metrics while it runs.
+
+A command whose status and output are what a test checks runs in this process
+(``inprocess.hfsampler``, or ``main`` with capsys); a real process where only one shows it:
+an exit status and stderr as a shell sees them, signals, the sampler process, a fresh
+interpreter's imports.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import shm_dirs
+from inprocess import hfsampler
 
 from hfsampler.cli.main import main
 
@@ -50,6 +57,7 @@ def _free_port() -> int:
 
 
 def _hfsampler(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """`hfsampler ARGS` as a real process."""
     return subprocess.run(
         [sys.executable, "-m", "hfsampler", *args],
         capture_output=True,
@@ -75,6 +83,7 @@ def _ring_names(log_text: str) -> list[str]:
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
+    """A real process: the exit status and stderr a shell sees (no traceback, one line)."""
     path = tmp_path / "bad.yml"
     path.write_text(
         "window: 1s\n"
@@ -93,7 +102,7 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
 def test_check_config_ok(tmp_path: Path) -> None:
     path = tmp_path / "good.yml"
     path.write_text("source: sim\nwindow: 2s\nexternal_labels: {cluster: c1}\n")
-    result = _hfsampler("check-config", str(path))
+    result = hfsampler("check-config", str(path))
     assert result.returncode == 0, result.stderr
     assert "OK" in result.stdout
     assert "cluster=c1" in result.stdout
@@ -127,13 +136,14 @@ def test_fields_lists_the_catalogue(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_nvml_without_driver_fails_clearly() -> None:
-    result = _hfsampler("run", "--source", "nvml", "--duration", "1s", "--listen", "")
+    result = hfsampler("run", "--source", "nvml", "--duration", "1s", "--listen", "")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "NVML" in result.stderr or "driver" in result.stderr
 
 
 def test_sigterm_stops_cleanly() -> None:
+    """A real process: SIGTERM, and the exit status a shell sees."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--listen", ""],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
@@ -152,8 +162,8 @@ def test_sigterm_stops_cleanly() -> None:
 
 
 def test_a_small_shm_exits_2_with_one_line(small_shm: Path) -> None:
-    result = _hfsampler("run", "--source", "sim", "--window", "10s", "--listen", "", "--duration",
-                        "1s")  # fmt: skip
+    result = hfsampler("run", "--source", "sim", "--window", "10s", "--listen", "", "--duration",
+                       "1s")  # fmt: skip
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith(f"hfsampler: error: {small_shm}: the sample rings need ")
@@ -162,7 +172,7 @@ def test_a_small_shm_exits_2_with_one_line(small_shm: Path) -> None:
 
 
 def test_an_hour_window_exits_2_naming_max_ring_bytes(shm_dir: Path) -> None:
-    result = _hfsampler("run", "--source", "sim", "--window", "1h", "--listen", "")
+    result = hfsampler("run", "--source", "sim", "--window", "1h", "--listen", "")
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hfsampler: error: max_ring_bytes: --window 3600s with intervals ")
@@ -171,6 +181,7 @@ def test_an_hour_window_exits_2_naming_max_ring_bytes(shm_dir: Path) -> None:
 
 
 def test_a_dead_sampler_is_reported_with_its_reason(shm_dir: Path) -> None:
+    """A real process: its sampler process killed, and the exit status a shell sees."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--listen", ""],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -204,21 +215,45 @@ def _sampler_pid(parent: int) -> int:
     raise AssertionError(f"no sampler among {children}")
 
 
-@pytest.mark.parametrize("command", ["report", "record", "check-config", "fields"])
-def test_a_command_imports_no_http_stack_it_does_not_use(command: str) -> None:
+_LEAN_COMMANDS = ("report", "record", "check-config", "fields")
+
+
+@pytest.fixture(scope="module")
+def http_stack_imported() -> dict[str, bool]:
+    """Per command, whether building its parser imported aiohttp, in a fresh interpreter: one
+    imports the parser's module, then a forked copy of it per command builds that command's
+    parser (as `hfsampler COMMAND` starts), and says."""
+    code = (
+        "import os, sys\nfrom hfsampler.cli.main import build_parser\n"
+        "for command in sys.argv[1:]:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        build_parser(command)\n"
+        "        print(command, 'aiohttp' in sys.modules, flush=True)\n"
+        "        os._exit(0)\n"
+        "    assert os.waitpid(pid, 0)[1] == 0, command\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *_LEAN_COMMANDS], capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    said = dict(line.split() for line in out.stdout.splitlines())
+    assert list(said) == list(_LEAN_COMMANDS), out.stdout + out.stderr
+    return {command: imported == "True" for command, imported in said.items()}
+
+
+@pytest.mark.parametrize("command", _LEAN_COMMANDS)
+def test_a_command_imports_no_http_stack_it_does_not_use(
+    command: str, http_stack_imported: dict[str, bool]
+) -> None:
     """A fresh interpreter (the one `hfsampler COMMAND` starts): what the parser imports for a
     command that pushes nothing leaves aiohttp out, half of every start's time."""
-    code = (
-        "import sys\nfrom hfsampler.cli.main import build_parser\n"
-        f"build_parser({command!r})\nprint(sorted(m for m in sys.modules if m == 'aiohttp'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert http_stack_imported[command] is False
 
 
 def test_a_line_break_in_a_counters_file_name_stays_on_its_own_log_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`run` as a real process: every line of its stderr as a terminal shows it, the sampler
+    process's included."""
     # a quoted name may hold a line break (Go's csv allows it): in the warning it would forge a
     # log line of its own, and a terminal escape would reach the terminal
     forged = "2026-01-01 00:00:00,000 ERROR hfsampler: forged \x1b[2J"

@@ -1,45 +1,29 @@
 """A recording with flipped bits: the damaged chunks are skipped and counted, reading goes on
-from the next good frame, and report, replay and compare say so (replay's status too)."""
+from the next good frame, and report, replay and compare say so (replay's status too).
+
+The recording is made and the commands run in this process (``inprocess``): what is checked is
+what they read and say, not the process.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from inprocess import hfsampler, record_sim
 
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.replay import EXIT_DAMAGED
 
-pytestmark = pytest.mark.long  # its tests take half a minute or more together
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    return env
-
-
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hfsampler", *args], env=_env(),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("damaged") / "good.hfs"
-    done = _run("record", "--source", "sim", "--quiet", "--duration", "3s", "-o", str(out))
-    assert done.returncode == 0, done.stderr
-    return out
+    return record_sim(tmp_path_factory.mktemp("damaged") / "good.hfs", "--duration", "3s")
 
 
 def _flip(src: Path, dst: Path, offsets: list[int]) -> Path:
@@ -95,7 +79,7 @@ def test_a_damaged_length_and_a_torn_tail(good: Path, tmp_path: Path) -> None:
 def test_report_says_it_on_the_terminal_in_both_formats(good: Path, tmp_path: Path) -> None:
     bad = _flip(good, tmp_path / "bad.hfs", [_mid_raw_chunk(Recording(good))])
     for fmt in ("json", "html"):
-        done = _run("report", str(bad), "--format", fmt, "-o", str(tmp_path / f"r.{fmt}"))
+        done = hfsampler("report", str(bad), "--format", fmt, "-o", str(tmp_path / f"r.{fmt}"))
         assert done.returncode == 0, done.stderr
         notes = [line for line in done.stderr.splitlines() if "damaged" in line]
         assert len(notes) == 1, done.stderr
@@ -107,13 +91,13 @@ def test_report_says_it_on_the_terminal_in_both_formats(good: Path, tmp_path: Pa
 
 def test_compare_marks_the_damaged_input(good: Path, tmp_path: Path) -> None:
     bad = _flip(good, tmp_path / "bad.hfs", [_mid_raw_chunk(Recording(good))])
-    done = _run("report", str(good), str(bad), "--format", "json")
+    done = hfsampler("report", str(good), str(bad), "--format", "json")
     assert done.returncode == 0, done.stderr
     assert "damaged" in done.stderr
     data = json.loads(done.stdout)
     assert list(data["inputs_with_problems"]) == ["new"]
     page = tmp_path / "diff.html"
-    done = _run("report", str(good), str(bad), "-o", str(page))
+    done = hfsampler("report", str(good), str(bad), "-o", str(page))
     assert done.returncode == 0, done.stderr
     assert "The new recording is damaged" in page.read_text()
 
@@ -141,16 +125,16 @@ def receiver() -> Iterator[str]:
 def test_replay_exits_non_zero_on_damage_or_nothing(
     good: Path, tmp_path: Path, receiver: str
 ) -> None:
-    done = _run("replay", str(good), "--remote-write", receiver)
+    done = hfsampler("replay", str(good), "--remote-write", receiver)
     assert done.returncode == 0, done.stdout + done.stderr
     whole = Recording(good)
     bad = _flip(good, tmp_path / "bad.hfs", [_mid_raw_chunk(whole)])
-    done = _run("replay", str(bad), "--remote-write", receiver, "--raw")
+    done = hfsampler("replay", str(bad), "--remote-write", receiver, "--raw")
     assert done.returncode == EXIT_DAMAGED, done.stdout + done.stderr
     assert "damaged" in done.stdout
     # every window chunk damaged: nothing to replay is a failure, not "replayed 0 samples", 0
     wins = [f.offset + f.length // 2 for f in whole.frames if f.tag == b"WIN_"]
     none = _flip(good, tmp_path / "none.hfs", wins)
-    done = _run("replay", str(none), "--remote-write", receiver)
+    done = hfsampler("replay", str(none), "--remote-write", receiver)
     assert "replayed 0 samples" in done.stdout
     assert done.returncode == 1, done.stdout + done.stderr

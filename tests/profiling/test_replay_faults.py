@@ -1,7 +1,11 @@
 """`hfsampler replay` against a dead receiver gives up at its deadline with a summary, and
 Ctrl-C stops it with exit 130 after flushing what it can (it used to retry for minutes, and
 exit 0 when interrupted); against one that echoes the request head it says no credential of
-the URL (it used to log the ``Basic`` header aiohttp builds from it)."""
+the URL (it used to log the ``Basic`` header aiohttp builds from it).
+
+The recording is made and replayed in this process (``inprocess``), but for Ctrl-C: a signal
+to a real process.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from run_dir import made_once
+from inprocess import hfsampler, record_sim
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,26 +40,13 @@ def _dead_url() -> str:
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Made once: the timing test and the others run on different workers."""
-
-    def make(where: Path) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "-o",
-             str(where / "run.hfs"), "--", sys.executable, "-c", "import time; time.sleep(2)"],
-            env=_env(), check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-
-    return made_once("replay-faults", tmp_path_factory, make) / "run.hfs"
+    return record_sim(tmp_path_factory.mktemp("replay-faults") / "run.hfs", "--duration", "2s")
 
 
 def test_dead_receiver_gives_up_at_the_deadline(recording: Path) -> None:
     # Not one of the timing tests: a 2 s deadline against a 15 s bound holds on a busy machine.
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "replay", str(recording), "--remote-write",
-         _dead_url(), "--timeout", "2s"],
-        env=_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = hfsampler("replay", str(recording), "--remote-write", _dead_url(), "--timeout", "2s")
     took = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-2000:]
     assert took < 15, took
@@ -65,6 +56,7 @@ def test_dead_receiver_gives_up_at_the_deadline(recording: Path) -> None:
 
 
 def test_ctrl_c_flushes_and_exits_130(recording: Path) -> None:
+    """A real process: SIGINT as a terminal sends it, and the exit status a shell sees."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hfsampler", "replay", str(recording), "--remote-write",
          _dead_url(), "--timeout", "5m"],
@@ -119,11 +111,7 @@ def test_url_credentials_a_receiver_echoes_stay_out_of_the_output(
 ) -> None:
     user, password = "replay-user", "Rep-Pa55-0b9d"
     url = f"http://{user}:{password}@127.0.0.1:{echo_port}/api/v1/write"
-    done = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "replay", str(recording), "--remote-write", url,
-         "--timeout", "10s"],
-        env=_env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = hfsampler("replay", str(recording), "--remote-write", url, "--timeout", "10s")
     said = done.stdout + done.stderr
     assert "HTTP 401" in said, said[-2000:]
     assert "Authorization: <secret>" in said

@@ -3,14 +3,11 @@ samples as the per-millisecond snapshot path, labels in byte order."""
 
 from __future__ import annotations
 
-import os
 import struct
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess import record_sim
 
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.replay import RawBatches, raw_snapshots, replay_labels, window_snapshots
@@ -19,8 +16,6 @@ from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.encoder import Encoder, QueuedSample, write_request
 from hfsampler.remote_write.prompb import remote_pb2
 from hfsampler.series import STALE_NAN, SeriesRegistry
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_array_bytes_equal_the_sample_encoder() -> None:
@@ -54,16 +49,9 @@ def test_array_bytes_equal_the_sample_encoder() -> None:
 
 @pytest.fixture(scope="module")
 def recording(tmp_path_factory: pytest.TempPathFactory) -> Recording:
+    """`record` of the sim, in this process on a virtual clock."""
     out = tmp_path_factory.mktemp("raw") / "run.hfs"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--label",
-         "run=t", "--duration", "2.5s", "-o", str(out)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return Recording(out)
+    return Recording(record_sim(out, "--label", "run=t", "--duration", "2.5s"))
 
 
 def _decoded(data: bytes) -> dict[tuple[tuple[str, str], ...], list[tuple[int, float]]]:

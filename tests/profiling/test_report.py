@@ -1,8 +1,10 @@
-"""`hfsampler report`: the page in headless Chromium (plots render, phases shaded, no console
-error), phase and step tables against the sim's truth, a torn tail, two runs compared, bad input.
+"""`hfsampler report`: phase and step tables against the sim's truth, a torn tail, two runs
+compared, bad input, phases shaded on the page in headless Chromium; the helpers the other report
+tests use (a recording's page drawn in Chromium: test_report_processes).
 
-Chromium runs from Debian's ``chromium`` package with a fresh profile; where it is missing the
-test skips, except under CI, where it fails.
+The command runs in this process (``inprocess.hfsampler``); the page is drawn by a real Chromium,
+from Debian's ``chromium`` package with a fresh profile; where it is missing the test skips,
+except under CI, where it fails.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from inprocess import Exited, hfsampler
 from sim_recordings import start_for, synthesize
 
 from hfsampler.profiling.recording import Recording
@@ -29,7 +31,6 @@ from hfsampler.sources.sim.source import SimSource
 
 pytestmark = pytest.mark.long  # its tests take half a minute or more together
 
-REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -81,11 +82,11 @@ def decode_png(data: bytes) -> np.ndarray:
             cur = line
         elif kind == 2:
             cur = (line + prev) % 256
-        else:  # sub, average, paeth: byte by byte
-            cur = np.zeros_like(line)
-            for x in range(len(line)):
-                a = cur[x - channels] if x >= channels else 0
-                b, c = prev[x], (prev[x - channels] if x >= channels else 0)
+        else:  # sub, average, paeth: byte by byte, on Python ints (numpy's scalars are slow)
+            got, above = line.tolist(), prev.tolist()  # got: decoded up to x, filtered after
+            for x in range(len(got)):
+                a = got[x - channels] if x >= channels else 0
+                b, c = above[x], (above[x - channels] if x >= channels else 0)
                 if kind == 1:
                     pred = a
                 elif kind == 3:
@@ -94,42 +95,10 @@ def decode_png(data: bytes) -> np.ndarray:
                     p = a + b - c
                     pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                     pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                cur[x] = (line[x] + pred) % 256
+                got[x] = (got[x] + pred) % 256
+            cur = np.array(got, np.int64)
         out[y], prev = cur, cur
     return out.reshape(height, width, channels)
-
-
-def test_report_renders_in_chromium(tmp_path: Path) -> None:
-    browser = chromium()
-    del browser
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = tmp_path / "run.hfs"
-    recorded = subprocess.run(
-        [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--duration",
-         "2s", "-o", str(run)], env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert recorded.returncode == 0, recorded.stderr
-    html = tmp_path / "report.html"
-    made = subprocess.run([sys.executable, "-m", "hfsampler", "report", str(run), "-o", str(html)],
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    assert "http://" not in html.read_text().split("<script", 1)[0]  # no external resource
-    url = html.as_uri()
-
-    dom = run_chromium(url, "--dump-dom")
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    errors = [line for line in dom.stderr.splitlines() if CONSOLE_ERROR.search(line)]
-    assert errors == []
-    assert dom.stdout.count('class="main-svg"') >= 3 * 2  # plotly drew every figure (2 GPUs + 1)
-    assert "js-plotly-plot" in dom.stdout
-
-    shot = tmp_path / "shot.png"
-    taken = run_chromium(url, f"--screenshot={shot}", "--window-size=1200,2000")
-    assert taken.returncode == 0, taken.stderr[-2000:]
-    pixels = decode_png(shot.read_bytes())[:, :, :3]
-    plot_area = pixels[900:, :, :]  # below the tables: the first figure
-    coloured = (np.ptp(plot_area, axis=2) > 60).mean()  # saturated, not grey text or white
-    assert coloured > 0.002, f"only {coloured:.4%} coloured pixels: the plots did not render"
 
 
 # -- phases, steps, comparison, bad input: on sim recordings made offline (sim_recordings) --
@@ -161,11 +130,10 @@ def marked(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return path, start
 
 
-def report(*args: str) -> subprocess.CompletedProcess[str]:
-    """``hfsampler report ARGS`` in a subprocess, as a user runs it (other test files use it)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "hfsampler", "report", *args], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+def report(*args: str) -> Exited:
+    """``hfsampler report ARGS`` in this process, its status and output (other test files use
+    it; test_report_errors runs one as a real process, with its stdout piped)."""
+    return hfsampler("report", *args)
 
 
 def report_json(*args: str) -> dict[str, Any]:

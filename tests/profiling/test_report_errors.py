@@ -65,6 +65,8 @@ def test_unreadable_input_is_one_line(recording: Path, capsys: pytest.CaptureFix
 
 
 def test_closed_stdout_is_one_line(recording: Path) -> None:
+    """A real process whose stdout is a pipe closed by its reader: the exit status and stderr a
+    shell sees."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-m", "hfsampler", "report", str(recording),
                               "--format", "json"], env=env, stdout=subprocess.PIPE,

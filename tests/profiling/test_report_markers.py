@@ -13,8 +13,6 @@ from test_report import report, report_json
 from hfsampler.profiling import phases
 from hfsampler.profiling.recording_format import Marker
 
-pytestmark = pytest.mark.long  # its tests take half a minute or more together
-
 S = 1_700_000_000 * 10**9  # a whole-second start
 MS = 10**6
 

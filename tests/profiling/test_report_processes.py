@@ -1,17 +1,24 @@
-"""The report's per-process view: the JSON section and the plots, opened in headless Chromium."""
+"""The report's per-process view: the JSON section and the plots, opened in headless Chromium;
+and the page of a recording `record` made, drawn by Chromium (plots render, no console error).
+
+The `report` command runs in this process (``inprocess.hfsampler``); `record` and Chromium are
+real processes.
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
+from inprocess import hfsampler
 from run_dir import made_once
-from test_report import CONSOLE_ERROR, chromium, run_chromium
+from test_report import CONSOLE_ERROR, chromium, decode_png, report_json, run_chromium
 
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_writer import RecordingWriter
@@ -25,7 +32,8 @@ GIB = 1 << 30
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     """A sim recording around a 3.5 s job, and the job's pid (made once: the timing test and the
-    page test run on different workers)."""
+    page test run on different workers). A real `record` of a real job: the sim lists the job's
+    own process, for as long as it ran on the wall clock."""
 
     def make(where: Path) -> None:
         job = "import os, time; print(os.getpid(), flush=True); time.sleep(3.5)"
@@ -43,18 +51,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
     return where / "run.hfs", int((where / "pid").read_text())
 
 
-def _report(run: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "hfsampler", "report", str(run), *args],
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
-
-
 @pytest.mark.alone  # it measures time: no other test runs meanwhile
 def test_json_lists_the_jobs_processes_per_gpu(recorded: tuple[Path, int]) -> None:
     run, pid = recorded
-    made = _report(run, "--format", "json")
-    assert made.returncode == 0, made.stderr
-    procs = json.loads(made.stdout)["processes"]
+    procs = report_json(str(run))["processes"]
     assert set(procs) == {"0", "1"}
     for gpu in procs.values():
         assert [p["pid"] for p in gpu] == [pid]
@@ -66,23 +66,54 @@ def test_json_lists_the_jobs_processes_per_gpu(recorded: tuple[Path, int]) -> No
         assert 0 < p["mean_sm_util_pct"] <= 100
 
 
-def test_the_page_draws_a_process_figure_per_gpu(
-    recorded: tuple[Path, int], tmp_path: Path
-) -> None:
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """The recording's page, and what one Chromium launch made of it."""
+
+    page: Path
+    dom: subprocess.CompletedProcess[str]
+    screenshot: Path
+
+
+@pytest.fixture(scope="module")
+def drawn(recorded: tuple[Path, int], tmp_path_factory: pytest.TempPathFactory) -> Drawn:
+    """The page drawn once, its DOM and a screenshot from one launch, for the tests below."""
     chromium()
-    run, pid = recorded
-    page = tmp_path / "report.html"
-    made = _report(run, "-o", str(page))
+    where = tmp_path_factory.mktemp("drawn")
+    page, shot = where / "report.html", where / "shot.png"
+    made = hfsampler("report", str(recorded[0]), "-o", str(page))
     assert made.returncode == 0, made.stderr
-    text = page.read_text()
+    dom = run_chromium(page.as_uri(), "--dump-dom", f"--screenshot={shot}",
+                       "--window-size=1200,2000")  # fmt: skip
+    return Drawn(page, dom, shot)
+
+
+def test_report_renders_in_chromium(drawn: Drawn) -> None:
+    assert "http://" not in drawn.page.read_text().split("<script", 1)[0]  # no external resource
+    dom = drawn.dom
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    errors = [line for line in dom.stderr.splitlines() if CONSOLE_ERROR.search(line)]
+    assert errors == []
+    assert dom.stdout.count('class="main-svg"') >= 3 * 2  # plotly drew every figure (2 GPUs + 1)
+    assert "js-plotly-plot" in dom.stdout
+
+    pixels = decode_png(drawn.screenshot.read_bytes())[:, :, :3]
+    plot_area = pixels[900:, :, :]  # below the tables: the first figure
+    coloured = (np.ptp(plot_area, axis=2) > 60).mean()  # saturated, not grey text or white
+    assert coloured > 0.002, f"only {coloured:.4%} coloured pixels: the plots did not render"
+
+
+def test_the_page_draws_a_process_figure_per_gpu(recorded: tuple[Path, int], drawn: Drawn) -> None:
+    _, pid = recorded
+    text = drawn.page.read_text()
     assert "GPU processes" in text
     assert f"pid {pid}" in text
-    dom = run_chromium(page.as_uri(), "--dump-dom")
+    dom = drawn.dom
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert [line for line in dom.stderr.splitlines() if CONSOLE_ERROR.search(line)] == []
     for gpu in (0, 1):
-        drawn = re.search(rf'id="processes-gpu{gpu}".*?class="main-svg"', dom.stdout, re.S)
-        assert drawn is not None, f"the process figure of GPU {gpu} was not drawn"
+        drawn_figure = re.search(rf'id="processes-gpu{gpu}".*?class="main-svg"', dom.stdout, re.S)
+        assert drawn_figure is not None, f"the process figure of GPU {gpu} was not drawn"
 
 
 def _synthetic(path: Path, hours: float) -> int:

@@ -17,8 +17,6 @@ from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.ring import RingRows
 
-pytestmark = pytest.mark.long  # its tests take half a minute or more together
-
 S = 1_700_000_000 * 10**9
 LIMIT = "DCGM_FI_DEV_POWER_MGMT_LIMIT"
 POWER = "DCGM_FI_DEV_POWER_USAGE_INSTANT"

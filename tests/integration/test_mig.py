@@ -94,8 +94,7 @@ def test_per_instance_series_as_dcgm_exporter_labels_them(
 ) -> None:
     run, _ = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = CLUSTER
-    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_TOTAL{{{sel},GPU_I_ID!=""}}', start_s, end_s)
+    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_TOTAL{{{CLUSTER},GPU_I_ID!=""}}', start_s, end_s)
     by_gi = {dict(k)["GPU_I_ID"]: (dict(k), samples) for k, samples in fb.items()}
     assert set(by_gi) == {"1", "5", "6", "13"}  # before and after the change
     for labels, samples in by_gi.values():
@@ -108,11 +107,11 @@ def test_per_instance_series_as_dcgm_exporter_labels_them(
         assert {v for _, v in samples} == {PROFILE_MIB[labels["GPU_I_PROFILE"]]}
     assert by_gi["5"][0]["GPU_I_PROFILE"] == "2g.20gb"
     assert by_gi["6"][0]["GPU_I_PROFILE"] == "1g.10gb"
-    used = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID="1"}}', start_s, end_s)
+    used = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID="1"}}', start_s, end_s)
     (samples,) = used.values()
     assert all(0.2 * 40960 <= v <= 0.3 * 40960 for _, v in samples)
     # GPM per instance (nvmlGpmMigSampleGet): the 3g instance has 3/7 of the fake GPU's activity
-    sm = prometheus.raw_samples(f'DCGM_FI_PROF_SM_ACTIVE{{{sel},GPU_I_ID="1"}}', start_s, end_s)
+    sm = prometheus.raw_samples(f'DCGM_FI_PROF_SM_ACTIVE{{{CLUSTER},GPU_I_ID="1"}}', start_s, end_s)
     (samples,) = sm.values()
     assert all(0.8 * 3 / 7 <= v <= 0.85 * 3 / 7 for _, v in samples[1:-1]), samples
 
@@ -122,15 +121,14 @@ def test_gpu_fields_once_per_gpu_and_the_mig_off_gpu_as_before(
 ) -> None:
     run, _ = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = CLUSTER
     for name in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"):
-        series = prometheus.raw_samples(f"{name}{{{sel}}}", start_s, end_s)
+        series = prometheus.raw_samples(f"{name}{{{CLUSTER}}}", start_s, end_s)
         assert sorted(dict(k)["gpu"] for k in series) == ["0", "1"], name
         assert not any("GPU_I_ID" in dict(k) for k in series), name
-    other = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},gpu="1"}}', start_s, end_s)
+    other = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},gpu="1"}}', start_s, end_s)
     assert len(other) == 1
     assert "GPU_I_ID" not in dict(next(iter(other)))
-    up = prometheus.raw_samples(f"hfsampler_gpu_up{{{sel}}}", start_s, end_s)
+    up = prometheus.raw_samples(f"hfsampler_gpu_up{{{CLUSTER}}}", start_s, end_s)
     assert sorted(dict(k)["gpu"] for k in up) == ["0", "1"]  # slots are no GPUs
     assert all(v == 1 for samples in up.values() for _, v in samples)
 
@@ -140,8 +138,7 @@ def test_a_layout_change_ends_the_old_instance_and_starts_the_new(
 ) -> None:
     run, change_ns = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = CLUSTER
-    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID!=""}}', start_s, end_s)
+    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID!=""}}', start_s, end_s)
     times = {dict(k)["GPU_I_ID"]: [t for t, _ in s] for k, s in fb.items()}
     assert max(times["5"]) <= change_ns / 1e6 + 2000  # found within the rescan, then no more
     assert min(times["6"]) >= change_ns / 1e6
@@ -149,7 +146,7 @@ def test_a_layout_change_ends_the_old_instance_and_starts_the_new(
     # Without a stale marker an instant query would return instance 5 for five minutes more.
     at_s = min(times["6"]) / 1e3 + 1.5
     assert at_s < run.ended_ns / 1e9
-    now = prometheus.query(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID!=""}}', time_s=at_s)
+    now = prometheus.query(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID!=""}}', time_s=at_s)
     assert sorted(r["metric"]["GPU_I_ID"] for r in now) == ["1", "13", "6"]
     assert "MIG layout changed" in run.stderr
 

@@ -12,6 +12,8 @@ Fixtures:
 - ``prometheus`` (module scope, parametrised the same way): that version's shared, started
   ``receivers.Prometheus`` with ``base_url``, ``write_url``, ``query``, ``query_range``,
   ``series``, ``raw_samples``, ``flush``, ``wait_for``, ``log_text`` and ``log_problems``.
+- ``prometheus_builds_here`` and ``every_prometheus`` (session): every version that can run
+  here, as builds and as the started shared servers, for one hfsampler run that feeds them all.
 - ``victoria_metrics`` (session): the shared, started ``receivers.VictoriaMetrics``.
 - ``receivers`` (session): all of them by name (``receivers.RECEIVER_NAMES``); asking it for one
   that cannot run here skips (or, under CI, fails) only the test that asks.
@@ -133,6 +135,23 @@ def prometheus_build(request: pytest.FixtureRequest) -> rx.PrometheusBuild:
     if problem:
         _refuse(problem)
     return rx.PROMETHEUS_BUILDS[name]
+
+
+@pytest.fixture(scope="session")
+def prometheus_builds_here() -> dict[str, rx.PrometheusBuild]:
+    """Every Prometheus build whose binary can run here, by name; one that cannot is left out
+    (its version's tests skip, or under CI fail, through ``prometheus_build``)."""
+    return {n: b for n, b in sorted(rx.PROMETHEUS_BUILDS.items()) if not _prometheus_problem(n)}
+
+
+@pytest.fixture(scope="session")
+def every_prometheus(
+    prometheus_builds_here: dict[str, rx.PrometheusBuild], prometheus_pool: _PrometheusPool
+) -> dict[str, rx.Prometheus]:
+    """The shared Prometheus of every version that runs here, started, by build name: for a
+    module whose one hfsampler run pushes to all of them at once, while its tests, taking
+    ``prometheus``, check each version in turn (one run, not one per version)."""
+    return {name: prometheus_pool.get(build) for name, build in prometheus_builds_here.items()}
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Activity metrics end to end: a sim run with ``--intervals auto`` pushes DCGM_FI_PROF_* series
-and their refresh gauges to a real Prometheus, in dcgm-exporter's units."""
+and their refresh gauges to a real Prometheus, in dcgm-exporter's units. The one run pushes to
+every Prometheus version at once; each version's tests read what it stored."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ DURATION_S = 5
 
 
 @pytest.fixture(scope="module")
-def activity_run(prometheus: rx.Prometheus) -> rx.CliRun:
+def activity_run(every_prometheus: dict[str, rx.Prometheus]) -> rx.CliRun:
     args = rx.sim_run_args(
-        [prometheus.write_url],
+        [prom.write_url for prom in every_prometheus.values()],
         listen="",
         gpus=2,
         duration=f"{DURATION_S}s",

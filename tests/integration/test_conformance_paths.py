@@ -23,6 +23,8 @@ from conformance import ConformanceReceiver, Limits
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
+# A run that only has to deliver a few windows: 4 half-second windows, not 4 of a second.
+SHORT = {"window": "500ms", "duration": "2s"}
 POWER_MAX = "DCGM_FI_DEV_POWER_USAGE_max"
 NVLINK_TX = "DCGM_FI_DEV_NVLINK_TX_THROUGHPUT_PER_LINK"  # one series per link: a `link` label
 
@@ -76,7 +78,7 @@ def test_run_with_labels_attribution_and_relabelling(tmp_path: Path, flavor: str
     with ConformanceReceiver(flavour=flavor, tenant_header=header) as receiver:  # type: ignore[arg-type]
         config = write_config(tmp_path / "hfsampler.yml", receiver.url, flavor, jobs)
         args = rx.sim_run_args(
-            [], duration="60s", labels={"team": "ml"}, extra=["--fields", "all"]
+            [], window="500ms", duration="60s", labels={"team": "ml"}, extra=["--fields", "all"]
         )  # all: the opt-in per-link NVLink series too; stopped once both jobs are seen
         proc = rx.spawn_cli([*args, "--config", str(config)], tmp_path / "run.log")
         try:
@@ -132,7 +134,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "hfsampler", "record", "--source", "sim", "--quiet", "--label",
          "run=conformance", "--fields", "all", "-o", str(path), "--", sys.executable, "-c",
-         "import time; time.sleep(2.5)"],
+         "import time; time.sleep(1.5)"],
         env=rx.hfsampler_env(), capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -161,7 +163,7 @@ def test_spool_drained_after_an_outage(tmp_path: Path) -> None:
     port = rx.free_port()
     url = f"http://127.0.0.1:{port}/api/v1/write"
     queue = tmp_path / "queue"
-    args = rx.sim_run_args([url], duration="4s", extra=["--queue-dir", str(queue)])
+    args = rx.sim_run_args([url], **SHORT, extra=["--queue-dir", str(queue)])
     rx.run_cli(args, timeout_s=60).check()  # the receiver is down: everything spools
     assert any(queue.rglob("*.seg"))
     with ConformanceReceiver(port=port) as receiver:
@@ -178,7 +180,7 @@ def test_spool_drained_after_an_outage(tmp_path: Path) -> None:
 def test_413_receiver_gets_every_sample_in_more_requests(tmp_path: Path) -> None:
     """Bodies over 16 KiB decoded get 413: 8 GPUs' windows still arrive whole, split."""
     with ConformanceReceiver(limits=Limits(max_decoded_bytes=16 << 10)) as receiver:
-        rx.run_cli(rx.sim_run_args([receiver.url], gpus=8, duration="4s"), timeout_s=60).check()
+        rx.run_cli(rx.sim_run_args([receiver.url], gpus=8, **SHORT), timeout_s=60).check()
     receiver.assert_conformant(ignore=["body-decoded-too-large"])
     report = receiver.report()
     assert report["statuses"].get(413, 0) > 0, report
@@ -198,7 +200,7 @@ def _rw2_config(tmp_path: Path, url: str) -> list[str]:
 
 def test_run_as_rw2_metadata_on_every_series(tmp_path: Path) -> None:
     with ConformanceReceiver() as receiver:
-        args = [*rx.sim_run_args([], duration="4s"), *_rw2_config(tmp_path, receiver.url)]
+        args = [*rx.sim_run_args([], **SHORT), *_rw2_config(tmp_path, receiver.url)]
         rx.run_cli(args, timeout_s=60).check()
     receiver.assert_conformant()  # v2-metadata-missing included: every series has its type
     report = receiver.report()
@@ -228,7 +230,7 @@ def test_rw2_falls_back_to_1_0_and_loses_nothing(tmp_path: Path, old: str) -> No
         {"legacy_v1_only": True} if old == "legacy" else {"accept": ("prometheus.WriteRequest",)}
     )
     with ConformanceReceiver(**options) as receiver:  # type: ignore[arg-type]
-        args = [*rx.sim_run_args([], duration="4s"), *_rw2_config(tmp_path, receiver.url)]
+        args = [*rx.sim_run_args([], **SHORT), *_rw2_config(tmp_path, receiver.url)]
         run = rx.run_cli(args, timeout_s=60).check()
     receiver.assert_conformant()
     lines = [ln for ln in run.stderr.splitlines() if "does not take Remote-Write 2.0" in ln]

@@ -1,7 +1,8 @@
 """Every Grafana dashboard panel's query runs against a real Prometheus fed by hfsampler.
 
-One Prometheus per version (2.x, then 3.x: the harness in ``receivers.py``) loads deploy/rules/
-with a 1 s evaluation interval, one short ``hfsampler run --source sim`` pushes into it, and then
+One Prometheus per version (2.x and 3.x: the harness in ``receivers.py``) loads deploy/rules/
+with a 1 s evaluation interval, one short pair of ``hfsampler run --source sim`` pushes into all
+of them at once, and then
 each dashboard's variables are filled from the label values Prometheus holds, as Grafana would,
 and every target runs through the HTTP API (instant or range, as the panel asks). A query error
 or an empty result fails the test: a dashboard whose panels say "No data" on a working setup is
@@ -61,49 +62,70 @@ def _fast_rules(dest: Path) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def fed_prometheus(
-    receivers_root: Path, prometheus_build: rx.PrometheusBuild
-) -> Iterator[RulesPrometheus]:
-    root = receivers_root / f"{prometheus_build.name}-dashboards"
+def _start(receivers_root: Path, build: rx.PrometheusBuild) -> RulesPrometheus:
+    root = receivers_root / f"{build.name}-dashboards"
     root.mkdir(parents=True, exist_ok=True)
     prom = RulesPrometheus(
-        name=f"{prometheus_build.name}-dashboards",
+        name=f"{build.name}-dashboards",
         port=rx.free_port(),
         data_dir=root,
         log_path=root / "prometheus.log",
-        binary=prometheus_build.binary,
+        binary=build.binary,
         rule_files=_fast_rules(root),
     )
     prom.start()
+    return prom
+
+
+@pytest.fixture(scope="module")
+def fed_prometheuses(
+    receivers_root: Path, prometheus_builds_here: dict[str, rx.PrometheusBuild]
+) -> Iterator[dict[str, RulesPrometheus]]:
+    """Every version's Prometheus with the rules, by build name, fed by the same two runs."""
+    proms: dict[str, RulesPrometheus] = {}
     try:
+        for name, build in prometheus_builds_here.items():
+            proms[name] = _start(receivers_root, build)
+        urls = [prom.write_url for prom in proms.values()]
+        logs = receivers_root / "dashboards-feed"
+        logs.mkdir(parents=True, exist_ok=True)
         # a site's coordinates as external labels place it on the fleet dashboard's map
         site = {"cluster": "ci", "datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
         # MIG instances on every sim GPU of one run feed the instance view (and must not disturb
         # the rest); a GPU in MIG mode has no utilization (NVML refuses it), so a second run
         # beside it, without MIG, feeds the GPU panels that show it
         plain = rx.spawn_cli(
-            rx.sim_run_args([prom.write_url], listen="", gpus=3, duration="8s",
+            rx.sim_run_args(urls, listen="", gpus=3, duration="8s",
                             labels={**site, "feed": "plain"}),
-            root / "plain.log",
+            logs / "plain.log",
         )  # fmt: skip
         try:
             args = rx.sim_run_args(
-                [prom.write_url], listen="", gpus=3, duration="8s",
+                urls, listen="", gpus=3, duration="8s",
                 labels={**site, "feed": "mig"}, extra=["--sim-mig", "3g,2g,1g,1g"],
             )  # fmt: skip
             run = rx.run_cli(args, timeout_s=60).check()
-            assert plain.wait(timeout=60) == 0, (root / "plain.log").read_text()
+            assert plain.wait(timeout=60) == 0, (logs / "plain.log").read_text()
         finally:
             rx.stop_cli(plain)
-        prom.live_until_s = run.ended_ns / 1e9 - 3
-        # the recording rules and the always-firing Watchdog need an evaluation after the data
-        at = prom.live_until_s
-        prom.wait_for("cluster:gpus:count", timeout_s=15, time_s=at)
-        prom.wait_for('ALERTS{alertstate="firing"}', timeout_s=15, time_s=at)
-        yield prom
+        for prom in proms.values():
+            prom.live_until_s = run.ended_ns / 1e9 - 3
+            # the recording rules and the always-firing Watchdog need an evaluation after the data
+            at = prom.live_until_s
+            prom.wait_for("cluster:gpus:count", timeout_s=15, time_s=at)
+            prom.wait_for('ALERTS{alertstate="firing"}', timeout_s=15, time_s=at)
+        yield proms
     finally:
-        prom.stop()
+        for prom in proms.values():
+            prom.stop()
+
+
+@pytest.fixture(scope="module")
+def fed_prometheus(
+    fed_prometheuses: dict[str, RulesPrometheus], prometheus_build: rx.PrometheusBuild
+) -> RulesPrometheus:
+    """Prometheus 2.x, then 3.x, with the rules and the two runs' data."""
+    return fed_prometheuses[prometheus_build.name]
 
 
 def _dashboards() -> list[Path]:

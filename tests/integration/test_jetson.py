@@ -4,6 +4,9 @@ Prometheus,
 and Prometheus's API is checked as the NVML path's is: the series and their labels (one per rail
 and zone), each field's real refresh period, and the spike planted on the GPU rail every second
 as that window's ``_max``.
+
+One run per board pushes to every Prometheus version at once; each version's tests then read
+what it stored (a run per board and version started hfsampler twice for the same data).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class JetsonRun:
     run: rx.CliRun
     spikes: tuple[jt.Spike, ...]
     cluster: str
-    log_at: int
+    log_at: dict[str, int]  # per Prometheus version: where its log stood before the run
 
     @property
     def span(self) -> tuple[float, float]:
@@ -50,28 +53,39 @@ class JetsonRun:
         return f'{{cluster="{self.cluster}"{extra}}}'
 
 
+@pytest.fixture(scope="module")
+def jetson_runs() -> dict[str, JetsonRun]:
+    """The runs made so far, by board: however pytest orders boards and versions, one each."""
+    return {}
+
+
 @pytest.fixture(scope="module", params=sorted(jt.BOARDS))
 def jetson_run(
     request: pytest.FixtureRequest,
-    prometheus: rx.Prometheus,
+    jetson_runs: dict[str, JetsonRun],
+    every_prometheus: dict[str, rx.Prometheus],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> JetsonRun:
     board = jt.BOARDS[request.param]
+    if board.name in jetson_runs:
+        return jetson_runs[board.name]
     root = tmp_path_factory.mktemp("jetson") / board.name
     config = root.parent / "hfsampler.yml"
     config.write_text(f"source: jetson\njetson: {{sysfs_root: {root}}}\n")
     cluster = f"jetson-{board.name}"
     args = ["run", "--config", str(config), "--window", "1s", "--duration", f"{DURATION_S}s",
-            "--listen", "", "--remote-write", prometheus.write_url, "--label",
-            f"cluster={cluster}"]  # fmt: skip
-    log_at = len(prometheus.log_text())
+            "--listen", "", "--label", f"cluster={cluster}"]  # fmt: skip
+    for prom in every_prometheus.values():
+        args += ["--remote-write", prom.write_url]
+    log_at = {name: len(prom.log_text()) for name, prom in every_prometheus.items()}
     with jt.running(board, root) as writer:
         try:
             run = rx.run_cli(args, timeout_s=DURATION_S + 45)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"hfsampler {' '.join(args)} did not exit in time\n{exc.stderr!r}")
     run.check()
-    return JetsonRun(board, root, run, tuple(writer.spikes), cluster, log_at)
+    jetson_runs[board.name] = JetsonRun(board, root, run, tuple(writer.spikes), cluster, log_at)
+    return jetson_runs[board.name]
 
 
 def _expected(r: JetsonRun) -> list[tuple[str, dict[str, str]]]:
@@ -194,7 +208,7 @@ def test_energy_counts_the_gpu_rail(prometheus: rx.Prometheus, jetson_run: Jetso
 
 
 def test_logs_clean(prometheus: rx.Prometheus, jetson_run: JetsonRun) -> None:
-    problems = prometheus.log_problems(since=jetson_run.log_at)
+    problems = prometheus.log_problems(since=jetson_run.log_at[prometheus.name])
     assert problems == [], "\n".join(problems)
     text = jetson_run.run.stderr
     assert "Traceback" not in text

@@ -4,14 +4,16 @@ change halfway (GPU instance 5 destroyed, 6 created): per-instance series as dcg
 them, GPU-level series once per GPU, the destroyed instance's series ended by stale markers.
 
 The fake libnvidia-ml is put under pynvml in the CLI and in the sampler process it spawns by
-``fake_nvml_site/sitecustomize.py``; both change the layout at the same wall-clock time.
+``fake_nvml_site/sitecustomize.py``; both change the layout at the same wall-clock time. One run
+pushes to every Prometheus version at once (each version's tests read what it stored), and each
+run is stopped, as Ctrl-C does, once its receivers hold what the tests read: a fixed duration
+either waited for nothing or, on a loaded machine, ended before the change.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,12 @@ from conformance import ConformanceReceiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.long]
 
-DURATION_S = 14
 CHANGE_DELAY_S = 1.0  # from the moment the receiver holds the first layout
+WAIT_S = 30.0  # for the first layout, then for the new one, however loaded the machine
+# Windows of the new instance before the run is stopped: the layout test queries 1.5 s after
+# its first one, which must be well before the stale markers the shutdown sends.
+AFTER_WINDOWS = 4
+CLUSTER = 'cluster="mig"'
 BEFORE = [[1, "3g.40gb"], [5, "2g.20gb"], [13, "1g.10gb"]]
 AFTER = [[1, "3g.40gb"], [13, "1g.10gb"], [6, "1g.10gb"]]
 FIELDS = "power_usage,gpu_temp,fb_used,fb_free,fb_total,sm_active"
@@ -39,7 +45,7 @@ def _change_once_stored(holds_the_first_layout: Callable[[], bool], change_file:
     """Tell the fake (in every process of the run) to change the layout a moment from now, once
     the receiver holds instance 5: a wall-clock time fixed in advance was missed whenever a
     loaded machine started hfsampler slowly. Returns the change's time (ns)."""
-    deadline = time.monotonic() + DURATION_S - 4  # time enough after it for the new layout
+    deadline = time.monotonic() + WAIT_S
     while not holds_the_first_layout():
         assert time.monotonic() < deadline, "the first MIG layout never reached the receiver"
         time.sleep(0.1)
@@ -50,31 +56,37 @@ def _change_once_stored(holds_the_first_layout: Callable[[], bool], change_file:
     return change_ns
 
 
-def _args(url: str, cluster: str) -> list[str]:
-    return [
+def _args(urls: list[str], cluster: str) -> list[str]:
+    args = [
         "run", "--source", "nvml", "--fields", FIELDS, "--window", "1s", "--listen", "",
-        "--duration", f"{DURATION_S}s", "--remote-write", url, "--label", f"cluster={cluster}",
+        "--label", f"cluster={cluster}",
     ]  # fmt: skip
+    for url in urls:
+        args += ["--remote-write", url]
+    return args
 
 
 @pytest.fixture(scope="module")
 def mig_run(
-    prometheus: rx.Prometheus, tmp_path_factory: pytest.TempPathFactory
+    every_prometheus: dict[str, rx.Prometheus], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[rx.CliRun, int]:
-    change_file = tmp_path_factory.mktemp("mig") / "change"
-    cluster = f"mig-{prometheus.version()}"
-    args = _args(prometheus.write_url, cluster)
-    env = rx.fake_nvml_env(_scenario(change_file))
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(rx.run_cli, args, DURATION_S + 60, env)
-        query = f'DCGM_FI_DEV_FB_TOTAL{{cluster="{cluster}",GPU_I_ID="5"}}'
-        change_ns = _change_once_stored(lambda: bool(prometheus.wait_for(query, 0)), change_file)
-        run = running.result().check()
-    return run, change_ns
-
-
-def _cluster(prometheus: rx.Prometheus) -> str:
-    return f'cluster="mig-{prometheus.version()}"'
+    tmp = tmp_path_factory.mktemp("mig")
+    change_file, log = tmp / "change", tmp / "run.log"
+    proms = list(every_prometheus.values())
+    args = _args([p.write_url for p in proms], "mig")
+    started_ns = time.time_ns()
+    proc = rx.spawn_cli(args, log, env=rx.fake_nvml_env(_scenario(change_file)))
+    try:
+        first = f'DCGM_FI_DEV_FB_TOTAL{{{CLUSTER},GPU_I_ID="5"}}'
+        change_ns = _change_once_stored(lambda: bool(proms[0].wait_for(first, 0)), change_file)
+        new = f'count_over_time(DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID="6"}}[1m])'
+        for prom in proms:
+            stored = prom.wait_for(f"{new} >= {AFTER_WINDOWS}", WAIT_S)
+            assert stored, f"{prom.name}: not {AFTER_WINDOWS} windows of instance 6 yet"
+    finally:
+        code = rx.stop_cli(proc)
+    run = rx.CliRun(tuple(args), code, "", log.read_text(), started_ns, time.time_ns())
+    return run.check(), change_ns
 
 
 def test_per_instance_series_as_dcgm_exporter_labels_them(
@@ -82,8 +94,7 @@ def test_per_instance_series_as_dcgm_exporter_labels_them(
 ) -> None:
     run, _ = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = _cluster(prometheus)
-    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_TOTAL{{{sel},GPU_I_ID!=""}}', start_s, end_s)
+    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_TOTAL{{{CLUSTER},GPU_I_ID!=""}}', start_s, end_s)
     by_gi = {dict(k)["GPU_I_ID"]: (dict(k), samples) for k, samples in fb.items()}
     assert set(by_gi) == {"1", "5", "6", "13"}  # before and after the change
     for labels, samples in by_gi.values():
@@ -96,11 +107,11 @@ def test_per_instance_series_as_dcgm_exporter_labels_them(
         assert {v for _, v in samples} == {PROFILE_MIB[labels["GPU_I_PROFILE"]]}
     assert by_gi["5"][0]["GPU_I_PROFILE"] == "2g.20gb"
     assert by_gi["6"][0]["GPU_I_PROFILE"] == "1g.10gb"
-    used = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID="1"}}', start_s, end_s)
+    used = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID="1"}}', start_s, end_s)
     (samples,) = used.values()
     assert all(0.2 * 40960 <= v <= 0.3 * 40960 for _, v in samples)
     # GPM per instance (nvmlGpmMigSampleGet): the 3g instance has 3/7 of the fake GPU's activity
-    sm = prometheus.raw_samples(f'DCGM_FI_PROF_SM_ACTIVE{{{sel},GPU_I_ID="1"}}', start_s, end_s)
+    sm = prometheus.raw_samples(f'DCGM_FI_PROF_SM_ACTIVE{{{CLUSTER},GPU_I_ID="1"}}', start_s, end_s)
     (samples,) = sm.values()
     assert all(0.8 * 3 / 7 <= v <= 0.85 * 3 / 7 for _, v in samples[1:-1]), samples
 
@@ -110,15 +121,14 @@ def test_gpu_fields_once_per_gpu_and_the_mig_off_gpu_as_before(
 ) -> None:
     run, _ = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = _cluster(prometheus)
     for name in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_TEMP"):
-        series = prometheus.raw_samples(f"{name}{{{sel}}}", start_s, end_s)
+        series = prometheus.raw_samples(f"{name}{{{CLUSTER}}}", start_s, end_s)
         assert sorted(dict(k)["gpu"] for k in series) == ["0", "1"], name
         assert not any("GPU_I_ID" in dict(k) for k in series), name
-    other = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},gpu="1"}}', start_s, end_s)
+    other = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},gpu="1"}}', start_s, end_s)
     assert len(other) == 1
     assert "GPU_I_ID" not in dict(next(iter(other)))
-    up = prometheus.raw_samples(f"hfsampler_gpu_up{{{sel}}}", start_s, end_s)
+    up = prometheus.raw_samples(f"hfsampler_gpu_up{{{CLUSTER}}}", start_s, end_s)
     assert sorted(dict(k)["gpu"] for k in up) == ["0", "1"]  # slots are no GPUs
     assert all(v == 1 for samples in up.values() for _, v in samples)
 
@@ -128,8 +138,7 @@ def test_a_layout_change_ends_the_old_instance_and_starts_the_new(
 ) -> None:
     run, change_ns = mig_run
     start_s, end_s = run.started_ns / 1e9 - 1, run.ended_ns / 1e9 + 1
-    sel = _cluster(prometheus)
-    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID!=""}}', start_s, end_s)
+    fb = prometheus.raw_samples(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID!=""}}', start_s, end_s)
     times = {dict(k)["GPU_I_ID"]: [t for t, _ in s] for k, s in fb.items()}
     assert max(times["5"]) <= change_ns / 1e6 + 2000  # found within the rescan, then no more
     assert min(times["6"]) >= change_ns / 1e6
@@ -137,7 +146,7 @@ def test_a_layout_change_ends_the_old_instance_and_starts_the_new(
     # Without a stale marker an instant query would return instance 5 for five minutes more.
     at_s = min(times["6"]) / 1e3 + 1.5
     assert at_s < run.ended_ns / 1e9
-    now = prometheus.query(f'DCGM_FI_DEV_FB_USED{{{sel},GPU_I_ID!=""}}', time_s=at_s)
+    now = prometheus.query(f'DCGM_FI_DEV_FB_USED{{{CLUSTER},GPU_I_ID!=""}}', time_s=at_s)
     assert sorted(r["metric"]["GPU_I_ID"] for r in now) == ["1", "13", "6"]
     assert "MIG layout changed" in run.stderr
 
@@ -148,15 +157,18 @@ def test_mig_run_copying_device_fields_is_conformant(tmp_path: Path) -> None:
     config.write_text("mig: {copy_device_fields: true}\n")
     change_file = tmp_path / "change"
     with ConformanceReceiver() as receiver:
-        args = [*_args(receiver.url, "mig-conformance"), "--config", str(config)]
+        args = [*_args([receiver.url], "mig-conformance"), "--config", str(config)]
         env = rx.fake_nvml_env(_scenario(change_file))
         proc = rx.spawn_cli(args, tmp_path / "run.log", env=env)
         try:
             fb_of_5 = partial(receiver.series_named, "DCGM_FI_DEV_FB_USED", GPU_I_ID="5")
             _change_once_stored(lambda: bool(fb_of_5()), change_file)
-            assert proc.wait(timeout=DURATION_S + 60) == 0, (tmp_path / "run.log").read_text()
+            # the new instance's series, the GPU fields copied onto it too, for a few windows
+            power_of_6 = partial(receiver.series_named, "DCGM_FI_DEV_POWER_USAGE", GPU_I_ID="6")
+            receiver.wait(lambda _: sum(len(s) for s in power_of_6().values()) >= 2, WAIT_S)
         finally:
-            rx.stop_cli(proc)
+            code = rx.stop_cli(proc)
+        assert code == 0, (tmp_path / "run.log").read_text()
     receiver.assert_conformant()
     fb = receiver.series_named("DCGM_FI_DEV_FB_USED")
     assert {dict(k).get("GPU_I_ID") for k in fb} == {None, "1", "5", "6", "13"}

@@ -25,7 +25,7 @@ import receivers as rx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 import jetson_trees as jt  # tests/, beside fake_nvml
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]  # half a minute together
 
 DURATION_S = 5
 WINDOW_MS = 1000

@@ -29,8 +29,6 @@ from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_format import Marker
 from hfsampler.sources.sim.source import SimSource
 
-pytestmark = pytest.mark.long  # its tests take half a minute or more together
-
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

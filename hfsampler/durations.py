@@ -48,7 +48,8 @@ def parse_duration(value: object, key: str) -> float:
         raise ConfigError(key, f"expected a duration, got {value!r}", "write it like 1ms, 1s or 5m")
     text = str(value).strip()
     if isinstance(value, int | float) or re.fullmatch(r"\d+(\.\d+)?", text):
-        raise ConfigError(key, f"{text!r} has no unit", f"write {text}s or {text}ms")
+        raise ConfigError(key, f"{text!r} has no unit", f"write {text}s or {text}ms"
+                          if float(text) else "write it like 1ms, 1s or 5m")  # fmt: skip
     parts = _parts(text)
     if parts is None or any(unit not in _HFSAMPLER_UNITS for _, unit in parts):
         raise ConfigError(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -27,6 +29,7 @@ from hfsampler.sampling.plan import build_run
 log = logging.getLogger("hfsampler")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell shows for a process SIGPIPE ended
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -195,6 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # `hfsampler fields | head`: what reads us has had enough; quiet, as a process that
+        # SIGPIPE ended (Python ignores the signal), and no second error at exit's flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except (HfsamplerError, OSError) as exc:
         print(f"hfsampler: error: {one_line(str(exc))}", file=sys.stderr)  # once, not logged too
         return EXIT_FAILURE

@@ -106,10 +106,15 @@ def declared(cls: type) -> tuple[Key, ...]:
 # -- YAML values ----------------------------------------------------------------------------------
 
 
+_KINDS = {int: "a whole number", bool: "true or false", str: "a string", list: "a list",
+          dict: "a mapping"}  # fmt: skip
+
+
 def expect(value: object, kind: type | tuple[type, ...], key: str, example: str) -> Any:
     """``value`` if it is a ``kind`` (a bool is no number), else a mistake offering ``example``."""
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        raise ConfigError(key, f"expected {example}, got {value!r}", f"e.g. {key}: {example}")
+        what = _KINDS.get(kind, "a number") if isinstance(kind, type) else "a number"
+        raise ConfigError(key, f"expected {what}, got {value!r}", f"e.g. {key}: {example}")
     return value
 
 

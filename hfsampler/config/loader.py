@@ -89,7 +89,7 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError("", "the config file must be a YAML mapping", "see the README's example")
+        raise ConfigError("", "the config file must be a YAML mapping", "see docs/configuration.md")
     _check_names(data)
     kw: dict[str, Any] = {}
     for name, value in data.items():

@@ -172,7 +172,7 @@ class Config:
     )  # fmt: skip
     external_labels: Mapping[str, str] = key(
         factory=dict, yaml="external_labels", also=("global.external_labels",),
-        type="name: value", example="a mapping", parse=as_str_map, reload="labels",
+        type="name: value", example="{cluster: train-a}", parse=as_str_map, reload="labels",
         doc="labels added to every series (as Prometheus's global.external_labels)",
         flag=Flag("--label", "external label (repeatable)", metavar="K=V", repeat=True,
                   merge=_add_labels),
@@ -251,7 +251,8 @@ class Config:
         shown_default="all", doc="the NVML indices of the GPUs to sample",
     )  # fmt: skip
     field_groups: Mapping[str, str] = key(
-        factory=dict, yaml="field_groups", type="field: group", example="a mapping",
+        factory=dict, yaml="field_groups", type="field: group",
+        example="{DCGM_FI_DEV_ECC_SBE_VOL_TOTAL: slow}",
         parse=as_str_map, doc="move fields into another interval group",
     )  # fmt: skip
     stale_after_windows: int = key(

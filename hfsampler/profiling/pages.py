@@ -17,7 +17,10 @@ def plotly_modules() -> Any:
         import plotly.graph_objects as go  # type: ignore[import-untyped]
         from plotly.subplots import make_subplots  # type: ignore[import-untyped]
     except ImportError:
-        raise HfsamplerError("the report needs plotly: pip install 'hfsampler[report]'") from None
+        raise HfsamplerError(
+            "the report needs plotly: pip install 'hfsampler[report]' (from a checkout: "
+            "pip install '.[report]')"
+        ) from None
     return go, make_subplots
 
 

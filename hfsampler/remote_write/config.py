@@ -319,7 +319,8 @@ def _check_url(url: object) -> None:
     except ValueError:
         raise ConfigError("url", f"{shown} is not a valid URL") from None
     if parts.scheme not in ("http", "https"):
-        raise ConfigError("url", f"{shown} must use http or https")
+        fix = "write it as http://... or https://..."
+        raise ConfigError("url", f"{shown} must use http or https", fix)
     if not host:
         raise ConfigError("url", f"{shown} has no host")
 

@@ -289,3 +289,16 @@ def test_check_config_takes_a_web_configuration_file_alone(
     assert f"  web_config_file: {web}: no TLS; no basic auth; headers X-Frame-Options\n" in out
     assert _exit_code(["check-config", "--web-config-file", ""]) == 2
     assert "nothing to check" in capsys.readouterr().err
+
+
+def test_a_reader_that_has_had_enough_ends_the_output_quietly() -> None:
+    """`hfsampler fields | head -1` (a real pipe whose reader has left: only a process shows
+    it): no error line, the status a process SIGPIPE ended has."""
+    with subprocess.Popen([sys.executable, "-m", "hfsampler", "fields"], env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        proc.stdout.close()  # gone before the command has started: its first write meets EPIPE
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 128 + signal.SIGPIPE, err
+    assert err == b""

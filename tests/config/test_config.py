@@ -81,7 +81,9 @@ remote_write:
     [
         ("windw: 1s", r"^windw: unknown key \(did you mean 'window'\?\)"),
         ("window: 1", r"^window: '1' has no unit \(write 1s or 1ms\)"),
-        ("gpus: two", r"^gpus: expected 2"),
+        ("gpus: two", r"^gpus: expected a whole number, got 'two' \(e\.g\. gpus: 2\)"),
+        ("window: 0", r"^window: '0' has no unit \(write it like 1ms, 1s or 5m\)"),
+        ("external_labels: [a, b]", r"external_labels: expected a mapping.*cluster: train-a"),
         (
             "source: cuda",
             r"^source: unknown source 'cuda' \(one of auto, nvml, sim, dcgm, jetson\)",
@@ -90,7 +92,7 @@ remote_write:
         ("intervals: {fast: 10us}", r"^intervals.fast: shorter than 100us"),
         ("field_groups: {DCGM_FI_DEV_GPU_TEMP: medium}", r"^field_groups.DCGM_FI_DEV_GPU_TEMP"),
         ("fields: [powr]", r"^fields: unknown field 'powr'"),
-        ("listen: 9400", r"^listen: expected :9400"),
+        ("listen: 9400", r"^listen: expected a string, got 9400 \(e\.g\. listen: :9400\)"),
         ("listen: 'localhost'", r"^listen: 'localhost' is not HOST:PORT"),
         ("external_labels: {'bad-name': x}", r"^external_labels.bad-name: invalid label name"),
         # a pasted Prometheus global block: scrape_interval is accepted (test_pasted_prometheus_*)

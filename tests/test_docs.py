@@ -111,3 +111,18 @@ def test_generated_references_are_current() -> None:
 def test_readme_is_a_landing_page() -> None:
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
+
+
+def _reading_guide(page: Path, prefix: str) -> list[tuple[str, str]]:
+    """The "you want to | read" rows of a page: what the reader wants, and the page named."""
+    row = re.compile(r"^\| ([^|]+?) \| \[[^\]]+\]\(" + re.escape(prefix) + r"([a-z-]+\.md)\) \|$")
+    return [m.groups() for line in page.read_text().splitlines() if (m := row.match(line))]
+
+
+def test_the_manual_s_index_is_the_readme_s_guide() -> None:
+    """docs/README.md (what a reader browsing docs/ lands on) lists what the README's "Where to
+    read on" lists, row for row: one guide, in two places, never drifting apart."""
+    guide = _reading_guide(ROOT / "README.md", "docs/")
+    assert len(guide) >= 10
+    assert _reading_guide(DOCS / "README.md", "") == guide
+    assert {page for _, page in guide} >= {p.name for p in DOCS.glob("*.md")} - {"README.md"}

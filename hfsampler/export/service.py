@@ -33,7 +33,7 @@ from hfsampler.export.metrics import MetricModel
 from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.blocks import Block
-from hfsampler.remote_write.config import EndpointConfig
+from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.remote_write.intake import RemoteWriter, orphan_spools
 from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
@@ -283,6 +283,13 @@ class Service:
             runner = await self._serve()
             for w in self._writers:
                 await w.start()
+            if self._writers:  # "is it pushing at all?" is the first question when data is missing
+                log.info("pushing to %s; outages %s", "; ".join(
+                    f"{w.config.remote_name} at {w.config.display_url} (Remote-Write "
+                    f"{'2.0' if w.config.protobuf_message == PROTOBUF_V2 else '1.0'})"
+                    for w in self._writers),
+                    "spooled in " + str(self._queue_dir) if self._queue_dir else "queued in memory",
+                )  # fmt: skip
             return await self._window_loop(pipeline)
         finally:
             await self._shutdown(runner)

@@ -201,3 +201,6 @@ async def test_a_changed_endpoint_loses_no_window_while_it_is_replaced(
     assert len(stamps) == 7
     assert "dropping" not in err
     assert err.count("configuration reloaded") >= 1
+    # where it pushes is said once at start (what an operator asks first when data is missing)
+    pushing = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pushing to")]
+    assert pushing == [f"pushing to a at {a.url} (Remote-Write 1.0); outages queued in memory"]

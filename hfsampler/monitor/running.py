@@ -106,16 +106,11 @@ class RunningStats:
             self._took_s, self._begun = (self._now_ns() - started) / 1e9, len(begun)
             self._passing = None
 
-    def take(self, key: Hashable, begin_ns: int) -> tuple[Span, int] | None:
-        """The window's statistics up to the last pass and that pass's time, once; None when it
-        has none (begun since the last pass, or a pass could not read its part)."""
-        got = self.claim(key, begin_ns, begin_ns)
-        return None if isinstance(got, Missed) else got
-
     def claim(self, key: Hashable, begin_ns: int, now_ns: int) -> tuple[Span, int] | Missed:
-        """``take``, or why there are none: the pass that could not read its part; or, for a
-        window begun since the last pass, the time from that pass to ``now_ns`` and, if a pass
-        is running now, how long it has run and for how many windows."""
+        """The window's statistics up to the last pass and that pass's time, once; or why it
+        has none: the pass that could not read its part; or, for a window begun since the last
+        pass, the time from that pass to ``now_ns`` and, if a pass is running now, how long it
+        has run and for how many windows."""
         with self._lock:
             found = self._running.pop(key, None)
             passed = self.passed_ns

@@ -290,15 +290,15 @@ def test_under_record_each_window_is_a_phase_with_the_same_edges(
     assert got == [("begin", "eval", t0), ("end", "eval", t1)]
 
 
-def test_running_statistics_a_pass_could_not_read_are_none() -> None:
+def test_running_statistics_a_pass_could_not_read_are_missed() -> None:
     """A pass after the rings moved past the pass before (the reduce finds nothing) leaves the
     open windows without running statistics: ``end_window`` refuses them then."""
     spans = iter([None, None, None])
     running = RunningStats(lambda t0, t1: next(spans), 0)
     running.advance(10, {"w": 5})
     running.advance(20, {"w": 5})
-    assert running.take("w", 5) is None
-    assert running.take("never", 0) is None
+    assert isinstance(running.claim("w", 5, 20), Missed)
+    assert isinstance(running.claim("never", 0, 20), Missed)
 
 
 def _rings_hold(held_s: float, reduction_s: float, now: list[int]) -> object:
@@ -336,7 +336,7 @@ def test_windows_a_slow_pass_left_without_running_statistics_are_refused_naming_
     assert "took 100.0 s, reducing the 10000 windows begun" in cause
     assert "keep fewer windows open at once" in cause
     assert "history_s" not in cause
-    assert running.take(7, windows[7]) is None  # claimed once
+    assert isinstance(running.claim(7, windows[7], now[0]), Missed)  # claimed once
 
 
 def test_windows_a_late_pass_left_without_running_statistics_are_refused_naming_the_gil() -> None:

@@ -10,12 +10,15 @@
    the exact energy: median, p95, max.
 2. Cost, with the real sampler process on the sim source (wall clock): ``begin_window`` and
    ``end_window`` (median, p99, min) for windows of 10 ms, 100 ms and 1 s, each right after the
-   window's sleep (``end_window`` reads and reduces the window's rows, so it grows with the
-   window's length), and then the first read of the p99 and the throttled time, which a
-   ``Measurement`` makes on first use; and the same 10 ms and 1 s spans measured back to back
-   (``warm``). With ``--peer-ref`` (a commit of this repository, exported with ``git archive``),
-   the cost of this tree and of the peer's, each in a process of its own, alternating
-   ``--rounds`` times: the same machine and load for both.
+   window's sleep; then how long until the numbers can be read (``answer``: the Monitor's
+   reducer process reduces the window and the Measurement waits for it on its first read; 0 in
+   trees before it, whose ``end_window`` reduced in the job's process), then the first read of
+   the p99 and the throttled time (made on first use in older trees); and the CPU time of the
+   job's whole process over all of it (``job CPU``: every thread, the one taking the reducer's
+   answers off its pipe included). Also the same 10 ms and 1 s spans measured and read back to
+   back (``warm``). With ``--peer-ref`` (a commit of this repository, exported with
+   ``git archive``), the cost of this tree and of the peer's, each in a process of its own,
+   alternating ``--rounds`` times: the same machine and load for both.
 
     python benchmarks/measure.py [--windows 40] [--cost-windows 300] [--peer-ref c79951a]
                                  [--rounds 2] [--out benchmarks/out/measure.json]
@@ -134,34 +137,44 @@ def cost(windows: int) -> dict[str, Any]:
         time.sleep(1.2)  # some history, and the sampler settled
         for label, (length_s, share) in COST_WINDOWS.items():
             n = max(3, int(windows * share))
-            begin, end, end_cpu, deferred = [], [], [], []
+            begin, end, end_cpu, answer, deferred, job_cpu = [], [], [], [], [], []
             for k in range(n):
                 a = time.perf_counter_ns()
                 mon.begin_window(k)
                 b = time.perf_counter_ns()
                 time.sleep(length_s)
-                c, c_cpu = time.perf_counter_ns(), time.thread_time_ns()
+                c, c_cpu, c_job = time.perf_counter_ns(), time.thread_time_ns(), _job_cpu_ns()
                 m = mon.end_window(k)
                 d, d_cpu = time.perf_counter_ns(), time.thread_time_ns()
-                m.gpu_p99_power[0], m.gpu_throttled_time[0]  # made on first use
+                _ = m.total_energy  # the answer (waited for, where a reducer process makes it)
                 e = time.perf_counter_ns()
+                m.gpu_p99_power[0], m.gpu_throttled_time[0]  # made on first use, in older trees
+                f, f_job = time.perf_counter_ns(), _job_cpu_ns()
                 begin.append((b - a) / 1e3)
                 end.append((d - c) / 1e3)
                 end_cpu.append((d_cpu - c_cpu) / 1e3)
-                deferred.append((e - d) / 1e3)
+                answer.append((e - d) / 1e3)
+                deferred.append((f - e) / 1e3)
+                job_cpu.append((f_job - c_job) / 1e3)
             out[label] = {"windows": n, "begin_us": _spread(begin), "end_us": _spread(end),
-                          "end_cpu_us": _spread(end_cpu),
-                          "p99_and_throttling_us": _spread(deferred)}  # fmt: skip
+                          "end_cpu_us": _spread(end_cpu), "answer_us": _spread(answer),
+                          "p99_and_throttling_us": _spread(deferred),
+                          "job_cpu_us": _spread(job_cpu)}  # fmt: skip
         for label in ("10ms", "1s"):
             t1 = time.time_ns()
             span_ns = int(COST_WINDOWS[label][0] * 1e9)
             warm = []
             for _ in range(windows if label == "10ms" else windows // 10):
                 a = time.perf_counter_ns()
-                mon.measure(t1 - span_ns, t1)
+                _ = mon.measure(t1 - span_ns, t1).total_energy
                 warm.append((time.perf_counter_ns() - a) / 1e3)
             out[f"{label} warm"] = {"windows": len(warm), "end_us": _spread(warm)}
     return out
+
+
+def _job_cpu_ns() -> int:
+    """The CPU time of this process, every thread of it (the Monitor's own included)."""
+    return time.process_time_ns()
 
 
 def cost_against(windows: int, peer_ref: str, rounds: int) -> dict[str, Any]:
@@ -215,14 +228,17 @@ def numpy_op_after_sleep_us(n: int = 100) -> float:
 
 def _cost_table(costs: dict[str, Any]) -> None:
     print(f"{'window':>9} | {'begin median':>12} {'p99':>6} | {'end median':>10} {'p99':>7} "
-          f"{'min':>6} | {'end CPU median':>14} | {'then p99+throttling':>19}")  # fmt: skip
+          f"{'min':>6} | {'end CPU':>7} | {'answer':>6} | {'p99+thr':>7} | "
+          f"{'job CPU':>7}")  # fmt: skip
     for label, c in costs.items():
         nan = {"median": np.nan, "p99": np.nan}
         b, e, cpu = c.get("begin_us", nan), c["end_us"], c.get("end_cpu_us", nan)
-        later = c.get("p99_and_throttling_us", nan)
+        answer, later = c.get("answer_us", nan), c.get("p99_and_throttling_us", nan)
+        job = c.get("job_cpu_us", nan)
         print(f"{label:>9} | {b['median']:>12.1f} {b['p99']:>6.1f} | {e['median']:>10.1f} "
-              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>14.1f} | "
-              f"{later['median']:>19.1f}")  # fmt: skip
+              f"{e['p99']:>7.1f} {e['min']:>6.1f} | {cpu['median']:>7.1f} | "
+              f"{answer['median']:>6.1f} | {later['median']:>7.1f} | "
+              f"{job['median']:>7.1f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,18 +15,20 @@ them and slowly across a ring's few cells): how long each value held (its start 
 window, a running maximum, the differences), then three reductions of every cell at once (the
 time held, the integral, the highest value held). A missing value (NaN) shows in its cell's
 integral, so the usual case, none, spends no pass looking for one. For the windows a training
-step has, the number of numpy calls (about twenty) is what an ``end_window`` costs, not the
-rows. The p99 and the throttled time (a sort and a dozen calls more) wait in ``Held`` until a
-``Measurement``'s ``Deferred`` mappings are first read. The energy counter's cross-check needs
-two rows, and takes them as Python numbers (``counter_energy_j``).
+step has, the number of numpy calls (about twenty, and a sort and a dozen more for the p99 and
+the throttled time) is what a reduction costs, not the rows: the Monitor's reducer process pays
+it. The energy counter's cross-check needs two rows, and takes them as Python numbers
+(``counter_energy_j``). An ``Answer`` is a span's numbers as plain Python numbers; ``measurement``
+makes the job's ``Measurement`` of one, or of one still to come (``Deferred`` mappings, which
+wait for it on their first read).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -58,9 +60,8 @@ class Measurement:
     against the counter's resolution (None where it is not, or the GPU has no counter).
     ``exact`` is False when the window was longer than the rings hold: the numbers then come from
     its running statistics (``monitor.running``: the p99 to a watt, no counter), and a warning
-    said so. ``gpu_p99_power`` and ``gpu_throttled_time`` are made on their first read, from the
-    window's rows, which the Measurement holds until then (16 bytes per sample, GPU and quantity:
-    about 100 KB for a 1 s window on 2 GPUs; pickling it makes them).
+    said so. Its mappings may wait, on their first read, for the Monitor's reducer process to
+    answer (about a millisecond after ``end_window``; pickling one waits too).
     """
 
     time: float
@@ -96,21 +97,22 @@ class Layout:
 
 
 class Deferred(Mapping[int, _V]):
-    """A per-GPU mapping made on its first use: what costs ``end_window`` a dozen numpy calls
-    and few jobs read (the p99, the throttled time) is computed only for those that do."""
+    """One of a ``Measurement``'s per-GPU mappings whose answer is still to come (from the
+    Monitor's reducer process): made on its first read, which waits for that answer."""
 
-    __slots__ = ("_made", "_make")
+    __slots__ = ("_later", "_made", "_part")
 
-    def __init__(self, make: Callable[[], dict[int, _V]]) -> None:
-        self._make: Callable[[], dict[int, _V]] | None = make
+    def __init__(self, later: _Later, part: int) -> None:
+        self._later: _Later | None = later
+        self._part = part
         self._made: dict[int, _V] | None = None
 
     def _got(self) -> dict[int, _V]:
         if self._made is None:
-            make = self._make  # None: another thread has just made it
-            if make is not None:
-                self._made = make()  # two threads at once make the same dict: harmless
-                self._make = None  # the window's rows are let go
+            later = self._later  # None: another thread has just made it
+            if later is not None:
+                self._made = later.numbers()[self._part]  # two threads at once: the same dict
+                self._later = None
         assert self._made is not None
         return self._made
 
@@ -127,7 +129,7 @@ class Deferred(Mapping[int, _V]):
         return repr(self._got())
 
     def __reduce__(self) -> tuple[type[dict[int, _V]], tuple[dict[int, _V]]]:
-        """Pickled (and deep-copied) as the plain dict, made then: no rows travel."""
+        """Pickled (and deep-copied) as the plain dict, made then."""
         return dict, (self._got(),)
 
 
@@ -201,6 +203,90 @@ class Span:
         return Span(energy, covered, np.maximum(self.peak_w, later.peak_w),
                     np.maximum(self.memory_mib, later.memory_mib), None, p99, bits,
                     histogram)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A span's numbers per GPU, in the Monitor's order of its GPUs, as plain Python numbers (so
+    that they travel between processes as they are)."""
+
+    energy_j: list[float]
+    covered_s: list[float]  # how long a power value was known; the others mean nothing where 0
+    peak_w: list[float]  # -inf: no value
+    p99_w: list[float]
+    memory_mib: list[float]  # -inf: no value, or no memory field
+    throttled_s: list[dict[str, float]]
+    counter_j: list[float | None]  # the energy counter's cross-check; None where it cannot
+    exact: bool = True  # False: from running statistics (a window longer than the rings hold)
+
+    @classmethod
+    def of(cls, span: Span, counter: list[float | None], exact: bool = True) -> Answer:
+        bits = span.bits()
+        gpus = len(span.energy_j)
+        return cls(
+            span.energy_j.tolist(), span.covered_s.tolist(), span.peak_w.tolist(),
+            span.p99().tolist(), span.memory_mib.tolist(),
+            [throttled(bits, g) for g in range(gpus)], counter, exact,
+        )  # fmt: skip
+
+
+def measurement(answer: Answer | Callable[[], Answer], time_s: float,
+                gpus: Sequence[int]) -> Measurement:  # fmt: skip
+    """The ``Measurement`` of an answer for the GPUs ``gpus`` (the job's indices, in the
+    answer's order); of an answer to come (a callable that waits for it), one whose mappings
+    wait for it on their first read."""
+    if callable(answer):
+        later = _Later(answer, gpus)
+        maps: Sequence[Mapping[int, Any]] = [Deferred(later, k) for k in range(len(_NUMBERS))]
+        exact = True  # a window the reducer is asked only where the rings hold it
+    else:
+        maps, exact = _numbers(answer, gpus), answer.exact
+    energy, mean, peak, p99, throttled_s, memory, counter = maps
+    return Measurement(time_s, energy, mean, peak, p99, throttled_s, memory, counter, exact)
+
+
+# Measurement's per-GPU mappings, in its order
+_NUMBERS = ("energy", "mean", "peak", "p99", "throttled", "memory", "counter")
+
+
+def _numbers(answer: Answer, gpus: Sequence[int]) -> list[dict[int, Any]]:
+    """``_NUMBERS``' mappings of an answer; NaN for a GPU with no power value in the span."""
+    nan = math.nan
+    known = [s > 0 for s in answer.covered_s]
+    rows = list(zip(gpus, known, answer.energy_j, answer.covered_s, answer.peak_w, answer.p99_w,
+                    strict=True))  # fmt: skip
+    return [
+        {i: e if k else nan for i, k, e, _, _, _ in rows},
+        {i: e / s if k else nan for i, k, e, s, _, _ in rows},
+        {i: p if k else nan for i, k, _, _, p, _ in rows},
+        {i: q if k else nan for i, k, _, _, _, q in rows},
+        dict(zip(gpus, answer.throttled_s, strict=True)),
+        {i: m if m > -math.inf else nan for i, m in zip(gpus, answer.memory_mib, strict=True)},
+        dict(zip(gpus, answer.counter_j, strict=True)),
+    ]
+
+
+class _Later:
+    """An answer to come, waited for once, and its mappings made once."""
+
+    __slots__ = ("_gpus", "_numbers", "_wait")
+
+    def __init__(self, wait: Callable[[], Answer], gpus: Sequence[int]) -> None:
+        self._wait: Callable[[], Answer] | None = wait
+        self._gpus = gpus
+        self._numbers: list[dict[int, Any]] | None = None
+
+    def numbers(self) -> list[dict[int, Any]]:
+        numbers = self._numbers
+        if numbers is None:
+            wait = self._wait  # two threads at once both wait, for the same answer
+            if wait is not None:
+                numbers = self._numbers = _numbers(wait(), self._gpus)
+                self._wait = None
+            else:  # another thread has just made them
+                numbers = self._numbers
+        assert numbers is not None
+        return numbers
 
 
 HISTOGRAM_W = 1.0  # the running statistics' power histogram: whole watts

@@ -3,24 +3,28 @@
 It starts the sampler process `run` uses (its own, in the background: ``sampling.pipeline``'s
 ``Pipeline``, built by ``sampling.plan.build_run`` from a ``Config`` as `run` builds it), sampling
 only what a window needs (power, the energy counter, throttle reasons, memory used) every
-millisecond into the shared-memory rings. ``begin_window`` only takes the time; ``end_window``
-takes the time again and reads that span straight from the rings (a binary search and a copy of
-the window's cells, each cell's rows together, reduced in ``monitor.measurement``): no window
-boundary to wait for, nothing heavy in the job's process. Under ``hfsampler record`` each window
+millisecond into the shared-memory rings, and a reducer process beside it (``monitor.reducer``)
+that maps the same rings. ``begin_window`` only takes the time; ``end_window`` takes the time
+again and hands the span to the reducer (one write to a pipe): no window boundary to wait for,
+and nothing heavy in the job's process. The ``Measurement`` it returns waits for the reducer's
+answer on its first read (``monitor.spans`` reads the rows, ``monitor.measurement`` reduces
+them). Where there is no reducer to ask (a forked child, a test's virtual clock) the job's
+process reduces the span itself, at once, the same way. Under ``hfsampler record`` each window
 is also sent as a phase (``markers.edge``), with the same edges, so the report shows it.
 
 Windows are keyed by any hashable; they nest and overlap, from any thread or coroutine (a lock
-guards the open windows only). The rings hold ``history_s``; a window longer than that is answered
-from its running statistics (``monitor.running``, kept by a pass every quarter of the history on a
-thread of the Monitor's), with a ``LongWindowWarning`` saying so, and is refused with a
-``WindowTooLongError`` where even those are missing: never from part of its span.
+guards the open windows only). The rings hold ``history_s``; a window reaching back into their
+oldest quarter is reduced at once in the job's process (the reducer might come to it too late);
+one longer than the rings hold is answered from its running statistics (``monitor.running``,
+kept by a pass every quarter of the history on a thread of the Monitor's), with a
+``LongWindowWarning`` saying so, and is refused with a ``WindowTooLongError`` where even those
+are missing: never from part of its span.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import threading
 import warnings
@@ -38,29 +42,15 @@ from hfsampler.errors import (
     NoPermissionError,
     SourceError,
 )
-from hfsampler.fields import (
-    CLOCK_EVENTS,
-    ENERGY,
-    FB_USED,
-    POWER,
-    POWER_AVERAGE,
-    POWER_INSTANT,
-    locate,
-)
+from hfsampler.fields import CLOCK_EVENTS, ENERGY, FB_USED, POWER_AVERAGE, POWER_INSTANT
 from hfsampler.monitor.gpus import CUDA_VISIBLE, choose
-from hfsampler.monitor.measurement import (
-    Deferred,
-    Layout,
-    Measurement,
-    Span,
-    counter_energy_j,
-    reduce_span,
-    throttled,
-)
+from hfsampler.monitor.measurement import Answer, Measurement, Span, measurement
+from hfsampler.monitor.reducer import Pending, Reducer, ReducerGone, Reply
 from hfsampler.monitor.running import Missed, RunningStats
+from hfsampler.monitor.spans import Parts, SpanReader, bounds
 from hfsampler.sampling.pipeline import RECORD, WALL, Clock, Pipeline
-from hfsampler.sampling.plan import RunPlan, build_run
-from hfsampler.sampling.ring import ROOM_FIX, IndexArray, Ring, RingCells
+from hfsampler.sampling.plan import build_run
+from hfsampler.sampling.ring import ROOM_FIX
 from hfsampler.sampling.stepping import VirtualClock
 
 SOURCES = ("auto", "nvml", "jetson", "sim")
@@ -68,8 +58,12 @@ SOURCES = ("auto", "nvml", "jetson", "sim")
 FIELDS = (*POWER_INSTANT.names, *POWER_AVERAGE.names, *CLOCK_EVENTS.names, *FB_USED.names,
           *ENERGY.names)  # fmt: skip
 DEFAULT_HISTORY_S = 60.0
-# The energy counter answers only for windows this many of its sampling intervals long.
-COUNTER_STEPS = 10
+# A window whose rows reach back further than this share of the rings is reduced at once, in the
+# job's process: the reducer might come to it only after the rings had moved past its start.
+_ASK_WITHIN = 0.75
+# No row for this many intervals before a window's end: is the sampler still there? (A
+# sampler kept from running a while is; asking costs a few microseconds more, no more.)
+_QUIET_INTERVALS = 10
 _NO_DRIVER_FIX = (
     "install the NVIDIA driver (in a container: run it with --gpus all, or the NVIDIA device "
     "plugin); to try the Monitor without a GPU, Monitor(source='sim')"
@@ -147,8 +141,7 @@ class Monitor:
         self._rows = list(self.gpus.values())
         self._indices = list(self.gpus)
         self._plan = plan
-        self._parts = _Parts.of(plan)
-        self._layout = Layout.of(len(self._rows), self._parts.memory, self._parts.events)
+        self._parts = Parts.of(plan)
         self._clock = clock
         self._open: dict[Hashable, int] = {}
         self._lock = threading.Lock()
@@ -170,20 +163,32 @@ class Monitor:
         # atexit: a multiprocessing child (a DataLoader worker) runs only that one, and runs it
         # before it waits for its own children, the sampler among them, which would never end
         # otherwise. It is ignored in a forked child, whose copy is not its to stop.
+        self._reducer: Reducer | None = None
+        reducers: list[Reducer] = []  # what _shut stops: the Monitor's reducer, once started
         self._shut = mp_util.Finalize(
-            self, _shut, args=(self._stop, self._passes, self._pipeline), exitpriority=100
-        )
+            self, _shut, args=(self._stop, self._passes, self._pipeline, reducers),
+            exitpriority=100,
+        )  # fmt: skip
+        rings = self._pipeline.sampler.rings
         try:
+            # the reducer starts while the sampler does; a test's clock samples in this process,
+            # and reduces here too
+            if not isinstance(clock, VirtualClock):
+                self._reducer = Reducer(self._parts, self._rows, rings)
+                reducers.append(self._reducer)
             self._pipeline.start()
+            if self._reducer is not None:
+                self._reducer.wait_ready()
+        except ReducerGone as exc:
+            self.close()
+            raise SourceError(f"{exc}; the machine may be out of processes or memory") from None
         except BaseException:
             self.close()
             raise
-        rings = self._pipeline.sampler.rings
-        self._cells = rings[self._parts.group].cell_index(self._rows, self._parts.cols)
-        energy = self._parts.energy
-        self._energy_cells = None
-        if energy is not None:
-            self._energy_cells = rings[energy[0]].cell_index(self._rows, [energy[1]]).tolist()
+        self._reader = SpanReader(self._parts, self._rows, rings)
+        interval_ns = self._parts.intervals_ns[self._parts.group]
+        self._quiet_ns = _QUIET_INTERVALS * interval_ns
+        self._ask_ns = int(_ASK_WITHIN * self._reader.ring.capacity * interval_ns)
         self._running = RunningStats(self._reduce_with_histogram, clock.now_ns(), clock.now_ns)
         self._pass_s = history_s / 4
         if isinstance(clock, VirtualClock):  # a test's clock: the passes run as it moves
@@ -250,10 +255,13 @@ class Monitor:
             w.measurement = self.end_window(w)
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
-        """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold."""
+        """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold (a
+        ``WindowTooLongError`` here where they do not)."""
         with self._lock:
             self._begin_read()
         try:
+            if self._pipeline is not None and bounds(self._reader.ring, t0_ns, t1_ns) is None:
+                raise self._too_long(t0_ns, t1_ns)
             return self._measure(t0_ns, t1_ns)
         finally:
             self._end_read()
@@ -270,52 +278,31 @@ class Monitor:
             self._read_done.notify_all()
 
     def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
-        """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's."""
+        """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's. Asked of
+        the reducer process, whose answer the Measurement waits for on its first read, where
+        the window is well inside the rings; reduced here, at once, where there is no reducer
+        (a forked child, a test's clock) or the window reaches back near the oldest row."""
         if self._pipeline is None:
             raise RuntimeError("the Monitor is closed")
-        self._check_sampling()
-        p = self._parts
-        rows = _span(self._pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns, ended_now)
-        if rows is None:
+        ring = self._reader.ring
+        head = ring.write_seq
+        if not head or t1_ns - ring.read_ns(head - 1) > self._quiet_ns:
+            self._check_sampling()  # no row lately: the sampler may be gone
+        stop = head if ended_now else None
+        time_s = (t1_ns - t0_ns) / 1e9
+        reducer = self._reducer
+        if reducer is not None and reducer.gone and os.getpid() == self._pid:
+            reducer.say_gone(stacklevel=4)
+        # a window within the newest three quarters of the rings (which hold a row per interval,
+        # or fewer): the reducer comes to it in time
+        if (reducer is not None and t1_ns - t0_ns < self._ask_ns and not reducer.gone
+                and os.getpid() == self._pid):  # fmt: skip
+            pending = reducer.ask(t0_ns, t1_ns, stop)
+            return measurement(_Answering(reducer, pending, self._reader), time_s, self._indices)
+        answer = self._reader.answer(t0_ns, t1_ns, stop)
+        if answer is None:
             raise self._too_long(t0_ns, t1_ns)
-        span = reduce_span(rows, t0_ns, t1_ns, self._layout)
-        return self._measurement(span, t0_ns, t1_ns, self._counter(t0_ns, t1_ns))
-
-    def _measurement(
-        self, span: Span, t0_ns: int, t1_ns: int, counter: list[float | None], exact: bool = True
-    ) -> Measurement:
-        idx = self._indices
-        energy, mean, peak, memory = {}, {}, {}, {}
-        covered = span.covered_s.tolist()
-        known = [s > 0 for s in covered]  # a GPU with no power value in the window: NaN
-        per_gpu = zip(idx, known, span.energy_j.tolist(), covered, span.peak_w.tolist(),
-                      span.memory_mib.tolist(), strict=True)  # fmt: skip
-        for i, k, e, s, p, m in per_gpu:
-            energy[i] = e if k else math.nan
-            mean[i] = e / s if k else math.nan
-            peak[i] = p if k else math.nan
-            memory[i] = m if m > -math.inf else math.nan
-
-        # the p99 and the throttled time: on first use (few jobs read them)
-        def p99() -> dict[int, float]:
-            return {i: p if k else math.nan
-                    for i, p, k in zip(idx, span.p99().tolist(), known, strict=True)}  # fmt: skip
-
-        def throttled_s() -> dict[int, Mapping[str, float]]:
-            bits = span.bits()
-            return {i: throttled(bits, g) for g, i in enumerate(idx)}
-
-        return Measurement(
-            time=(t1_ns - t0_ns) / 1e9,
-            gpu_energy=energy,
-            gpu_mean_power=mean,
-            gpu_peak_power=peak,
-            gpu_p99_power=Deferred(p99),
-            gpu_throttled_time=Deferred(throttled_s),
-            gpu_memory_high_water_mib=memory,
-            gpu_energy_counter=dict(zip(idx, counter, strict=True)),
-            exact=exact,
-        )
+        return measurement(answer, time_s, self._indices)
 
     # -- windows longer than the rings hold --------------------------------------------------
 
@@ -323,11 +310,10 @@ class Monitor:
         pipeline = self._pipeline  # once: close() may clear it meanwhile (it joins this thread)
         if pipeline is None:
             return None
-        p = self._parts
-        rows = _span(pipeline.sampler.rings[p.group], self._cells, t0_ns, t1_ns)
+        rows = bounds(self._reader.ring, t0_ns, t1_ns)
         if rows is None:
             return None
-        return reduce_span(rows, t0_ns, t1_ns, self._layout, histogram=True)
+        return self._reader.span(rows, t0_ns, t1_ns, histogram=True)
 
     def _from_running(
         self, key: Hashable, t0_ns: int, t1_ns: int, running: Span, passed_ns: int
@@ -344,8 +330,8 @@ class Monitor:
             LongWindowWarning,
             stacklevel=3,
         )
-        return self._measurement(running.merge(rest), t0_ns, t1_ns, [None] * len(self._rows),
-                                 exact=False)  # fmt: skip
+        answer = Answer.of(running.merge(rest), [None] * len(self._rows), exact=False)
+        return measurement(answer, (t1_ns - t0_ns) / 1e9, self._indices)
 
     def _pass(self) -> None:
         with self._lock:
@@ -359,29 +345,6 @@ class Monitor:
         clock = self._clock
         assert isinstance(clock, VirtualClock)
         clock.at(clock.now_ns() + int(self._pass_s * 1e9), self._virtual_pass)
-
-    def _counter(self, t0_ns: int, t1_ns: int) -> list[float | None]:
-        """Per GPU, the energy counter's answer in J where the window is long enough: the
-        counter's mean power between its own updates (its rise over their driver timestamps)
-        times the window, so that its ~100 ms steps are not taken for the job's energy."""
-        none: list[float | None] = [None] * len(self._rows)
-        p = self._parts
-        if p.energy is None or self._energy_cells is None or self._pipeline is None:
-            return none
-        group = p.energy[0]
-        if t1_ns - t0_ns < COUNTER_STEPS * p.intervals_ns[group]:
-            return none
-        ring = self._pipeline.sampler.rings[group]
-        bounds = _bounds(ring, t0_ns, t1_ns, ended_now=False)
-        if bounds is None or bounds[1] - bounds[0] < 2:
-            return none
-        start, stop, own = bounds
-        first, last = ring.row(start, self._energy_cells), ring.row(stop - 1, self._energy_cells)
-        if not ring.holds(start):
-            return none
-        if own:
-            first = (first[0], [t0_ns // 1000] * len(first[1]))
-        return counter_energy_j(first, last, t1_ns - t0_ns)
 
     def _too_long(self, t0_ns: int, t1_ns: int, missed: Missed | None = None) -> WindowTooLongError:
         """The refusal of a window the rings no longer hold the start of, naming its cause: the
@@ -459,16 +422,27 @@ def _pass_loop(monitor: weakref.ref[Monitor], stop: threading.Event, every_s: fl
         del mon
 
 
-def _shut(stop: threading.Event, passes: list[threading.Thread], pipeline: Pipeline) -> None:
-    """Stop a Monitor's passes and its sampler, free its rings (without the Monitor, which may
-    be gone)."""
+def _shut(
+    stop: threading.Event,
+    passes: list[threading.Thread],
+    pipeline: Pipeline,
+    reducers: list[Reducer],
+) -> None:
+    """Stop a Monitor's passes, its reducer (once it has answered every window asked of it) and
+    its sampler, free its rings (without the Monitor, which may be gone)."""
     stop.set()
     try:
         for thread in passes:
             if thread is not threading.current_thread():
                 thread.join()
     finally:  # this runs once: an interrupted join must not keep the sampler
-        pipeline.close()
+        try:
+            for reducer in reducers:
+                reducer.stop()  # it answers what was asked, from its own mapping of the rings
+            pipeline.close()
+        finally:
+            for reducer in reducers:
+                reducer.close()
 
 
 class Window:
@@ -488,68 +462,36 @@ def _name(key: Hashable) -> str:
     return key.name if isinstance(key, Window) else str(key)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Parts:
-    """Where each quantity is: the power's group, and the columns of it a window reads."""
+class _Answering:
+    """A window asked of the reducer: its answer, waited for (a callable a ``Measurement`` calls
+    on its first read). It holds the reducer and the rings' reader, not the Monitor, which may
+    be collected meanwhile."""
 
-    group: str
-    cols: list[int]  # the group's columns a window reads, in this order: the power first,
-    memory: int | None  # then these (their positions in ``cols``; None: not with the power)
-    events: int | None
-    energy: tuple[str, int] | None  # the energy counter's group and column
-    intervals_ns: dict[str, int]
+    __slots__ = ("_pending", "_reader", "_reducer")
 
-    @classmethod
-    def of(cls, plan: RunPlan) -> _Parts:
-        groups = [g.fields for g in plan.groups]
-        power = locate(POWER, groups)
-        if power is None:
-            raise SourceError(f"the {plan.spec.kind} source reports no power for these GPUs")
-        # throttle reasons and memory are read with the power, from its ring, when they are in
-        # its group (the fast one, by default)
-        found = [locate(role, groups) for role in (CLOCK_EVENTS, FB_USED)]
-        cols = [power[1], *(f[1] for f in found if f is not None and f[0] == power[0])]
-        events, memory = (cols.index(f[1]) if f is not None and f[0] == power[0] else None
-                          for f in found)  # fmt: skip
-        energy = locate(ENERGY, groups)
-        intervals = {g.name: int(g.interval_s * 1e9) for g in plan.groups}
-        return cls(
-            plan.groups[power[0]].name, cols, memory, events,
-            None if energy is None else (plan.groups[energy[0]].name, energy[1]), intervals,
-        )  # fmt: skip
+    def __init__(self, reducer: Reducer, pending: Pending, reader: SpanReader) -> None:
+        self._reducer, self._pending, self._reader = reducer, pending, reader
 
+    def __call__(self) -> Answer:
+        reply = self._reducer.wait(self._pending, self._here)
+        if reply is not None:
+            return reply
+        p = self._pending
+        raise WindowTooLongError(
+            f"the window's {(p.t1_ns - p.t0_ns) / 1e9:.1f} s were no longer all in the rings "
+            "when the Monitor's reducer process came to them (it was kept from running), nor "
+            "when the window was read; give the Monitor a longer history_s"
+        )
 
-def _bounds(ring: Ring, t0_ns: int, t1_ns: int, ended_now: bool) -> tuple[int, int, bool] | None:
-    """The rows (as rows ever written) ``[start, stop)`` read in ``[t0_ns, t1_ns]`` and the last
-    one before (which holds at ``t0_ns``), and whether ``start`` is the window's own first row
-    instead (nothing was sampled before the window: its first sample holds from its start);
-    None when the ring no longer holds the row before. ``ended_now``: every row up to the
-    ring's head (a row read since ``t1_ns`` holds a value the driver had by then, or clips to
-    nothing)."""
-    first, oldest = ring.seq_at(t0_ns)
-    stop = ring.write_seq if ended_now else ring.seq_at(t1_ns + 1)[0]
-    if first > oldest:
-        return first - 1, stop, False
-    if oldest == 0:
-        return first, stop, True
-    return None
-
-
-def _span(
-    ring: Ring, cells: IndexArray, t0_ns: int, t1_ns: int, ended_now: bool = False
-) -> RingCells | None:
-    """``_bounds``' rows of ``cells``, the first one's timestamps moved to ``t0_ns`` where it is
-    the window's own; None when the ring no longer holds them."""
-    bounds = _bounds(ring, t0_ns, t1_ns, ended_now)
-    if bounds is None:
-        return None
-    start, stop, own = bounds
-    rows, whole = ring.columns(start, stop, cells)
-    if not whole:
-        return None
-    if own and len(rows):
-        rows.driver_ts_us[:, 0] = t0_ns // 1000
-    return rows
+    def _here(self, pending: Pending) -> Reply:
+        """The window reduced in this process: the reducer could not (its error is raised
+        here again), or is gone."""
+        try:
+            return self._reader.answer(pending.t0_ns, pending.t1_ns, pending.stop)
+        except (AttributeError, ValueError, BufferError):  # the rings are let go: closed
+            raise RuntimeError(
+                "the Monitor was closed before its reducer process answered this window"
+            ) from None
 
 
 def _in_monitor_terms(exc: ConfigError, history_s: float, gpus: int) -> ConfigError:

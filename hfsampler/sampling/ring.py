@@ -417,6 +417,10 @@ class Ring:
                 hi = mid
         return lo, oldest
 
+    def read_ns(self, seq: int) -> int:
+        """When row ``seq`` (as rows ever written) was read; ask ``holds`` after."""
+        return self._ints[_HEADER_SLOTS + seq % self.capacity]
+
     def cell_index(self, gpus: Sequence[int], fields: Sequence[int]) -> IndexArray:
         """The cells ``columns`` takes for these GPUs and fields, field by field: the first
         field's cell of each GPU in order, then the second field's, and so on."""
@@ -496,6 +500,10 @@ class SharedInts:
     @property
     def name(self) -> str:
         return self._shm.name
+
+    def view(self) -> memoryview:
+        """The block's bytes, for a reader that wants no numpy; release it before ``close``."""
+        return self._shm.buf[:]
 
     def close(self) -> None:
         with contextlib.suppress(AttributeError):

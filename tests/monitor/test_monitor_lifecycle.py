@@ -63,8 +63,9 @@ def test_a_monitor_made_on_a_thread_keeps_sampling_after_the_thread_ends(
 def test_a_job_killed_with_sigkill_takes_along_the_sampler_its_thread_started(
     tmp_path: Path,
 ) -> None:
-    """Real processes: the sampler of a Monitor made on a worker thread still dies with the job
-    at once (the kernel's parent-death signal), not only when it next checks its parent."""
+    """Real processes: the sampler and the reducer of a Monitor made on a worker thread still
+    die with the job at once (the kernel's parent-death signal), not only when the sampler next
+    checks its parent."""
     shm = tmp_path / "shm"
     shm.mkdir()
     job = tmp_path / "job.py"
@@ -75,19 +76,20 @@ made = []
 maker = threading.Thread(target=lambda: made.append(Monitor(source="sim")))
 maker.start()
 maker.join()
-print(made[0]._pipeline.sampler.pid, flush=True)
+print(made[0]._pipeline.sampler.pid, made[0]._reducer.pid, flush=True)
 time.sleep(60)
 """)
     env = {**os.environ, "PYTHONPATH": str(ROOT), SHM_DIR_ENV: str(shm)}
     with subprocess.Popen([sys.executable, str(job)], env=env, stdout=subprocess.PIPE,
                           text=True) as proc:  # fmt: skip
         assert proc.stdout is not None
-        sampler = int(proc.stdout.readline())
+        pids = [int(p) for p in proc.stdout.readline().split()]
         proc.kill()
         proc.wait(10)
         time.sleep(0.3)  # the getppid() check alone would take a second or more
-        stat = Path(f"/proc/{sampler}/stat")
-        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        for pid in pids:
+            stat = Path(f"/proc/{pid}/stat")
+            assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_a_window_ended_after_the_sampler_died_is_an_error_not_stale_samples(
@@ -194,13 +196,14 @@ def test_a_monitor_no_longer_referenced_stops_its_sampler(
     cell = "from hfsampler import Monitor\nmon = Monitor(source='sim')\n"
     namespace: dict[str, Monitor] = {}
     exec(cell, namespace)  # a notebook cell, as the kernel runs it
-    first = namespace["mon"]._pipeline
+    first, reducer = namespace["mon"]._pipeline, namespace["mon"]._reducer
     assert first is not None
-    pid, blocks = first.sampler.pid, len(list(tmp_path.iterdir()))
-    del first
+    assert reducer is not None
+    pids, blocks = (first.sampler.pid, reducer.pid), len(list(tmp_path.iterdir()))
+    del first, reducer
     exec(cell, namespace)
     gc.collect()
-    assert not Path(f"/proc/{pid}").exists()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert len(list(tmp_path.iterdir())) == blocks
     namespace["mon"].close()
 

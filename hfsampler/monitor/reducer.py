@@ -1,0 +1,387 @@
+"""The Monitor's reducer: a process of its own that turns a window's rows into its numbers.
+
+``end_window`` in the job's process only takes the time and writes the window's span to a pipe
+(one write of 32 bytes): finding its rows, copying and reducing them, the p99 and the throttled
+time included, happens here, in a process spawned beside the sampler that maps the same rings.
+The answer goes into a slot of a shared-memory table (``_Slots``: one per window asked, reused
+every ``SLOTS`` windows), and a byte down a second pipe wakes a job's thread that waits for it.
+A ``Measurement`` reads its slot on its first read: a job that reads it a step later finds it
+there and pays a few microseconds; one that reads it at once waits for it (about a
+millisecond), asleep. Nothing in the job's process runs for a window it never reads.
+
+A slot starts with its window's number, written after the rest (a reader that finds another
+number, before or after reading, knows the slot was reused meanwhile: a job that kept a
+Measurement unread for ``SLOTS`` windows; that window is then reduced in the job's process, if
+the rings still hold it). ``close`` asks its last question, stop, after every other: the windows
+ended before it are answered first, and copied out of the table before it is freed. Where the
+process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S`` (stopped), a
+waiting window is reduced in the job's process instead, from the same rings, said once. The
+process ignores the signals a terminal sends the whole process group (the job owns Ctrl-C) and
+dies with the job (``PR_SET_PDEATHSIG``), as the sampler does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import math
+import multiprocessing
+import os
+import select
+import signal
+import struct
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+
+from hfsampler.fields import CLOCK_EVENT_REASONS
+from hfsampler.monitor.measurement import Answer
+from hfsampler.monitor.spans import Parts, SpanReader
+from hfsampler.sampling import spawning
+from hfsampler.sampling.lanes import PR_SET_PDEATHSIG, prctl
+from hfsampler.sampling.ring import Ring, SharedInts
+
+# A request: its number, the window's [t0_ns, t1_ns), and the rings' head when it ended (-1:
+# the rows read up to t1_ns). Each is written whole, with no framing (every one is this size).
+_REQUEST = struct.Struct("<qqqq")
+_STOP = _REQUEST.pack(-1, 0, 0, 0)
+_UNTIL_T1 = -1
+SLOTS = 1024  # answers kept in the table: a Measurement read within this many windows is there
+_START_TIMEOUT_S = 30.0
+_WAKE_S = 0.002  # a waiting thread looks again this often (another may have taken its byte)
+_CHECK_S = 0.5  # and whether the process is still there this often
+_PATIENCE_S = 5.0  # how long a window waits for the process before it is reduced here
+_REASONS = tuple(CLOCK_EVENT_REASONS.values())
+_PER_GPU = 6 + len(_REASONS)  # energy, covered, peak, p99, memory, counter; then each reason
+_OK, _LOST, _FAILED = 0, 1, 2
+
+# What a waiting window gets: an answer, or None: the rings no longer held its rows.
+Reply = Answer | None
+
+
+class ReducerGone(RuntimeError):
+    """The reducer process ended before it answered."""
+
+
+class Pending:
+    """A window asked of the reducer: its number and span, and its answer once read."""
+
+    __slots__ = ("__weakref__", "number", "read", "reply", "stop", "t0_ns", "t1_ns")
+
+    def __init__(self, number: int, t0_ns: int, t1_ns: int, stop: int | None) -> None:
+        self.number, self.t0_ns, self.t1_ns, self.stop = number, t0_ns, t1_ns, stop
+        self.read = False
+        self.reply: Reply = None
+
+
+class _Slots:
+    """The answers' table in shared memory, as 8-byte words: per slot, the window's number, its
+    status, then per GPU ``_PER_GPU`` float64s."""
+
+    def __init__(self, table: SharedInts, gpus: int) -> None:
+        self.table = table
+        self.gpus = gpus
+        self.words = 2 + gpus * _PER_GPU
+        self._bytes = table.view()
+        self._ints = self._bytes.cast("q")
+        self._record = struct.Struct(f"<{gpus * _PER_GPU}d")
+
+    @property
+    def name(self) -> str:
+        return self.table.name
+
+    @classmethod
+    def create(cls, gpus: int) -> _Slots:
+        return cls(SharedInts.create(SLOTS * (2 + gpus * _PER_GPU)), gpus)
+
+    def number_at(self, number: int) -> int:
+        return self._ints[(number % SLOTS) * self.words]
+
+    def write(self, number: int, status: int, answer: Answer | None) -> None:
+        """The reducer's side: the record, then its number (which says it is whole)."""
+        at = (number % SLOTS) * self.words
+        self._ints[at] = -1  # being written
+        self._ints[at + 1] = status
+        if answer is not None:
+            values: list[float] = []
+            for g in range(self.gpus):
+                counter = answer.counter_j[g]
+                reasons = answer.throttled_s[g]
+                values += [answer.energy_j[g], answer.covered_s[g], answer.peak_w[g],
+                           answer.p99_w[g], answer.memory_mib[g],
+                           math.nan if counter is None else counter]  # fmt: skip
+                values += [reasons.get(r, 0.0) for r in _REASONS]
+            self._record.pack_into(self._bytes, 8 * (at + 2), *values)
+        self._ints[at] = number
+
+    def read(self, number: int) -> tuple[int, Answer | None] | None:
+        """The job's side: the status and answer of window ``number``; None where its slot does
+        not hold it (not yet, or reused since)."""
+        at = (number % SLOTS) * self.words
+        ints = self._ints
+        if ints[at] != number:
+            return None
+        status = ints[at + 1]
+        values = self._record.unpack_from(self._bytes, 8 * (at + 2))
+        if ints[at] != number:  # reused while we read
+            return None
+        if status != _OK:
+            return status, None
+        per = [values[g * _PER_GPU : (g + 1) * _PER_GPU] for g in range(self.gpus)]
+        answer = Answer(
+            energy_j=[v[0] for v in per], covered_s=[v[1] for v in per],
+            peak_w=[v[2] for v in per], p99_w=[v[3] for v in per],
+            memory_mib=[v[4] for v in per],
+            throttled_s=[{r: s for r, s in zip(_REASONS, v[6:], strict=True) if s}
+                         for v in per],
+            counter_j=[None if math.isnan(v[5]) else v[5] for v in per],
+        )  # fmt: skip
+        return _OK, answer
+
+    def close(self) -> None:
+        self._ints.release()
+        self._bytes.release()
+        self.table.close()
+
+
+class Reducer:
+    """The job's side: asks windows of the process, and reads its answers."""
+
+    def __init__(self, parts: Parts, rows: Sequence[int], rings: dict[str, Ring]) -> None:
+        """Starts the process (``wait_ready`` waits until it has mapped the rings)."""
+        self._slots: _Slots | None = _Slots.create(len(rows))
+        ctx = multiprocessing.get_context("spawn")
+        theirs, ours = ctx.Pipe(duplex=False)  # requests: we write, they read
+        woken, wakes = ctx.Pipe(duplex=False)  # a byte per answer: they write, we read
+        names = {group: ring.name for group, ring in rings.items()}
+        process = ctx.Process(
+            target=_serve,
+            args=(theirs, wakes, parts, list(rows), names, self._slots.name, os.getpid()),
+            name="hfsampler-reducer",
+            daemon=True,
+        )
+        try:
+            spawning.start(process)
+        except BaseException:
+            for conn in (ours, woken):
+                conn.close()
+            self._slots.close()
+            raise
+        finally:
+            theirs.close()  # the process holds its own copies
+            wakes.close()
+        self._process = process
+        self._requests, self._woken = ours, woken
+        self._request_fd, self._woken_fd = ours.fileno(), woken.fileno()
+        os.set_blocking(self._woken_fd, False)
+        self._send = threading.Lock()
+        self._numbers = itertools.count(1)  # 0 is an empty slot's
+        # windows not read yet; one nobody holds any more is let go
+        self._waiting: weakref.WeakValueDictionary[int, Pending] = weakref.WeakValueDictionary()
+        self._gone = self._closing = False
+        self._said_gone = self._said_late = False
+
+    def wait_ready(self, timeout_s: float = _START_TIMEOUT_S) -> None:
+        """Wait until the process has mapped the rings; a ``ReducerGone`` if it could not."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._process.is_alive():
+            if select.select([self._woken_fd], [], [], 0.05)[0] and _drain(self._woken_fd):
+                return
+        self.close()
+        raise ReducerGone(f"the Monitor's reducer process did not start ({self._why()})")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def unread(self) -> int:
+        """Windows asked whose Measurements are still held and not yet read."""
+        return len(self._waiting)
+
+    @property
+    def gone(self) -> bool:
+        return self._gone
+
+    def ask(self, t0_ns: int, t1_ns: int, stop: int | None) -> Pending:
+        """Ask for the numbers of ``[t0_ns, t1_ns)`` (``stop``: the rings' head when it ended,
+        or None: the rows read until ``t1_ns``); ``wait`` reads them. A few dozen bytecodes and
+        one write: what ``end_window`` spends here."""
+        number = next(self._numbers)
+        pending = Pending(number, t0_ns, t1_ns, stop)
+        self._waiting[number] = pending
+        request = _REQUEST.pack(number, t0_ns, t1_ns, _UNTIL_T1 if stop is None else stop)
+        try:
+            with self._send:
+                os.write(self._request_fd, request)  # whole: a pipe takes 32 bytes at once
+        except OSError:  # the process is gone: ``wait`` reduces it here
+            self._gone = True
+        return pending
+
+    def wait(self, pending: Pending, here: Callable[[Pending], Reply]) -> Reply:
+        """The window's answer, read from its slot (waited for); reduced by ``here`` (in the
+        job's process) where the rings no longer held it or the process failed at it (``here``
+        then says which), where its slot was reused before it was read, where the process ended
+        without answering it, or has not answered for ``_PATIENCE_S`` (it is stopped, or
+        starved of CPU), the last two said once."""
+        deadline = checked = time.monotonic()
+        deadline += _PATIENCE_S
+        while not pending.read:
+            slots = self._slots
+            try:
+                got = None if slots is None else slots.read(pending.number)
+                reused = slots is None or slots.number_at(pending.number) > pending.number
+            except ValueError:  # close() let go of the table just now: it copied it out
+                continue
+            if got is not None:
+                status, answer = got
+                if status == _OK:
+                    return self._settle(pending, answer)
+                break
+            if reused or self._gone:
+                break
+            now = time.monotonic()
+            if now > deadline:
+                self._say_late()
+                break
+            if now - checked > _CHECK_S:
+                checked = now
+                if not self._process.is_alive():
+                    self._gone = True
+                    continue
+            if select.select([self._woken_fd], [], [], _WAKE_S)[0]:
+                _drain(self._woken_fd)
+        if pending.read:  # copied out by close() meanwhile
+            return pending.reply
+        if self._gone:
+            self.say_gone(stacklevel=5)
+        return self._settle(pending, here(pending))
+
+    def _settle(self, pending: Pending, reply: Reply) -> Reply:
+        pending.reply, pending.read = reply, True
+        self._waiting.pop(pending.number, None)
+        return reply
+
+    def say_gone(self, stacklevel: int) -> None:
+        """Warn, once, that the process ended and windows are reduced in the job's process."""
+        if self._said_gone or self._closing:
+            return
+        self._said_gone = True
+        warnings.warn(
+            f"the Monitor's reducer process ended ({self._why()}): windows are reduced in this "
+            "process from now on",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
+
+    def _say_late(self) -> None:
+        if self._said_late:
+            return
+        self._said_late = True
+        warnings.warn(
+            f"the Monitor's reducer process (pid {self.pid}) has not answered a window for "
+            f"{_PATIENCE_S:g} s (stopped, or starved of CPU): such windows are reduced in this "
+            "process",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+
+    def _why(self) -> str:
+        code = self._process.exitcode
+        if code is None:
+            return "it did not answer"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def stop(self) -> None:
+        """Tell the process to stop once it has answered every window asked before (it maps
+        the rings on its own: their owner may free them meanwhile)."""
+        if self._closing:
+            return
+        self._closing = True
+        with contextlib.suppress(OSError), self._send:
+            os.write(self._request_fd, _STOP)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the process, wait until it has, copy out the answers not yet read and free the
+        table; safe twice."""
+        self.stop()
+        self._process.join(timeout_s)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        self._gone = True
+        slots, self._slots = self._slots, None
+        if slots is None:
+            return
+        for pending in list(self._waiting.values()):  # after the last answer: all are there
+            got = slots.read(pending.number)
+            if got is not None and got[0] == _OK:
+                self._settle(pending, got[1])
+        slots.close()
+        self._requests.close()
+        self._woken.close()
+
+
+def _drain(fd: int) -> bool:
+    """Read what wake-up bytes there are; whether there were any."""
+    try:
+        return bool(os.read(fd, 65536))
+    except BlockingIOError:
+        return False
+
+
+def _serve(
+    requests: Connection,
+    wakes: Connection,
+    parts: Parts,
+    rows: list[int],
+    names: dict[str, str],
+    table: str,
+    parent_pid: int,
+) -> None:
+    """The process: map the rings and the table, then answer each request in turn until told
+    to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the job's to handle; close() stops us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # it died before prctl took effect
+        return
+    wake_fd = wakes.fileno()
+    # never wait for the job to read its wake-ups: a full pipe only means it is awake already
+    fcntl.fcntl(wake_fd, fcntl.F_SETFL, fcntl.fcntl(wake_fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    rings = {group: Ring.attach(name) for group, name in names.items()}
+    slots = _Slots(SharedInts.attach(table), len(rows))
+    incoming = os.fdopen(os.dup(requests.fileno()), "rb")  # buffered: whole requests
+    try:
+        reader = SpanReader(parts, rows, rings)
+        _wake(wake_fd)  # ready
+        while len(request := incoming.read(_REQUEST.size)) == _REQUEST.size:
+            number, t0_ns, t1_ns, stop = _REQUEST.unpack(request)
+            if number < 0:  # stop
+                return
+            try:
+                until = None if stop == _UNTIL_T1 else stop
+                answer = reader.answer(t0_ns, t1_ns, until)
+                slots.write(number, _LOST if answer is None else _OK, answer)
+            except Exception:  # the job reduces it itself, and says why where it reads it
+                slots.write(number, _FAILED, None)
+            _wake(wake_fd)
+    finally:
+        incoming.close()
+        slots.close()
+        for ring in rings.values():
+            ring.close()
+        requests.close()
+        wakes.close()
+
+
+def _wake(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        os.write(fd, b"!")

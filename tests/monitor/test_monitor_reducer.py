@@ -1,0 +1,187 @@
+"""The Monitor's reducer process: its answers are the rings' as read in the job, and faults in it
+(killed, stopped, a job that never reads its windows, Ctrl-C to the process group) lose no window.
+
+Real processes: the reducer is a process spawned beside the sampler, mapping the same rings, and
+what these check is that hand-over (a pipe, a thread taking the answers off it, signals), which
+no fake shows. Each run is short: a second or two of sampling on the sim source.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hfsampler import Monitor
+from hfsampler.sampling.ring import SHM_DIR_ENV
+
+
+@pytest.fixture
+def mon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Monitor]:
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    with Monitor(source="sim", env={}, history_s=10.0) as monitor:
+        yield monitor
+
+
+def reducer_pid(mon: Monitor) -> int:
+    reducer = mon._reducer
+    assert reducer is not None
+    assert reducer.pid is not None
+    return reducer.pid
+
+
+def numbers(m: object) -> list[float]:
+    """Every number of a Measurement, in a fixed order (NaN as None, to compare)."""
+    out: list[float] = []
+    for name in ("gpu_energy", "gpu_mean_power", "gpu_peak_power", "gpu_p99_power",
+                 "gpu_memory_high_water_mib", "gpu_energy_counter"):  # fmt: skip
+        for _, v in sorted(getattr(m, name).items()):
+            out.append(v)
+    for _, reasons in sorted(m.gpu_throttled_time.items()):  # type: ignore[attr-defined]
+        out.extend(v for _, v in sorted(reasons.items()))
+    return out
+
+
+def test_the_reducers_answers_are_the_rings_as_read_in_the_job(mon: Monitor) -> None:
+    """Spans of every length the rings hold, measured through the reducer, and the same spans
+    reduced in this process from the same rings: the same numbers, to the last bit."""
+    time.sleep(1.5)
+    now = time.time_ns()
+    spans = [(now - d_ns - length_ns, now - d_ns)
+             for length_ns in (2_000_000, 40_000_000, 300_000_000, 1_000_000_000)
+             for d_ns in (0, 7_000_000, 150_000_000)]  # fmt: skip
+    asked = [mon.measure(t0, t1) for t0, t1 in spans]
+    for (t0, t1), m in zip(spans, asked, strict=True):
+        here = mon._reader.answer(t0, t1)
+        assert here is not None
+        assert m.total_energy > 0
+        assert numbers(m) == numbers(_as_measurement(mon, here, t1 - t0))
+
+
+def _as_measurement(mon: Monitor, answer: object, length_ns: int) -> object:
+    from hfsampler.monitor.measurement import Answer, measurement
+
+    assert isinstance(answer, Answer)
+    return measurement(answer, length_ns / 1e9, mon._indices)
+
+
+def test_windows_never_read_neither_pile_up_nor_block_the_job(mon: Monitor) -> None:
+    """A job that ends windows and never reads them (logging only some steps): the answers are
+    taken off the pipe all the same, so end_window never waits for a full pipe, and none is
+    kept once its Measurement is gone."""
+    for k in range(3000):  # about 1 MB of answers: the pipe holds a few hundred KB
+        mon.begin_window(k)
+        mon.end_window(k)
+    reducer = mon._reducer
+    assert reducer is not None
+    deadline = time.monotonic() + 30
+    while reducer.unread and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reducer.unread == 0
+    with mon.window("last") as w:
+        time.sleep(0.02)
+    assert w.measurement is not None
+    assert w.measurement.total_energy > 0
+
+
+def test_a_killed_reducer_leaves_every_window_answered_in_the_job_said_once(
+    mon: Monitor,
+) -> None:
+    """The reducer killed (the OOM killer's choice) with windows waiting and more to come: each
+    is reduced in the job's process instead, right, and one warning says why."""
+    time.sleep(0.3)
+    waiting = []
+    for k in range(20):
+        mon.begin_window(k)
+        time.sleep(0.002)
+        waiting.append(mon.end_window(k))
+    os.kill(reducer_pid(mon), signal.SIGKILL)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        later = []
+        for k in range(20, 30):
+            mon.begin_window(k)
+            time.sleep(0.002)
+            later.append(mon.end_window(k))
+        for m in waiting + later:
+            assert all(math.isfinite(e) and e > 0 for e in m.gpu_energy.values())
+            assert all(math.isfinite(p) for p in m.gpu_p99_power.values())
+    gone = [w for w in said if "reducer process ended" in str(w.message)]
+    assert len(gone) == 1
+    assert "SIGKILL" in str(gone[0].message)
+    assert mon.alive()
+
+
+def test_a_stopped_reducer_costs_a_window_its_patience_not_its_answer(
+    mon: Monitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reducer stopped (SIGSTOP, a debugger): a window read waits a bounded time, then is
+    reduced in the job's process, said once; the reducer, resumed, goes on answering."""
+    from hfsampler.monitor import reducer as reducer_module
+
+    monkeypatch.setattr(reducer_module, "_PATIENCE_S", 0.3)
+    time.sleep(0.3)
+    pid = reducer_pid(mon)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            ms = []
+            for k in range(3):
+                mon.begin_window(k)
+                time.sleep(0.01)
+                ms.append(mon.end_window(k))
+            assert all(m.total_energy > 0 for m in ms)
+        assert [str(w.message) for w in said if "has not answered" in str(w.message)] != []
+        assert len([w for w in said if "has not answered" in str(w.message)]) == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    with mon.window("after") as w:
+        time.sleep(0.01)
+    assert w.measurement is not None
+    assert w.measurement.total_energy > 0
+
+
+def test_windows_ended_before_close_are_answered_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() stops the reducer only once it has answered every window asked before: their
+    Measurements read after close are whole."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    mon = Monitor(source="sim", env={}, history_s=10.0)
+    time.sleep(0.3)
+    ended = []
+    for k in range(50):
+        mon.begin_window(k)
+        ended.append(mon.end_window(k))
+    pid = reducer_pid(mon)
+    mon.close()
+    assert all(math.isfinite(m.total_energy) for m in ended)
+    assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_to_the_process_group_leaves_the_reducer_answering(mon: Monitor) -> None:
+    """A terminal's Ctrl-C reaches every process of the job's group; the job may catch it and
+    go on (saving a checkpoint, say): its reducer must still be there."""
+    os.kill(reducer_pid(mon), signal.SIGINT)
+    time.sleep(0.2)
+    with mon.window("after") as w:
+        time.sleep(0.01)
+    assert w.measurement is not None
+    assert w.measurement.total_energy > 0
+    assert mon._reducer is not None
+    assert not mon._reducer.gone
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

@@ -14,11 +14,12 @@
    reducer process reduces the window and the Measurement waits for it on its first read; 0 in
    trees before it, whose ``end_window`` reduced in the job's process), then the first read of
    the p99 and the throttled time (made on first use in older trees); and the CPU time of the
-   job's whole process over all of it (``job CPU``: every thread, the one taking the reducer's
-   answers off its pipe included). Also the same 10 ms and 1 s spans measured and read back to
-   back (``warm``). With ``--peer-ref`` (a commit of this repository, exported with
-   ``git archive``), the cost of this tree and of the peer's, each in a process of its own,
-   alternating ``--rounds`` times: the same machine and load for both.
+   job's whole process over all of it (``job CPU``: every thread). Also ``begin_window`` and
+   ``end_window`` back to back with no sleep between (``back to back``: their own code, warm),
+   and the same 10 ms and 1 s spans measured and read back to back (``warm``). With
+   ``--peer-ref`` (a commit of this repository, exported with ``git archive``), the cost of this
+   tree and of the peer's, each in a process of its own, alternating ``--rounds`` times: the same
+   machine and load for both.
 
     python benchmarks/measure.py [--windows 40] [--cost-windows 300] [--peer-ref c79951a]
                                  [--rounds 2] [--out benchmarks/out/measure.json]
@@ -160,6 +161,16 @@ def cost(windows: int) -> dict[str, Any]:
                           "end_cpu_us": _spread(end_cpu), "answer_us": _spread(answer),
                           "p99_and_throttling_us": _spread(deferred),
                           "job_cpu_us": _spread(job_cpu)}  # fmt: skip
+        begin, end = [], []
+        for k in range(windows * 10):  # begin and end back to back: their own code, warm
+            a = time.perf_counter_ns()
+            mon.begin_window(k)
+            b = time.perf_counter_ns()
+            mon.end_window(k)
+            end.append((time.perf_counter_ns() - b) / 1e3)
+            begin.append((b - a) / 1e3)
+        out["back to back"] = {"windows": len(end), "begin_us": _spread(begin),
+                               "end_us": _spread(end)}  # fmt: skip
         for label in ("10ms", "1s"):
             t1 = time.time_ns()
             span_ns = int(COST_WINDOWS[label][0] * 1e9)

@@ -10,9 +10,10 @@ most ``BATCH`` samples (``max_samples_per_send``), each written and snappy-compr
 sends a window; label caches are warm, as they are from a running writer's second window on.
 
 Sides, all from the same windows (built outside the timed region, in each side's own input form):
-- ``hfsampler 1.0``: ``Encoder.block`` then ``RequestEncoderV1.encode`` and ``compress`` (what
-  ``intake`` and ``delivery`` do per request);
-- ``hfsampler 2.0``: ``Encoder.block`` then ``Sizer`` (delivery's size check, as for 1.0),
+- ``hfsampler 1.0``: what ``intake`` and ``delivery`` do per request: each series' cached
+  ``Labels`` (``Encoder.labels``) into a block (``Block.of``), ``RequestEncoderV1.encode`` and
+  ``compress``;
+- ``hfsampler 2.0``: the same block, ``Sizer`` (delivery's size check, as 1.0),
   ``RequestEncoderV2.encode`` and ``compress``;
 - ``peer 1.0``: PyPI's ``prometheus-remote-writer`` (``RemoteWriter.send``: protobuf message
   objects on the upb runtime, batches of ``BATCH`` series, snappy) with its HTTP post left out;
@@ -62,9 +63,8 @@ from rw_peer import PEER_PATH, Side, load_peer, peer_sides  # beside this script
 
 from hfsampler.export.metrics import gpu_labels, host_labels
 from hfsampler.fields import CATALOGUE, Kind
-from hfsampler.remote_write.blocks import Sizer
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, RequestEncoderV1, compress
-from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
+from hfsampler.remote_write import blocks, encoder, encoder_v2
+from hfsampler.remote_write.encoder import QueuedSample
 from hfsampler.remote_write.prompb import writev2_pb2
 from hfsampler.sampling.window import suffixes
 from hfsampler.series import Family, Series, SeriesRegistry
@@ -74,6 +74,7 @@ BATCH = 2000  # Prometheus's default max_samples_per_send
 N_WINDOWS = 8
 GPUS = 8
 STATS = suffixes(Kind.GAUGE)  # a gauge's series, for every field alike
+CURRENT = {"blocks": blocks, "encoder": encoder, "encoder_v2": encoder_v2}  # this tree's
 FIELDS = [f.name for f in CATALOGUE if (f.nvml_field or f.nvml_call) and f.per is None]
 # Pairs whose per-round ratio the table gives: (side, the side it is measured against).
 RATIOS = (
@@ -165,33 +166,55 @@ def load_baseline(root: Path) -> dict[str, ModuleType]:
     return old
 
 
-def old_sides(old: dict[str, ModuleType], chunks: list[list[list[QueuedSample]]],
-              families: dict[str, Family]) -> dict[str, Side]:  # fmt: skip
-    """``old 1.0`` and ``old 2.0``: the baseline's work for a window, as its delivery did it."""
-    enc = old["encoder"].Encoder()
-    v2 = old["encoder_v2"].RequestEncoderV2(lambda: families)
-    compress_old = old["encoder"].compress
-    if not hasattr(old["encoder"], "RequestEncoderV1"):  # before blocks: 2.0 made from 1.0 bytes
-        return {
-            "old 1.0": lambda w: [compress_old(enc.encode_samples(c)) for c in chunks[w]],
-            "old 2.0": lambda w: [
-                compress_old(v2.encode(enc.encode_samples(c))[0]) for c in chunks[w]
-            ],
-        }
-    v1 = old["encoder"].RequestEncoderV1()
-    sizes = old["blocks"].Sizer()
+Chunks = list[list[tuple[list[Series], list[float]]]]  # per window, each request's series, values
 
-    def old_v2(w: int) -> list[bytes]:
+
+def block_sides(prefix: str, mods: dict[str, ModuleType], chunks: Chunks, stamps: list[int],
+                families: dict[str, Family]) -> dict[str, Side]:  # fmt: skip
+    """``PREFIX 1.0`` and ``PREFIX 2.0`` from the encoding modules ``mods``: a window's requests
+    as the service makes them. ``intake`` looks up each series' cached ``Labels`` and makes a
+    block per request (``Block.of``); ``delivery`` writes it as 1.0 (``RequestEncoderV1``) or
+    measures it as 1.0 (``Sizer``) and writes it as 2.0, then compresses it."""
+    enc = mods["encoder"].Encoder()
+    block_of = mods["blocks"].Block.of
+    sizes = mods["blocks"].Sizer()
+    compress_ = mods["encoder"].compress
+    v1 = mods["encoder"].RequestEncoderV1()
+    v2 = mods["encoder_v2"].RequestEncoderV2(lambda: families)
+
+    def blocks(w: int) -> list[Any]:
+        ts = stamps[w]
+        return [block_of(list(map(enc.labels, s)), ts, v) for s, v in chunks[w]]
+
+    def side_v1(w: int) -> list[bytes]:
+        return [compress_(v1.encode(block)) for block in blocks(w)]
+
+    def side_v2(w: int) -> list[bytes]:
         out = []
-        for chunk in chunks[w]:
-            block = enc.block(chunk)
-            sizes(block)
-            out.append(compress_old(v2.encode(block)[0]))
+        for block in blocks(w):
+            sizes(block)  # delivery measures a 2.0 request as 1.0 against its size limit
+            out.append(compress_(v2.encode(block)[0]))
         return out
 
+    return {f"{prefix} 1.0": side_v1, f"{prefix} 2.0": side_v2}
+
+
+def old_sides(old: dict[str, ModuleType], chunks: Chunks, stamps: list[int],
+              families: dict[str, Family]) -> dict[str, Side]:  # fmt: skip
+    """``old 1.0`` and ``old 2.0``: the baseline's work for a window, as its service did it."""
+    if "blocks" in old:
+        return block_sides("old", old, chunks, stamps, families)
+    # before blocks: requests written from queued samples, 2.0 made from the 1.0 bytes
+    samples = [
+        [[QueuedSample(*sv, stamps[w]) for sv in zip(*chunk, strict=True)] for chunk in window]
+        for w, window in enumerate(chunks)
+    ]
+    enc = old["encoder"].Encoder()
+    v2 = old["encoder_v2"].RequestEncoderV2(lambda: families)
+    compress_ = old["encoder"].compress
     return {
-        "old 1.0": lambda w: [compress_old(v1.encode(enc.block(c))) for c in chunks[w]],
-        "old 2.0": old_v2,
+        "old 1.0": lambda w: [compress_(enc.encode_samples(c)) for c in samples[w]],
+        "old 2.0": lambda w: [compress_(v2.encode(enc.encode_samples(c))[0]) for c in samples[w]],
     }
 
 
@@ -201,32 +224,16 @@ def sides(
     """Each side's work for one window: its requests written and compressed."""
     vals = windows(series, N_WINDOWS)
     stamps = [1_764_000_000_000 + 1000 * w for w in range(N_WINDOWS)]
-    chunks = []
-    for w in range(N_WINDOWS):
-        window = [QueuedSample(s, v, stamps[w]) for s, v in zip(series, vals[w], strict=True)]
-        chunks.append([window[i : i + BATCH] for i in range(0, len(window), BATCH)])
+    chunks = [
+        [(series[i : i + BATCH], vals[w][i : i + BATCH]) for i in range(0, len(series), BATCH)]
+        for w in range(N_WINDOWS)
+    ]
     families = families_of(series)
-    enc = Encoder()
-    v1 = RequestEncoderV1()
-    v2 = RequestEncoderV2(lambda: families)
-    sizes = Sizer()
-
-    def new_v1(w: int) -> list[bytes]:
-        return [compress(v1.encode(enc.block(chunk))) for chunk in chunks[w]]
-
-    def new_v2(w: int) -> list[bytes]:
-        out = []
-        for chunk in chunks[w]:
-            block = enc.block(chunk)
-            sizes(block)  # delivery measures a 2.0 request as 1.0 against its size limit
-            out.append(compress(v2.encode(block)[0]))
-        return out
-
-    out: dict[str, Side] = {"hfsampler 1.0": new_v1, "hfsampler 2.0": new_v2}
+    out = block_sides("hfsampler", CURRENT, chunks, stamps, families)
     if peer is not None:
         out |= peer_sides(peer, series, vals, stamps, families, BATCH)
     if baseline is not None:
-        out |= old_sides(baseline, chunks, families)
+        out |= old_sides(baseline, chunks, stamps, families)
     return out
 
 

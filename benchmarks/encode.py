@@ -19,11 +19,11 @@ Sides, all from the same windows (built outside the timed region, in each side's
   objects on the upb runtime, batches of ``BATCH`` series, snappy) with its HTTP post left out;
 - ``peer 2.0``: that package ships no 2.0 encoder, so this is its ``send`` path written for 2.0
   the same way (message objects from hfsampler's generated ``writev2_pb2`` on the same runtime, a
-  symbol table per request, each series' metadata): what a naive Python 2.0 writer costs;
-- with ``--baseline DIR`` (a checkout of an earlier commit, e.g. ``git worktree add /tmp/rw-base
-  d7da83e``): ``old 1.0``, its ``Encoder.encode_samples`` and ``compress``, and ``old 2.0``, its
-  1.0 bytes turned into 2.0 by its ``RequestEncoderV2`` (blocks were 1.0 then; 2.0 was made at
-  send time), then ``compress``; its modules are imported from DIR into this process.
+  symbol table per request, each series' metadata): what a straightforward Python 2.0 writer costs;
+- with ``--baseline DIR`` (another commit's ``hfsampler/``, e.g. ``git archive COMMIT hfsampler |
+  tar -x -C DIR``): ``old 1.0`` and ``old 2.0``, the same work by its encoding modules, imported
+  from DIR into this process; a commit from before blocks (``d7da83e``) as its service did it:
+  ``Encoder.encode_samples``, and 2.0 turned from those 1.0 bytes at send time.
 
 The peer (``rw_peer``, beside this script) is imported from the environment or ``--peer-path``
 (default ``~/.cache/hfsampler-bench/remote-writer``; ``rw_peer.PEER_INSTALL`` installs it there);

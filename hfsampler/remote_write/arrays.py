@@ -3,8 +3,11 @@
 A block keeps its samples as arrays; both serializers (``encoder.write_request`` for 1.0,
 ``encoder_v2`` for 2.0, whose ``Sample`` has the same fields) turn them into bytes here, as rows
 of a byte matrix (tag, length, tag, the double's 8 bytes, tag, the timestamp's varint), and then
-give each series its cached label bytes (or references) plus a slice of those rows. The bytes
-are what the protobuf library writes for the same samples (tests hold it to that).
+give each series its cached label bytes (or references) plus a slice of those rows. A steady
+window (one sample per series, one timestamp) is never made into rows: its request's ``Template``
+holds every constant byte, and only the values' bytes and the one timestamp varint go in
+(``uniform_rows``, ``Template.fill``). The bytes are what the protobuf library writes for the
+same samples (tests hold it to that).
 """
 
 from __future__ import annotations
@@ -73,26 +76,62 @@ def sample_bytes(ts_ms: npt.ArrayLike, values: npt.ArrayLike) -> SampleBytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Template:
-    """A request of one sample per series with every sample's bytes left out: a steady window
-    (the same series, in the same order, as the last one) is written by putting its sample rows
-    in, all at once, instead of series by series."""
+class Rows:
+    """The samples of a batch whose ``Sample`` entries are all as wide, as a ``Template`` takes
+    them: ``width`` bytes each, of which only the value's 8 and the timestamp's varint vary."""
 
-    buf: npt.NDArray[np.uint8]
-    index: npt.NDArray[np.intp]  # where each row's bytes go, one row per series
+    width: int
+    values: npt.NDArray[np.uint8]  # (samples, 8): each value's bytes, little-endian
+    stamps: npt.NDArray[np.uint8]  # the timestamp varint's bytes: (width - 12,) for all, a window,
+    # or (samples, width - 12), one row each
+
+
+def uniform_rows(ts_ms: npt.NDArray[np.int64], values: npt.NDArray[np.float64]) -> Rows | None:
+    """The batch as ``Rows`` when every sample's entry is as wide, else None. A window (one
+    timestamp for all, the usual case) costs a view of its values and one varint: no row of
+    bytes is made for it."""
+    u = np.ascontiguousarray(ts_ms, dtype=np.int64).view(np.uint64)
+    n = len(u)
+    if not n:
+        return None
+    vals = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(n, 8)
+    first = int(u[0])
+    if first == u[-1] and bool((u == first).all()):
+        stamp = np.frombuffer(varint(first), dtype=np.uint8)
+        return Rows(_FIXED + len(stamp), vals, stamp)
+    rows = sample_bytes(u.view(np.int64), values).rows
+    if rows is None:
+        return None
+    return Rows(rows.shape[1], rows[:, 3:11], rows[:, _FIXED:])
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A request of one sample per series with each sample's value and timestamp left out: a
+    steady window (the same series, in the same order, as the last one) is written by putting
+    its values and timestamp in, all at once, instead of series by series."""
+
+    buf: npt.NDArray[np.uint8]  # the request, each sample's constant bytes (tags, length) in
+    values: npt.NDArray[np.intp]  # where each sample's value bytes go, one row per series
+    stamps: npt.NDArray[np.intp]  # where each sample's timestamp varint goes, one row per series
 
     @classmethod
     def of(cls, parts: list[bytes], width: int) -> Template:
-        """The request ``parts[0] + row 0 + parts[1] + row 1 + ... + row n-1 + parts[n]`` for
-        rows of ``width`` bytes."""
-        gap = bytes(width)
-        buf = np.frombuffer(gap.join(parts), dtype=np.uint8).copy()
+        """The request ``parts[0] + sample 0 + parts[1] + sample 1 + ... + sample n-1 +
+        parts[n]`` for ``Sample`` entries of ``width`` bytes."""
+        row = bytes((_SAMPLES_TAG, width - 2, _VALUE_TAG)) + bytes(8) + bytes((_TIMESTAMP_TAG,))
+        buf = np.frombuffer((row + bytes(width - _FIXED)).join(parts), dtype=np.uint8).copy()
         lengths = np.fromiter((len(p) for p in parts[:-1]), np.intp, len(parts) - 1)
         starts = np.cumsum(lengths) + width * np.arange(len(lengths))
-        return cls(buf, starts[:, None] + np.arange(width))
+        return cls(
+            buf,
+            starts[:, None] + np.arange(3, 11),
+            starts[:, None] + np.arange(_FIXED, width),
+        )
 
-    def fill(self, rows: npt.NDArray[np.uint8]) -> bytes:
-        """The request with ``rows`` (one per series, as wide as the template's) put in."""
+    def fill(self, rows: Rows) -> bytes:
+        """The request with ``rows`` (one sample per series, as wide as the template's) put in."""
         buf = self.buf.copy()
-        buf[self.index] = rows
+        buf[self.values] = rows.values
+        buf[self.stamps] = rows.stamps
         return buf.tobytes()

@@ -110,14 +110,19 @@ class Block:
         """A block of samples given one per entry of ``series`` (a series may come again: its
         samples are grouped, in the order given; ``distinct``: the caller knows none does);
         one timestamp for all, or one each."""
-        vals = np.asarray(values, dtype=np.float64)
+        if isinstance(values, list):  # intake's: fromiter skips asarray's type discovery
+            vals = np.fromiter(values, np.float64, len(values))
+        else:
+            vals = np.asarray(values, dtype=np.float64)
         n = len(vals)
         if isinstance(timestamps_ms, int):
             ts = np.full(n, timestamps_ms, dtype=np.int64)
         else:
             ts = np.asarray(timestamps_ms, dtype=np.int64)
         fams = tuple(sorted(families, key=lambda f: f.name))
-        if distinct or len(set(map(id, series))) == n:  # the usual case: a window
+        # Labels hash by identity (eq=False): a set of them, not of their id()s, which are
+        # fresh ints to make and hash, five times the cost
+        if distinct or len(set(series)) == n:  # the usual case: a window
             return cls(tuple(series), np.arange(1, n + 1, dtype=np.int64), ts, vals, fams)
         position: dict[int, int] = {}
         order: list[Labels] = []
@@ -225,20 +230,39 @@ def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> li
 
 class Sizer:
     """``piece_sizes`` with each series set's label lengths kept: a window's requests have the
-    series of the last one's, in the same order. Safe from several threads: the cache only
-    ever gains whole entries (or is cleared)."""
+    series of the last one's, in the same order. A window's sizes (one sample per series, one
+    timestamp, no families) depend only on those lengths and the timestamp's varint width: they
+    are kept too, and the same list is returned for the next window (read it, never change it).
+    Safe from several threads: the caches only ever gain or replace whole entries (or are
+    cleared)."""
 
     def __init__(self) -> None:
         self._lengths: dict[tuple[Labels, ...], npt.NDArray[np.int64]] = {}
+        # per series set: (the timestamp's varint width, the sizes) of its last window
+        self._windows: dict[tuple[Labels, ...], tuple[int, list[int]]] = {}
 
     def __call__(self, block: Block) -> list[int]:
-        lengths = self._lengths.get(block.series)
+        series = block.series
+        ts = block.timestamps_ms
+        width = 0
+        if series and not block.families and block.samples == len(series):
+            first = int(ts[0])
+            if first == ts[-1] and bool((ts == first).all()):
+                width = varint_len(first % (1 << 64))
+                last = self._windows.get(series)
+                if last is not None and last[0] == width:
+                    return last[1]
+        lengths = self._lengths.get(series)
         if lengths is None:
-            lengths = label_lengths(block.series)
+            lengths = label_lengths(series)
             if len(self._lengths) >= MAX_CACHED_SERIES_SETS:
                 self._lengths.clear()
-            self._lengths[block.series] = lengths
-        return piece_sizes(block, lengths)
+                self._windows.clear()
+            self._lengths[series] = lengths
+        sizes = piece_sizes(block, lengths)
+        if width:
+            self._windows[series] = (width, sizes)
+        return sizes
 
 
 def _cut(block: Block, start: int, stop: int) -> Block:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import numpy as np
 import snappy
 
-from hfsampler.remote_write.arrays import SampleBytes, Template, sample_bytes
+from hfsampler.remote_write.arrays import SampleBytes, Template, sample_bytes, uniform_rows
 from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.protowrite import (
     SMALL_LIMIT,
@@ -126,14 +126,15 @@ class RequestEncoderV1:
         self._templates: dict[tuple[tuple[Labels, ...], int], Template] = {}
 
     def encode(self, block: Block) -> bytes:
-        encoded = sample_bytes(block.timestamps_ms, block.values)
-        rows = encoded.rows
-        if rows is None or block.samples != len(block.series):
-            return _write(block, encoded)
-        key = (block.series, rows.shape[1])
+        if block.samples != len(block.series):
+            return write_request(block)
+        rows = uniform_rows(block.timestamps_ms, block.values)
+        if rows is None:
+            return write_request(block)
+        key = (block.series, rows.width)
         template = self._templates.get(key)
         if template is None:
-            width = rows.shape[1]
+            width = rows.width
             parts = [_series_head(len(s.v1) + width) + s.v1 for s in block.series]
             template = Template.of([*parts, b""], width)
             if len(self._templates) >= MAX_TEMPLATES:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.remote_write.arrays import Template, sample_bytes
+from hfsampler.remote_write.arrays import Template, sample_bytes, uniform_rows
 from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.protowrite import METRIC_TYPES, SMALL_LIMIT, SMALL_VARINTS, varint
 from hfsampler.series import Family
@@ -110,15 +110,15 @@ class RequestEncoderV2:
             table.families_seen >= 0 and len(self._families()) != table.families_seen
         ):
             table = self._table(block.series)
-        encoded = sample_bytes(block.timestamps_ms, block.values)
-        rows = encoded.rows
         # a start timestamp makes a sample's bytes its own: no template for those
-        if rows is not None and block.samples == len(block.series) and not table.any_start:
-            width = rows.shape[1]
-            template = table.templates.get(width)
-            if template is None:
-                template = table.templates[width] = self._template(table, width)
-            return template.fill(rows), block.samples
+        if block.samples == len(block.series) and not table.any_start:
+            rows = uniform_rows(block.timestamps_ms, block.values)
+            if rows is not None:
+                template = table.templates.get(rows.width)
+                if template is None:
+                    template = table.templates[rows.width] = self._template(table, rows.width)
+                return template.fill(rows), block.samples
+        encoded = sample_bytes(block.timestamps_ms, block.values)
         data = encoded.data
         byte_ends = encoded.ends[block.ends - 1].tolist()
         out: list[bytes] = [table.symbols]

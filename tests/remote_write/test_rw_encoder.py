@@ -9,7 +9,8 @@ import snappy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress
+from hfsampler.remote_write.blocks import Block, Sizer, piece_sizes
+from hfsampler.remote_write.encoder import Encoder, QueuedSample, compress, write_request
 from hfsampler.remote_write.prompb import remote_pb2, types_pb2
 from hfsampler.remote_write.protowrite import encode_metadata, varint
 from hfsampler.series import STALE_NAN, Family, SeriesRegistry, Snapshot, is_stale
@@ -210,3 +211,48 @@ def test_label_names_in_byte_order_with_name_among_them() -> None:
         "instance",
         "modelName",
     ]
+
+
+def entry_sizes(raw: bytes) -> list[int]:
+    """The bytes of each top-level entry of a request (tag, length and body)."""
+    sizes, pos = [], 0
+    while pos < len(raw):
+        length, shift, at = 0, 0, pos + 1
+        while True:
+            byte = raw[at]
+            length |= (byte & 0x7F) << shift
+            shift, at = shift + 7, at + 1
+            if byte < 0x80:
+                break
+        sizes.append(at + length - pos)
+        pos = at + length
+    return sizes
+
+
+def test_sizer_gives_the_1_0_entries_window_after_window() -> None:
+    """What delivery measures a 2.0 request by is its 1.0 request's entries, also when a window's
+    sizes come from the last window's (the same series, the timestamp's varint as wide), and not
+    when the varint widens, families come along, or a series comes twice."""
+    reg = SeriesRegistry()
+    enc = Encoder()
+    series = [enc.labels(reg.series("m", {"gpu": str(i), "pad": "x" * (i + 1)})) for i in range(99)]
+    values = [float(i) / 3 for i in range(len(series))]
+    sizer = Sizer()
+    family = Family("m", "help text", "gauge", "watts")
+    blocks = [
+        Block.of(series, ts, values)
+        for ts in (1, 2, 1000, 1_764_000_000_000, 1_764_000_001_000, -1, -2)
+    ]
+    blocks += [
+        Block.of(series, 1_764_000_002_000, values, [family]),
+        Block.of([*series, series[0]], 1_764_000_003_000, [*values, 1.0]),
+        Block.of(series, list(range(len(series))), values),
+    ]
+    seen = []
+    for block in blocks:
+        sizes = sizer(block)
+        assert sizes == entry_sizes(write_request(block)) == piece_sizes(block)
+        seen.append(sizes)
+    # kept from the last window, not made again; made again when the timestamp widens
+    assert [seen[1] is seen[0], seen[2] is seen[1], seen[3] is seen[2]] == [True, False, False]
+    assert [seen[4] is seen[3], seen[6] is seen[5]] == [True, True]

@@ -69,6 +69,7 @@ class Service:
         self.plans = plan.groups
         self.model = self._build_model(config)
         self.latest: Snapshot | None = None
+        self.page = exposition.Page()  # /metrics: the latest window, rendered once
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
         self._clock = clock
@@ -325,6 +326,7 @@ class Service:
         stats = window.stats
         snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns)
         self.latest = snapshot
+        self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:
             w.push(snapshot)
@@ -396,8 +398,13 @@ class Service:
         return runner
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        body = exposition.render(self.latest)
-        return web.Response(body=body.encode(), headers={"Content-Type": exposition.CONTENT_TYPE})
+        # one page per window, whoever asks and how often (two Prometheus servers of an HA
+        # pair, a scrape interval shorter than the window): the same bytes until the next one
+        headers = {"Content-Type": exposition.CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        if exposition.accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=self.page.gzipped(), headers=headers)
+        return web.Response(body=self.page.body(), headers=headers)
 
     async def _handle_health(self, request: web.Request) -> web.Response:
         if self.pipeline is None or not self.pipeline.alive():

@@ -6,6 +6,7 @@ What only a real process shows (signals, exit codes, a killed sampler) is in tes
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
 import re
 from pathlib import Path
@@ -119,6 +120,46 @@ async def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> No
                  "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_PER_LINK_TOTAL"):  # fmt: skip
         assert re.search(rf'^{name}{{.*gpu="0".*link="17".*}} ', page, re.M), name
         assert not re.search(rf"^{name}_max{{", page, re.M)  # a counter has no siblings
+
+
+async def test_metrics_is_rendered_once_per_window_however_often_it_is_asked() -> None:
+    """Scrapes between two windows (an HA pair of Prometheus servers, a scrape interval shorter
+    than the window) get the same bytes from one render; gzip when asked, of the same page."""
+    port = free_port()
+    plan = run_plan("--gpus", "2", "--duration", "5s", "--listen", f"127.0.0.1:{port}")
+    started = start_ns()  # 0.3 s into a second: windows end on whole seconds
+    clock = VirtualClock(started)
+    service = Service(plan, clock=clock)
+    # per scrape: the window it fell in, the page plain and gunzipped, and the renders so far
+    scrapes: list[tuple[int, bytes, bytes, int]] = []
+
+    async def scrape(window: int) -> None:
+        bodies: dict[str, bytes] = {}
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            for coding in ("identity", "gzip"):
+                async with session.get(f"http://127.0.0.1:{port}/metrics",
+                                       headers={"Accept-Encoding": coding}) as resp:  # fmt: skip
+                    assert resp.status == 200
+                    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                    gzipped = resp.headers.get("Content-Encoding") == "gzip"
+                    assert gzipped == (coding == "gzip")
+                    body = await resp.read()
+                    bodies[coding] = gzip.decompress(body) if gzipped else body
+        scrapes.append((window, bodies["identity"], bodies["gzip"], service.page.renders))
+
+    for k in range(1, 5):
+        for at_s in (0.1, 0.5):  # both between the window ending at k + 0.7 s and the next
+            clock.at(started + k * S + int(at_s * S), lambda k=k: scrape(k))
+    assert await service.run() == 0
+    assert len(scrapes) == 8
+    for window, plain, gunzipped, renders in scrapes:
+        assert plain == gunzipped
+        assert plain.startswith(b"# HELP ")
+        assert renders == window  # one render in each window scraped, however often
+    for first, second in zip(scrapes[::2], scrapes[1::2], strict=True):
+        assert first[1] == second[1]  # the same window: the same bytes
+    pages = [s[1] for s in scrapes[::2]]
+    assert len(set(pages)) == len(pages)  # a new window: a new page
 
 
 async def test_a_sampler_that_stops_ticking_is_said_once_and_fails_the_health_check(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import yaml
 from conformance import ConformanceReceiver
 from inprocess import free_port, run_plan, start_ns
 
+from hfsampler import selfmetrics as sm
 from hfsampler.cli.main import build_parser
 from hfsampler.config.flags import config_from_args
 from hfsampler.config.settings import Config
@@ -244,4 +246,39 @@ async def test_a_changed_endpoint_loses_no_window_while_it_is_replaced(
     assert err.count("configuration reloaded") >= 1
     # where it pushes is said once at start (what an operator asks first when data is missing)
     pushing = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pushing to")]
-    assert pushing == [f"pushing to a at {a.url} (Remote-Write 1.0); outages queued in memory"]
+    assert len(pushing) == 1
+    assert re.fullmatch(rf"pushing to a at {a.url} \(Remote-Write 1\.0, queue [\d.]+ windows, \d+ "
+                        r"samples per shard\); outages queued in memory", pushing[0])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fields"),
+    [("64", ()), ("16", ("--fields", "all"))],  # about 14,000 and 9,200 samples a window
+)
+async def test_large_windows_are_pushed_whole_and_none_is_dropped(
+    gpus: str, fields: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    """64 sim GPUs at the default settings, 16 with every field: a window arrives whole, before
+    the sender can take any of it, and the queue (sized from the plan) takes it whole; the
+    strict receiver stores every window of every series, and nothing is dropped."""
+    caplog.set_level(logging.INFO)
+    async with ConformanceReceiver() as rx:
+        plan = run_plan("--source", "sim", "--gpus", gpus, *fields, "--listen", "",
+                        "--duration", "3s", "--remote-write", rx.url)  # fmt: skip
+        started = start_ns()
+        # the strict receiver parses in Python, a sample in about 0.2 ms: more than the end's
+        # five seconds to take the last windows and the stale markers
+        service = Service(plan, clock=VirtualClock(started), flush_deadline_s=120)
+        assert await service.run() == 0
+    rx.assert_conformant()
+    assert service.metrics.total(sm.RW_DROPPED) == 0
+    assert "queue is full" not in caplog.text
+    assert "raised to" not in caplog.text
+    assert service.metrics.total(sm.RW_SAMPLES) == rx.report()["samples"]
+    # every window of every GPU's power series, the last GPU's too; then its stale marker
+    for gpu in ("0", str(int(gpus) - 1)):
+        (samples,) = rx.series_named(POWER_MAX, gpu=gpu).values()
+        stamps = [t for t, v in samples if v == v]
+        assert len(stamps) == service.windows == 3
+        assert stamps == list(range(stamps[0], stamps[0] + 3000, 1000))
+        assert math.isnan(samples[-1][1])  # and the stale marker at the end

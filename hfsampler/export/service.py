@@ -72,7 +72,6 @@ class Service:
         self.metrics = SelfMetrics()
         self.plans = plan.groups
         self.model = self._build_model(config)
-        self.latest: Snapshot | None = None
         self.page = exposition.Page()  # /metrics: the latest window, rendered once
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
@@ -326,7 +325,6 @@ class Service:
         self._update_self_metrics(window, gpu_up)
         stats = window.stats
         snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns)
-        self.latest = snapshot
         self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:

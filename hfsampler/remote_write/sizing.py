@@ -41,7 +41,8 @@ class QueueBound:
         """The bound as logs say it: in windows where their size is known."""
         if not self.window_samples:
             return f"{self.samples} samples per shard"
-        return f"{self.windows:.3g} windows, {self.samples} samples per shard"
+        windows = f"{self.windows:.3g}"
+        return f"{windows} window{'' if windows == '1' else 's'}, {self.samples} samples per shard"
 
 
 def queue_bound(queue: QueueConfig, window_samples: int, n_shards: int = 1) -> QueueBound:

@@ -41,7 +41,7 @@ def test_an_explicit_capacity_is_the_bound_but_never_below_one_window() -> None:
     assert queue_bound(endpoint.queue, 1_800).samples == 20_000  # not raised to 10 windows
     small = queue_bound(endpoint.queue, 25_000)
     assert (small.samples, small.raised_from) == (25_000, 20_000)
-    assert small.describe() == "1 windows, 25000 samples per shard"
+    assert small.describe() == "1 window, 25000 samples per shard"
 
 
 def _window(ts: int, n: int, first: int = 0) -> Block:

@@ -128,13 +128,15 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise ConfigError(
             "check-config", "nothing to check", "give FILE, --fields-csv or --web-config-file"
         )
+    from hfsampler.export.queue_fit import queue_warnings
+
     config = config_from_args(args, load_file(args.file) if args.file else None)
     fields = config.selected_fields()
     jetson = config.source == "jetson"
     if jetson:  # the fields a Jetson has files for; a per-rail or per-zone one counts once
         fields = tuple(f for f in fields if f.jetson)
     print(f"{args.file or args.fields_csv or args.web_config_file}: OK")
-    for warning in config.warnings():
+    for warning in config.warnings() + queue_warnings(config):
         print(f"  warning: {one_line(warning)}")
     for line in config.fields_csv.describe() if config.fields_csv is not None else ():
         print(f"  {one_line(line)}")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
+from hfsampler.config.settings import Config
 from hfsampler.export import xid_messages
 from hfsampler.export.event_counts import LAST_XID, EventCounts
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
@@ -87,6 +88,33 @@ def gpu_labels(device: DeviceInfo, host: Mapping[str, str]) -> dict[str, str]:
     if m is not None:
         labels.update(GPU_I_ID=str(m.gpu_instance_id), GPU_I_PROFILE=m.profile, MIG_UUID=m.uuid)
     return labels
+
+
+def build_model(
+    config: Config,
+    devices: Sequence[DeviceInfo],
+    groups: Mapping[str, Sequence[Field]],
+    self_metrics: SelfMetrics,
+    previous: MetricModel | None = None,
+) -> MetricModel:
+    """The model ``config`` asks for, of ``devices`` sampled in ``groups`` (group name: its
+    fields): the service's, and check-config's count of a window's series."""
+    return MetricModel(
+        devices,
+        groups,
+        self_metrics,
+        config.external_labels,
+        hostname=config.hostname,
+        stale_after_windows=config.stale_after_windows,
+        host_label=config.host_label,
+        instance=config.instance,
+        instance_port=config.instance_port,
+        copy_device_fields=config.mig_copy_device_fields,
+        counted=config.counted_fields(),
+        xid_count_window_s=config.xid_count_window_s,
+        clock_events_count_window_s=config.clock_events_count_window_s,
+        previous=previous,
+    )
 
 
 @dataclass(slots=True)
@@ -167,6 +195,19 @@ class MetricModel:
     @property
     def families(self) -> Mapping[str, Family]:
         return self.registry.families
+
+    def planned_series(self) -> int:
+        """The series a window has at most by the plan: every statistic and refresh series of
+        each planned field on each GPU and MIG instance, one ``hfsampler_gpu_up`` per device
+        and hfsampler's own series known now. What Remote-Write queues are sized from
+        (``remote_write.sizing``): a field a GPU does not sample this window is counted, while
+        event counts and self-metrics that appear later are not; the queue keeps its newest
+        window whole whatever it holds."""
+        n = len(self.devices) + sum(1 for _ in self.self_metrics.samples())
+        for group in self._groups.values():
+            for arr in [a for _, a in group.by_stat] + [group.refresh]:
+                n += int(np.count_nonzero(arr != None))  # noqa: E711
+        return n
 
     def set_extra_labels(self, extra: Sequence[Mapping[str, str]]) -> None:
         """Attribution labels per GPU (``export.attribution``), given before each snapshot.

@@ -29,13 +29,14 @@ from hfsampler.config.settings import Config, parse_listen
 from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
-from hfsampler.export.metrics import MetricModel
+from hfsampler.export.metrics import MetricModel, build_model
 from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
 from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.remote_write.intake import RemoteWriter, orphan_spools
+from hfsampler.remote_write.sizing import raised_warning
 from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.window import MAX, MEAN, WindowStats
@@ -58,9 +59,12 @@ class Service:
         out: TextIO | None = None,
         clock: Clock = WALL,
         loader: Callable[[], Config] | None = None,
+        flush_deadline_s: float = FLUSH_DEADLINE_S,
     ) -> None:
         """``loader`` builds the configuration again from its files and flags (SIGHUP);
-        ``clock``: a test's ``VirtualClock`` runs the pipeline in this process."""
+        ``clock``: a test's ``VirtualClock`` runs the pipeline in this process;
+        ``flush_deadline_s``: how long what is queued may still be sent at the end (a test's
+        receiver may take longer than a real one)."""
         self.plan = plan
         self.config = config = plan.config
         self.spec = plan.spec
@@ -68,10 +72,11 @@ class Service:
         self.metrics = SelfMetrics()
         self.plans = plan.groups
         self.model = self._build_model(config)
-        self.latest: Snapshot | None = None
+        self.page = exposition.Page()  # /metrics: the latest window, rendered once
         self.windows = 0
         self.out = out if out is not None else (sys.stdout if sys.stdout.isatty() else None)
         self._clock = clock
+        self._flush_deadline_s = flush_deadline_s
         self._stop = asyncio.Event()
         self._queue_dir = Path(config.queue_dir) if config.queue_dir else None
         # One process per queue_dir, refused here (exit 2) before anything is read or sampled.
@@ -91,22 +96,8 @@ class Service:
         self._stop.set()
 
     def _build_model(self, config: Config, previous: MetricModel | None = None) -> MetricModel:
-        return MetricModel(
-            self.inventory.devices,
-            {p.name: p.fields for p in self.plans},
-            self.metrics,
-            config.external_labels,
-            hostname=config.hostname,
-            stale_after_windows=config.stale_after_windows,
-            host_label=config.host_label,
-            instance=config.instance,
-            instance_port=config.instance_port,
-            copy_device_fields=config.mig_copy_device_fields,
-            counted=config.counted_fields(),
-            xid_count_window_s=config.xid_count_window_s,
-            clock_events_count_window_s=config.clock_events_count_window_s,
-            previous=previous,
-        )
+        groups = {p.name: p.fields for p in self.plans}
+        return build_model(config, self.inventory.devices, groups, self.metrics, previous)
 
     def _warn_orphan_spools(self) -> None:
         if self._queue_dir is None:
@@ -122,10 +113,19 @@ class Service:
                 self._queue_dir / name,
             )
 
-    def _writer(self, endpoint: EndpointConfig) -> RemoteWriter:
+    def _writer(self, endpoint: EndpointConfig, config: Config | None = None) -> RemoteWriter:
+        """``endpoint``'s writer, its queues sized for the plan's windows (``config``: the
+        configuration it is in, the running one by default)."""
         # the model's families from the start: a spool replayed before the first window goes
         # out as 2.0 with its series' metadata
-        return RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families)
+        writer = RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families,
+                              window_samples=self.model.planned_series())  # fmt: skip
+        if writer.bound.raised_from is not None:
+            names = [ep.remote_name for ep in (config or self.config).remote_write]
+            i = names.index(endpoint.remote_name) if endpoint.remote_name in names else 0
+            log.warning("%s", raised_warning(f"remote_write[{i}].queue_config.capacity",
+                                             writer.bound))  # fmt: skip
+        return writer
 
     def request_reload(self) -> None:
         """SIGHUP: load the configuration again and apply it; one during a reload runs after it."""
@@ -188,7 +188,7 @@ class Service:
             started: list[RemoteWriter] = []
             try:
                 for ep in plan.start:
-                    w = self._writer(ep)
+                    w = self._writer(ep, plan.config)
                     started.append(w)
                     await w.start()
             except Exception:
@@ -286,7 +286,8 @@ class Service:
             if self._writers:  # "is it pushing at all?" is the first question when data is missing
                 log.info("pushing to %s; outages %s", "; ".join(
                     f"{w.config.remote_name} at {w.config.display_url} (Remote-Write "
-                    f"{'2.0' if w.config.protobuf_message == PROTOBUF_V2 else '1.0'})"
+                    f"{'2.0' if w.config.protobuf_message == PROTOBUF_V2 else '1.0'}, queue "
+                    f"{w.bound.describe()})"
                     for w in self._writers),
                     "spooled in " + str(self._queue_dir) if self._queue_dir else "queued in memory",
                 )  # fmt: skip
@@ -324,7 +325,7 @@ class Service:
         self._update_self_metrics(window, gpu_up)
         stats = window.stats
         snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns)
-        self.latest = snapshot
+        self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:
             w.push(snapshot)
@@ -396,8 +397,13 @@ class Service:
         return runner
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        body = exposition.render(self.latest)
-        return web.Response(body=body.encode(), headers={"Content-Type": exposition.CONTENT_TYPE})
+        # one page per window, whoever asks and how often (two Prometheus servers of an HA
+        # pair, a scrape interval shorter than the window): the same bytes until the next one
+        headers = {"Content-Type": exposition.CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        if exposition.accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(body=self.page.gzipped(), headers=headers)
+        return web.Response(body=self.page.body(), headers=headers)
 
     async def _handle_health(self, request: web.Request) -> web.Response:
         if self.pipeline is None or not self.pipeline.alive():
@@ -419,7 +425,7 @@ class Service:
             for w in self._writers:
                 if len(final):
                     w.push(final)
-            await asyncio.gather(*(w.close(FLUSH_DEADLINE_S) for w in self._writers))
+            await asyncio.gather(*(w.close(self._flush_deadline_s) for w in self._writers))
         if runner is not None:
             await runner.cleanup()
 

@@ -63,6 +63,9 @@ FLAVORS: Mapping[str, tuple[str, str | None]] = MappingProxyType(
     }
 )
 DEFAULT_MAX_DISK_BYTES = 1 << 30
+# Prometheus's queue_config.capacity; hfsampler sizes its queues from the plan (``sizing``) and
+# holds at least this many samples per shard when capacity is not set.
+DEFAULT_CAPACITY = 10000
 # Each shard is one connection and one request in flight; a window is sent at once. hfsampler
 # runs min_shards shards and does not reshard: max_shards (Prometheus's resharding bound) is
 # validated, so that a pasted block keeps working, and said to be unused (QueueConfig.notes).
@@ -122,7 +125,11 @@ def parse_size(value: object, key: str) -> int:
 class QueueConfig:
     """Prometheus's ``queue_config``, with its defaults; durations in seconds."""
 
-    capacity: int = 10000
+    capacity: int = DEFAULT_CAPACITY
+    # whether the user gave capacity: an explicit value bounds the queue (never below one
+    # window), the default is sized from the plan (``sizing.queue_bound``). Not compared: only
+    # an explicit 10000 differs from none by it, and a reload need not restart an endpoint for it
+    capacity_set: bool = field(default=False, compare=False)
     max_shards: int = 50
     min_shards: int = 1
     max_samples_per_send: int = 2000
@@ -452,6 +459,8 @@ def _parse_queue(raw: object, path: str) -> QueueConfig:
             kwargs[f"{k}_s"] = parse_duration(v, f"{path}.{k}")
         elif k in ("max_disk_bytes", "max_request_bytes"):
             kwargs[k] = parse_size(v, f"{path}.{k}")
+        elif k == "capacity":
+            kwargs.update(capacity=v, capacity_set=True)
         else:
             kwargs[str(k)] = v
     try:

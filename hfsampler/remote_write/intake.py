@@ -6,7 +6,9 @@ shard (in pieces of at most ``max_samples_per_send`` samples): each series' labe
 once and kept by the ``Encoder``, a window adds only its values. The first block that has a
 family carries its 1.0 metadata (once per family); 2.0 takes each series' metadata from the
 families known here when it sends. With a ``queue_dir`` each shard's queue is a ``SpoolQueue``,
-without one a ``MemoryQueue``; ``delivery`` sends what they hold. When a reload replaces the
+without one a ``MemoryQueue``, each holding the samples ``sizing`` allows for the plan's windows;
+``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once
+per episode (``Episode``), as retries and refusals are. When a reload replaces the
 writer, ``hand_over`` stops it at safe points (``handover``) and the next one's ``take_over``
 queues its backlog ahead of anything newer.
 """
@@ -26,9 +28,11 @@ from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.delivery import Delivery
 from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
+from hfsampler.remote_write.episode import Episode
 from hfsampler.remote_write.handover import hand_over
 from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
+from hfsampler.remote_write.sizing import QueueBound, queue_bound
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import Family, Series, Snapshot, is_stale
@@ -65,23 +69,30 @@ class RemoteWriter:
         metrics: SelfMetrics,
         queue_dir: Path | None = None,
         families: Mapping[str, Family] | None = None,
+        window_samples: int = 0,
     ) -> None:
         """``families``: the metric families known before the first snapshot (the service's
-        model), so that a spool replayed at start goes out as 2.0 with its metadata."""
+        model), so that a spool replayed at start goes out as 2.0 with its metadata.
+        ``window_samples``: the samples a window brings by the plan (0: not known, each shard
+        holds ``capacity`` samples), which the queues are sized from (``sizing``)."""
         self.config = config
         self._metrics = metrics
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
         self._encoder = Encoder()
         self._n_shards = config.queue.min_shards
+        self.bound: QueueBound = queue_bound(config.queue, window_samples, self._n_shards)
+        # a memory queue full while the receiver is slow or away: said once, counted always
+        self._full = Episode("pushes that dropped samples")
+        self._full_samples = 0
         self._queues: list[ShardQueue]
         if queue_dir is None:
-            self._queues = [MemoryQueue(config.queue.capacity) for _ in range(self._n_shards)]
+            self._queues = [MemoryQueue(self.bound.samples) for _ in range(self._n_shards)]
         else:
             base = spool_dir(queue_dir, config)
             self._queues = [
                 SpoolQueue(
                     base / f"shard-{i}",
-                    config.queue.capacity,
+                    self.bound.samples,
                     max(config.queue.max_disk_bytes // self._n_shards, 1 << 16),
                     self._drop,
                     on_disk_bytes=lambda _: self._metrics.set(
@@ -172,9 +183,40 @@ class RemoteWriter:
                 block = Block.of(labels[i : i + step], ts, values[i : i + step], families)
                 families = []  # once, in the first block
                 dropped += queue.put(block)
-        if dropped:
-            self._drop(dropped, "queue_full")
+        self._queue_full(dropped)
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _queue_full(self, dropped: int) -> None:
+        """Count what a put dropped (``queue_full``) and say it once per episode: a queue
+        that stays full during an outage drops at every window, and a line each would bury the
+        one that says why. The episode ends at the first put that drops nothing."""
+        name, url = self.config.remote_name, self.config.display_url
+        if not dropped:
+            if (ended := self._full.ended()) is not None:
+                log.info(
+                    "remote write %s (%s): the queue has room again; %d samples dropped over "
+                    "%.1f s",
+                    name,
+                    url,
+                    self._full_samples,
+                    ended[1],
+                )
+                self._full_samples = 0
+            return
+        self._drop(dropped, "queue_full")
+        self._full_samples += dropped
+        note = self._full.happened("queue_full")
+        log.log(
+            logging.DEBUG if note is None else logging.WARNING,
+            "remote write %s (%s): the memory queue is full (%s), the receiver slow or away: "
+            "dropped the oldest %d samples; set queue_dir to keep an outage on disk, or raise "
+            "queue_config.capacity%s",
+            name,
+            url,
+            self.bound.describe(),
+            dropped,
+            note or "",
+        )
 
     def _new_families(self, families: Mapping[str, Family]) -> list[Family]:
         """The families whose metadata has not gone out yet (none when metadata is off)."""
@@ -206,9 +248,7 @@ class RemoteWriter:
             self._families.update(families)
         if fresh := self._new_families(families):
             block = replace(block, families=tuple(sorted(fresh, key=lambda f: f.name)))
-        dropped = self._queues[shard].put(block)
-        if dropped:
-            self._drop(dropped, "queue_full")
+        self._queue_full(self._queues[shard].put(block))
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
 
     async def close(
@@ -293,8 +333,7 @@ class RemoteWriter:
             queue = self._queues[i if len(left) == self._n_shards else 0]
             for block in blocks:
                 dropped += queue.put(block)
-        if dropped:
-            self._drop(dropped, "queue_full")
+        self._queue_full(dropped)
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
 
     def _drop(self, count: int, reason: str) -> None:

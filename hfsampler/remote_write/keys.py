@@ -78,7 +78,9 @@ ENDPOINT_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
 )  # fmt: skip
 QUEUE_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
     {
-        "capacity": KeyDoc("whole number", "10000", "samples buffered per shard"),
+        "capacity": KeyDoc("whole number", "10 windows", "samples queued in memory per shard; "
+                           "default: 10 windows of the plan or 10000, the more; never below "
+                           "one window"),
         "max_shards": KeyDoc("whole number", "50", "validated, not used: hfsampler does not "
                              "reshard"),
         "min_shards": KeyDoc("whole number", "1", "shards (connections) per endpoint"),

@@ -119,8 +119,14 @@ class BatchWaiter:
         return end
 
 
+def _same_window(old: Block, new: Block) -> bool:
+    """Whether ``old`` is of the window ``new`` is (a window's blocks share its timestamp; the
+    queue is in order, so a block of it at the head means every block queued is of it)."""
+    return bool(old.samples and new.samples and old.timestamps_ms[0] == new.timestamps_ms[0])
+
+
 class MemoryQueue:
-    """A bounded deque of blocks; when full, the oldest blocks make way for new ones."""
+    """A bounded deque of blocks; when full, the oldest windows make way for new ones."""
 
     persistent = False
     disk_bytes = 0
@@ -143,8 +149,14 @@ class MemoryQueue:
         blocks.append(block)
         self._samples += block.samples
         dropped = 0
-        # the newest block always stays: it is what the receiver most wants
-        while self._samples > self._capacity and len(blocks) > 1:
+        # the newest window always stays whole, even past the bound (a window larger than its
+        # plan said): it is what the receiver most wants, and a window is never dropped in part
+        # because it arrived whole, before the sender could take any of it
+        while (
+            self._samples > self._capacity
+            and len(blocks) > 1
+            and not _same_window(blocks[0], block)
+        ):
             old = blocks.popleft()
             self._samples -= old.samples
             dropped += old.samples

@@ -108,6 +108,29 @@ def test_check_config_ok(tmp_path: Path) -> None:
     assert "cluster=c1" in result.stdout
 
 
+def test_check_config_warns_when_a_capacity_cannot_hold_one_window(tmp_path: Path) -> None:
+    """64 sim GPUs bring about 14,000 samples a window: an explicit capacity of 10,000 would
+    lose part of every window; check-config says so in one line that names the key and the
+    fix. Without capacity the queue is sized from the plan: nothing to say."""
+    path = tmp_path / "big.yml"
+    path.write_text(
+        "source: sim\ngpus: 64\nremote_write:\n"
+        "  - url: http://127.0.0.1:1/api/v1/write\n"
+        "  - url: http://127.0.0.1:2/api/v1/write\n"
+        "    queue_config: {capacity: 10000}\n"
+    )
+    result = hfsampler("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if "warning:" in line]
+    assert len(warnings) == 1
+    assert "remote_write[1].queue_config.capacity is 10000 samples" in warnings[0]
+    assert "less than one window" in warnings[0]
+    assert "64 sim GPUs" in warnings[0]
+    assert "leave capacity out" in warnings[0]
+    path.write_text(path.read_text().replace("gpus: 64", "gpus: 8"))  # 1,800 a window: fits
+    assert "warning:" not in hfsampler("check-config", str(path)).stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

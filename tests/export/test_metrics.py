@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+
 import numpy as np
+import pytest
 
 from hfsampler import fields
 from hfsampler.export import exposition
@@ -156,6 +159,35 @@ def test_a_series_own_labels_win_over_external_labels() -> None:
     assert 'gpu="0"' in text
     assert 'gpu="1"' in text
     assert 'gpu="x"' not in text
+
+
+def test_page_serves_what_render_writes_and_keeps_only_live_series_text() -> None:
+    """/metrics' page keeps each series' text across windows: a series whose labels changed (a
+    pod came) is written with its new labels, never its old text."""
+    model = _model(gpus=2)
+    page = exposition.Page()
+    assert page.body() == b""
+    w = {"g": _stats((POWER, ENERGY, XID), [[300, 5e9, 0], [310, 6e9, 0]])}
+    for t, extra in enumerate(({}, {"pod": "p0"}, {"pod": "p1"})):
+        model.set_extra_labels([extra, {}])
+        snap = model.snapshot(w, np.array([True, True]), (t + 1) * 1_000_000_000)
+        page.update(snap)
+        assert page.body() == exposition.render(snap).encode()
+        assert page.body() is page.body()  # rendered once
+        assert gzip.decompress(page.gzipped()) == page.body()
+    assert page.renders == 3
+    assert b'pod="p1"' in page.body()
+    assert b'pod="p0"' not in page.body()
+
+
+@pytest.mark.parametrize(
+    ("header", "takes"),
+    [("gzip", True), ("gzip, deflate", True), ("GZIP;Q=0.5", True), ("*", True),
+     ("br;q=1.0, gzip;q=0.8", True), ("", False), ("identity", False), ("deflate", False),
+     ("gzip;q=0", False), ("*, gzip;q=0", False), ("gzip;q=0, *", False), ("gzip;q=x", False)],
+)  # fmt: skip
+def test_accepts_gzip(header: str, takes: bool) -> None:
+    assert exposition.accepts_gzip(header) is takes
 
 
 def test_exposition_text() -> None:

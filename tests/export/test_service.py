@@ -6,7 +6,9 @@ What only a real process shows (signals, exit codes, a killed sampler) is in tes
 from __future__ import annotations
 
 import asyncio
+import gzip
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import yaml
 from conformance import ConformanceReceiver
 from inprocess import free_port, run_plan, start_ns
 
+from hfsampler import selfmetrics as sm
 from hfsampler.cli.main import build_parser
 from hfsampler.config.flags import config_from_args
 from hfsampler.config.settings import Config
@@ -121,6 +124,46 @@ async def test_metrics_page_has_nvlink_per_link_series_with_a_link_label() -> No
         assert not re.search(rf"^{name}_max{{", page, re.M)  # a counter has no siblings
 
 
+async def test_metrics_is_rendered_once_per_window_however_often_it_is_asked() -> None:
+    """Scrapes between two windows (an HA pair of Prometheus servers, a scrape interval shorter
+    than the window) get the same bytes from one render; gzip when asked, of the same page."""
+    port = free_port()
+    plan = run_plan("--gpus", "2", "--duration", "5s", "--listen", f"127.0.0.1:{port}")
+    started = start_ns()  # 0.3 s into a second: windows end on whole seconds
+    clock = VirtualClock(started)
+    service = Service(plan, clock=clock)
+    # per scrape: the window it fell in, the page plain and gunzipped, and the renders so far
+    scrapes: list[tuple[int, bytes, bytes, int]] = []
+
+    async def scrape(window: int) -> None:
+        bodies: dict[str, bytes] = {}
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            for coding in ("identity", "gzip"):
+                async with session.get(f"http://127.0.0.1:{port}/metrics",
+                                       headers={"Accept-Encoding": coding}) as resp:  # fmt: skip
+                    assert resp.status == 200
+                    assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                    gzipped = resp.headers.get("Content-Encoding") == "gzip"
+                    assert gzipped == (coding == "gzip")
+                    body = await resp.read()
+                    bodies[coding] = gzip.decompress(body) if gzipped else body
+        scrapes.append((window, bodies["identity"], bodies["gzip"], service.page.renders))
+
+    for k in range(1, 5):
+        for at_s in (0.1, 0.5):  # both between the window ending at k + 0.7 s and the next
+            clock.at(started + k * S + int(at_s * S), lambda k=k: scrape(k))
+    assert await service.run() == 0
+    assert len(scrapes) == 8
+    for window, plain, gunzipped, renders in scrapes:
+        assert plain == gunzipped
+        assert plain.startswith(b"# HELP ")
+        assert renders == window  # one render in each window scraped, however often
+    for first, second in zip(scrapes[::2], scrapes[1::2], strict=True):
+        assert first[1] == second[1]  # the same window: the same bytes
+    pages = [s[1] for s in scrapes[::2]]
+    assert len(set(pages)) == len(pages)  # a new window: a new page
+
+
 async def test_a_sampler_that_stops_ticking_is_said_once_and_fails_the_health_check(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -203,4 +246,39 @@ async def test_a_changed_endpoint_loses_no_window_while_it_is_replaced(
     assert err.count("configuration reloaded") >= 1
     # where it pushes is said once at start (what an operator asks first when data is missing)
     pushing = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pushing to")]
-    assert pushing == [f"pushing to a at {a.url} (Remote-Write 1.0); outages queued in memory"]
+    assert len(pushing) == 1
+    assert re.fullmatch(rf"pushing to a at {a.url} \(Remote-Write 1\.0, queue [\d.]+ windows, \d+ "
+                        r"samples per shard\); outages queued in memory", pushing[0])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("gpus", "fields"),
+    [("64", ()), ("16", ("--fields", "all"))],  # about 14,000 and 9,200 samples a window
+)
+async def test_large_windows_are_pushed_whole_and_none_is_dropped(
+    gpus: str, fields: tuple[str, ...], caplog: pytest.LogCaptureFixture
+) -> None:
+    """64 sim GPUs at the default settings, 16 with every field: a window arrives whole, before
+    the sender can take any of it, and the queue (sized from the plan) takes it whole; the
+    strict receiver stores every window of every series, and nothing is dropped."""
+    caplog.set_level(logging.INFO)
+    async with ConformanceReceiver() as rx:
+        plan = run_plan("--source", "sim", "--gpus", gpus, *fields, "--listen", "",
+                        "--duration", "3s", "--remote-write", rx.url)  # fmt: skip
+        started = start_ns()
+        # the strict receiver parses in Python, a sample in about 0.2 ms: more than the end's
+        # five seconds to take the last windows and the stale markers
+        service = Service(plan, clock=VirtualClock(started), flush_deadline_s=120)
+        assert await service.run() == 0
+    rx.assert_conformant()
+    assert service.metrics.total(sm.RW_DROPPED) == 0
+    assert "queue is full" not in caplog.text
+    assert "raised to" not in caplog.text
+    assert service.metrics.total(sm.RW_SAMPLES) == rx.report()["samples"]
+    # every window of every GPU's power series, the last GPU's too; then its stale marker
+    for gpu in ("0", str(int(gpus) - 1)):
+        (samples,) = rx.series_named(POWER_MAX, gpu=gpu).values()
+        stamps = [t for t, v in samples if v == v]
+        assert len(stamps) == service.windows == 3
+        assert stamps == list(range(stamps[0], stamps[0] + 3000, 1000))
+        assert math.isnan(samples[-1][1])  # and the stale marker at the end

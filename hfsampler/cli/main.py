@@ -140,7 +140,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"  warning: {one_line(warning)}")
     for line in config.fields_csv.describe() if config.fields_csv is not None else ():
         print(f"  {one_line(line)}")
-    listen = one_line(str(config.listen))
+    listen = "off (no /metrics)" if config.listen is None else one_line(str(config.listen))
     print(f"  source: {config.source}; window {config.window_s:g}s; listen {listen}")
     if config.web_config_file:
         web = load_web_config(config.web_config_file)
@@ -151,7 +151,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     groups = sorted({f.group for f in fields})
     for g in groups:
         n = sum(f.group == g for f in fields)
-        print(f"  group {g}: {n} fields every {config.intervals_s[g] * 1e3:g} ms")
+        print(
+            f"  group {g}: {n} field{'s' if n != 1 else ''} every "
+            f"{config.intervals_s[g] * 1e3:g} ms"
+        )
     if jetson and any(f.per for f in fields):
         print("  (a per-rail or per-zone field becomes one field per rail or zone found)")
     if config.external_labels:

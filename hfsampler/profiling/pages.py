@@ -49,7 +49,7 @@ def summary_html(d: dict[str, Any]) -> str:
     order = list(CLOCK_EVENT_REASONS.values())
     reasons = sorted({r for g in gpus for r in g["throttled_s"]}, key=order.index)
     rows: list[tuple[str, list[str]]] = [
-        ("used by the job", ["-" if g["used_by_job"] is None else str(g["used_by_job"])
+        ("used by the job", [{None: "-", True: "yes", False: "no"}[g["used_by_job"]]
                              for g in gpus]),
         ("energy", [f"{fmt(g['energy_j'], ' J', 0)} ({fmt(g['energy_wh'], ' Wh', 3)})"
                     for g in gpus]),

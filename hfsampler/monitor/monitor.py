@@ -275,7 +275,8 @@ class Monitor:
     def _end_read(self) -> None:
         with self._lock:
             self._readers.remove(threading.get_ident())
-            self._read_done.notify_all()
+            if self._closing:  # set under this lock before close() waits: only it waits
+                self._read_done.notify_all()
 
     def _measure(self, t0_ns: int, t1_ns: int, ended_now: bool = False) -> Measurement:
         """``ended_now``: ``t1_ns`` is now, so every row in the ring is the window's. Asked of

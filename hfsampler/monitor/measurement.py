@@ -18,17 +18,17 @@ integral, so the usual case, none, spends no pass looking for one. For the windo
 step has, the number of numpy calls (about twenty, and a sort and a dozen more for the p99 and
 the throttled time) is what a reduction costs, not the rows: the Monitor's reducer process pays
 it. The energy counter's cross-check needs two rows, and takes them as Python numbers
-(``counter_energy_j``). An ``Answer`` is a span's numbers as plain Python numbers; ``measurement``
-makes the job's ``Measurement`` of one, or of one still to come (``Deferred`` mappings, which
-wait for it on their first read).
+(``counter_energy_j``). An ``Answer`` is a span's numbers as plain Python numbers; the job's
+``Measurement`` is made of one (``Measurement.of``), or of one still to come
+(``Measurement.later``, which waits for it on its first read).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -46,10 +46,13 @@ _BITS = np.array(list(CLOCK_EVENT_REASONS), np.int64)
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
 _GPU_INDICES = np.arange(64)
 P99 = 0.99
-_V = TypeVar("_V")
 
 
-@dataclass(frozen=True, slots=True)
+# A Measurement's per-GPU mappings, in this order
+NUMBERS = ("gpu_energy", "gpu_mean_power", "gpu_peak_power", "gpu_p99_power",
+           "gpu_throttled_time", "gpu_memory_high_water_mib", "gpu_energy_counter")  # fmt: skip
+
+
 class Measurement:
     """What a window cost, per GPU (keyed by the index the job uses: ``cuda:N``).
 
@@ -60,24 +63,131 @@ class Measurement:
     against the counter's resolution (None where it is not, or the GPU has no counter).
     ``exact`` is False when the window was longer than the rings hold: the numbers then come from
     its running statistics (``monitor.running``: the p99 to a watt, no counter), and a warning
-    said so. Its mappings may wait, on their first read, for the Monitor's reducer process to
-    answer (about a millisecond after ``end_window``; pickling one waits too).
+    said so. Read-only. Its numbers may wait, on their first read, for the Monitor's reducer
+    process to answer (about a millisecond after ``end_window``; ``==``, ``repr`` and pickling
+    read them too): one object and nothing else is made for a window until then.
     """
 
+    __slots__ = ("_numbers", "_wait", "exact", "time")
+
     time: float
-    gpu_energy: Mapping[int, float]
-    gpu_mean_power: Mapping[int, float]
-    gpu_peak_power: Mapping[int, float]
-    gpu_p99_power: Mapping[int, float]
-    gpu_throttled_time: Mapping[int, Mapping[str, float]]
-    gpu_memory_high_water_mib: Mapping[int, float]
-    gpu_energy_counter: Mapping[int, float | None]
-    exact: bool = True
+    exact: bool
+    _numbers: tuple[Mapping[int, Any], ...] | None
+    _wait: tuple[Callable[[], Answer], Sequence[int]] | None
+
+    def __init__(
+        self,
+        time: float,
+        gpu_energy: Mapping[int, float],
+        gpu_mean_power: Mapping[int, float],
+        gpu_peak_power: Mapping[int, float],
+        gpu_p99_power: Mapping[int, float],
+        gpu_throttled_time: Mapping[int, Mapping[str, float]],
+        gpu_memory_high_water_mib: Mapping[int, float],
+        gpu_energy_counter: Mapping[int, float | None],
+        exact: bool = True,
+    ) -> None:
+        numbers = (gpu_energy, gpu_mean_power, gpu_peak_power, gpu_p99_power,
+                   gpu_throttled_time, gpu_memory_high_water_mib, gpu_energy_counter)  # fmt: skip
+        _set(self, time, exact, numbers, None)
+
+    @classmethod
+    def later(cls, wait: Callable[[], Answer], time_s: float, gpus: Sequence[int]) -> Measurement:
+        """One whose numbers are ``wait()``'s answer for the GPUs ``gpus`` (the job's indices,
+        in the answer's order), waited for on their first read."""
+        made = cls.__new__(cls)
+        _set(made, time_s, True, None, (wait, gpus))  # asked only where the rings hold it
+        return made
+
+    @classmethod
+    def of(cls, answer: Answer, time_s: float, gpus: Sequence[int]) -> Measurement:
+        made = cls.__new__(cls)
+        _set(made, time_s, answer.exact, tuple(_numbers(answer, gpus)), None)
+        return made
+
+    def _got(self) -> tuple[Mapping[int, Any], ...]:
+        numbers = self._numbers
+        if numbers is None:
+            waiting = self._wait  # two threads at once both wait, for the same answer
+            if waiting is not None:
+                wait, gpus = waiting
+                numbers = tuple(_numbers(wait(), gpus))
+                object.__setattr__(self, "_numbers", numbers)
+                object.__setattr__(self, "_wait", None)
+            else:  # another thread has just made them
+                numbers = self._numbers
+        assert numbers is not None
+        return numbers
+
+    @property
+    def gpu_energy(self) -> Mapping[int, float]:
+        return self._got()[0]
+
+    @property
+    def gpu_mean_power(self) -> Mapping[int, float]:
+        return self._got()[1]
+
+    @property
+    def gpu_peak_power(self) -> Mapping[int, float]:
+        return self._got()[2]
+
+    @property
+    def gpu_p99_power(self) -> Mapping[int, float]:
+        return self._got()[3]
+
+    @property
+    def gpu_throttled_time(self) -> Mapping[int, Mapping[str, float]]:
+        return self._got()[4]
+
+    @property
+    def gpu_memory_high_water_mib(self) -> Mapping[int, float]:
+        return self._got()[5]
+
+    @property
+    def gpu_energy_counter(self) -> Mapping[int, float | None]:
+        return self._got()[6]
 
     @property
     def total_energy(self) -> float:
         """Every GPU's energy together, in J."""
         return float(sum(self.gpu_energy.values()))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Measurement is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Measurement is read-only (cannot delete {name!r})")
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.time, *self._got(), self.exact)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Measurement):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # as a dataclass with mappings: unhashable
+
+    def __repr__(self) -> str:
+        numbers = ", ".join(f"{n}={m!r}" for n, m in zip(NUMBERS, self._got(), strict=True))
+        return f"Measurement(time={self.time!r}, {numbers}, exact={self.exact!r})"
+
+    def __reduce__(self) -> tuple[type[Measurement], tuple[object, ...]]:
+        """Pickled (and copied) with its numbers, waited for then."""
+        return Measurement, (self.time, *(dict(m) for m in self._got()), self.exact)
+
+
+def _set(
+    m: Measurement,
+    time_s: float,
+    exact: bool,
+    numbers: tuple[Mapping[int, Any], ...] | None,
+    wait: tuple[Callable[[], Answer], Sequence[int]] | None,
+) -> None:
+    object.__setattr__(m, "time", time_s)
+    object.__setattr__(m, "exact", exact)
+    object.__setattr__(m, "_numbers", numbers)
+    object.__setattr__(m, "_wait", wait)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,43 +204,6 @@ class Layout:
         """``memory``, ``events``: the fields' positions among those read (the power's is 0)."""
         at = [None if f is None else slice(f * gpus, (f + 1) * gpus) for f in (memory, events)]
         return cls(gpus, *at)
-
-
-class Deferred(Mapping[int, _V]):
-    """One of a ``Measurement``'s per-GPU mappings whose answer is still to come (from the
-    Monitor's reducer process): made on its first read, which waits for that answer."""
-
-    __slots__ = ("_later", "_made", "_part")
-
-    def __init__(self, later: _Later, part: int) -> None:
-        self._later: _Later | None = later
-        self._part = part
-        self._made: dict[int, _V] | None = None
-
-    def _got(self) -> dict[int, _V]:
-        if self._made is None:
-            later = self._later  # None: another thread has just made it
-            if later is not None:
-                self._made = later.numbers()[self._part]  # two threads at once: the same dict
-                self._later = None
-        assert self._made is not None
-        return self._made
-
-    def __getitem__(self, gpu: int) -> _V:
-        return self._got()[gpu]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._got())
-
-    def __len__(self) -> int:
-        return len(self._got())
-
-    def __repr__(self) -> str:
-        return repr(self._got())
-
-    def __reduce__(self) -> tuple[type[dict[int, _V]], tuple[dict[int, _V]]]:
-        """Pickled (and deep-copied) as the plain dict, made then."""
-        return dict, (self._got(),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,27 +303,8 @@ class Answer:
         )  # fmt: skip
 
 
-def measurement(answer: Answer | Callable[[], Answer], time_s: float,
-                gpus: Sequence[int]) -> Measurement:  # fmt: skip
-    """The ``Measurement`` of an answer for the GPUs ``gpus`` (the job's indices, in the
-    answer's order); of an answer to come (a callable that waits for it), one whose mappings
-    wait for it on their first read."""
-    if callable(answer):
-        later = _Later(answer, gpus)
-        maps: Sequence[Mapping[int, Any]] = [Deferred(later, k) for k in range(len(_NUMBERS))]
-        exact = True  # a window the reducer is asked only where the rings hold it
-    else:
-        maps, exact = _numbers(answer, gpus), answer.exact
-    energy, mean, peak, p99, throttled_s, memory, counter = maps
-    return Measurement(time_s, energy, mean, peak, p99, throttled_s, memory, counter, exact)
-
-
-# Measurement's per-GPU mappings, in its order
-_NUMBERS = ("energy", "mean", "peak", "p99", "throttled", "memory", "counter")
-
-
 def _numbers(answer: Answer, gpus: Sequence[int]) -> list[dict[int, Any]]:
-    """``_NUMBERS``' mappings of an answer; NaN for a GPU with no power value in the span."""
+    """``NUMBERS``' mappings of an answer; NaN for a GPU with no power value in the span."""
     nan = math.nan
     known = [s > 0 for s in answer.covered_s]
     rows = list(zip(gpus, known, answer.energy_j, answer.covered_s, answer.peak_w, answer.p99_w,
@@ -264,29 +318,6 @@ def _numbers(answer: Answer, gpus: Sequence[int]) -> list[dict[int, Any]]:
         {i: m if m > -math.inf else nan for i, m in zip(gpus, answer.memory_mib, strict=True)},
         dict(zip(gpus, answer.counter_j, strict=True)),
     ]
-
-
-class _Later:
-    """An answer to come, waited for once, and its mappings made once."""
-
-    __slots__ = ("_gpus", "_numbers", "_wait")
-
-    def __init__(self, wait: Callable[[], Answer], gpus: Sequence[int]) -> None:
-        self._wait: Callable[[], Answer] | None = wait
-        self._gpus = gpus
-        self._numbers: list[dict[int, Any]] | None = None
-
-    def numbers(self) -> list[dict[int, Any]]:
-        numbers = self._numbers
-        if numbers is None:
-            wait = self._wait  # two threads at once both wait, for the same answer
-            if wait is not None:
-                numbers = self._numbers = _numbers(wait(), self._gpus)
-                self._wait = None
-            else:  # another thread has just made them
-                numbers = self._numbers
-        assert numbers is not None
-        return numbers
 
 
 HISTOGRAM_W = 1.0  # the running statistics' power histogram: whole watts

@@ -44,7 +44,7 @@ from hfsampler.errors import (
 )
 from hfsampler.fields import CLOCK_EVENTS, ENERGY, FB_USED, POWER_AVERAGE, POWER_INSTANT
 from hfsampler.monitor.gpus import CUDA_VISIBLE, choose
-from hfsampler.monitor.measurement import Answer, Measurement, Span, measurement
+from hfsampler.monitor.measurement import Answer, Measurement, Span
 from hfsampler.monitor.reducer import Pending, Reducer, ReducerGone, Reply
 from hfsampler.monitor.running import Missed, RunningStats
 from hfsampler.monitor.spans import Parts, SpanReader, bounds
@@ -299,11 +299,12 @@ class Monitor:
         if (reducer is not None and t1_ns - t0_ns < self._ask_ns and not reducer.gone
                 and os.getpid() == self._pid):  # fmt: skip
             pending = reducer.ask(t0_ns, t1_ns, stop)
-            return measurement(_Answering(reducer, pending, self._reader), time_s, self._indices)
+            return Measurement.later(_Answering(reducer, pending, self._reader), time_s,
+                                    self._indices)  # fmt: skip
         answer = self._reader.answer(t0_ns, t1_ns, stop)
         if answer is None:
             raise self._too_long(t0_ns, t1_ns)
-        return measurement(answer, time_s, self._indices)
+        return Measurement.of(answer, time_s, self._indices)
 
     # -- windows longer than the rings hold --------------------------------------------------
 
@@ -332,7 +333,7 @@ class Monitor:
             stacklevel=3,
         )
         answer = Answer.of(running.merge(rest), [None] * len(self._rows), exact=False)
-        return measurement(answer, (t1_ns - t0_ns) / 1e9, self._indices)
+        return Measurement.of(answer, (t1_ns - t0_ns) / 1e9, self._indices)
 
     def _pass(self) -> None:
         with self._lock:

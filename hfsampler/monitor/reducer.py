@@ -7,13 +7,16 @@ The answer goes into a slot of a shared-memory table (``_Slots``: one per window
 every ``SLOTS`` windows), and a byte down a second pipe wakes a job's thread that waits for it.
 A ``Measurement`` reads its slot on its first read: a job that reads it a step later finds it
 there and pays a few microseconds; one that reads it at once waits for it (about a
-millisecond), asleep. Nothing in the job's process runs for a window it never reads.
+millisecond), asleep. Nothing in the job's process runs for a window it never reads. A job that
+ends windows faster than the reducer reduces them finds ``end_window`` waiting only once 32k of
+them wait (the request pipe's capacity): back-pressure, not loss.
 
 A slot starts with its window's number, written after the rest (a reader that finds another
 number, before or after reading, knows the slot was reused meanwhile: a job that kept a
 Measurement unread for ``SLOTS`` windows; that window is then reduced in the job's process, if
 the rings still hold it). ``close`` asks its last question, stop, after every other: the windows
-ended before it are answered first, and copied out of the table before it is freed. Where the
+ended before it are answered first; it then frees the table's name, and the job's mapping of it
+goes with the last Measurement that may read it. Where the
 process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S`` (stopped), a
 waiting window is reduced in the job's process instead, from the same rings, said once. The
 process ignores the signals a terminal sends the whole process group (the job owns Ctrl-C) and
@@ -34,7 +37,6 @@ import struct
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 
@@ -50,6 +52,8 @@ from hfsampler.sampling.ring import Ring, SharedInts
 _REQUEST = struct.Struct("<qqqq")
 _STOP = _REQUEST.pack(-1, 0, 0, 0)
 _UNTIL_T1 = -1
+_F_SETPIPE_SZ = 1031  # Linux's fcntl: a pipe's capacity
+_REQUEST_PIPE_BYTES = 1 << 20  # Linux's default most for an unprivileged process
 SLOTS = 1024  # answers kept in the table: a Measurement read within this many windows is there
 _START_TIMEOUT_S = 30.0
 _WAKE_S = 0.002  # a waiting thread looks again this often (another may have taken its byte)
@@ -70,7 +74,7 @@ class ReducerGone(RuntimeError):
 class Pending:
     """A window asked of the reducer: its number and span, and its answer once read."""
 
-    __slots__ = ("__weakref__", "number", "read", "reply", "stop", "t0_ns", "t1_ns")
+    __slots__ = ("number", "read", "reply", "stop", "t0_ns", "t1_ns")
 
     def __init__(self, number: int, t0_ns: int, t1_ns: int, stop: int | None) -> None:
         self.number, self.t0_ns, self.t1_ns, self.stop = number, t0_ns, t1_ns, stop
@@ -153,7 +157,7 @@ class Reducer:
 
     def __init__(self, parts: Parts, rows: Sequence[int], rings: dict[str, Ring]) -> None:
         """Starts the process (``wait_ready`` waits until it has mapped the rings)."""
-        self._slots: _Slots | None = _Slots.create(len(rows))
+        self._slots = _Slots.create(len(rows))
         ctx = multiprocessing.get_context("spawn")
         theirs, ours = ctx.Pipe(duplex=False)  # requests: we write, they read
         woken, wakes = ctx.Pipe(duplex=False)  # a byte per answer: they write, we read
@@ -177,11 +181,11 @@ class Reducer:
         self._process = process
         self._requests, self._woken = ours, woken
         self._request_fd, self._woken_fd = ours.fileno(), woken.fileno()
+        with contextlib.suppress(OSError):  # room for 32k requests before end_window waits
+            fcntl.fcntl(self._request_fd, _F_SETPIPE_SZ, _REQUEST_PIPE_BYTES)
         os.set_blocking(self._woken_fd, False)
         self._send = threading.Lock()
         self._numbers = itertools.count(1)  # 0 is an empty slot's
-        # windows not read yet; one nobody holds any more is let go
-        self._waiting: weakref.WeakValueDictionary[int, Pending] = weakref.WeakValueDictionary()
         self._gone = self._closing = False
         self._said_gone = self._said_late = False
 
@@ -199,11 +203,6 @@ class Reducer:
         return self._process.pid
 
     @property
-    def unread(self) -> int:
-        """Windows asked whose Measurements are still held and not yet read."""
-        return len(self._waiting)
-
-    @property
     def gone(self) -> bool:
         return self._gone
 
@@ -213,8 +212,10 @@ class Reducer:
         one write: what ``end_window`` spends here."""
         number = next(self._numbers)
         pending = Pending(number, t0_ns, t1_ns, stop)
-        self._waiting[number] = pending
         request = _REQUEST.pack(number, t0_ns, t1_ns, _UNTIL_T1 if stop is None else stop)
+        if self._closing:  # its descriptor may be closed, and its number another file's now
+            self._gone = True
+            return pending
         try:
             with self._send:
                 os.write(self._request_fd, request)  # whole: a pipe takes 32 bytes at once
@@ -230,13 +231,10 @@ class Reducer:
         starved of CPU), the last two said once."""
         deadline = checked = time.monotonic()
         deadline += _PATIENCE_S
+        slots = self._slots
         while not pending.read:
-            slots = self._slots
-            try:
-                got = None if slots is None else slots.read(pending.number)
-                reused = slots is None or slots.number_at(pending.number) > pending.number
-            except ValueError:  # close() let go of the table just now: it copied it out
-                continue
+            got = slots.read(pending.number)
+            reused = slots.number_at(pending.number) > pending.number
             if got is not None:
                 status, answer = got
                 if status == _OK:
@@ -255,15 +253,15 @@ class Reducer:
                     continue
             if select.select([self._woken_fd], [], [], _WAKE_S)[0]:
                 _drain(self._woken_fd)
-        if pending.read:  # copied out by close() meanwhile
+        if pending.read:  # another thread read it meanwhile
             return pending.reply
         if self._gone:
             self.say_gone(stacklevel=5)
         return self._settle(pending, here(pending))
 
-    def _settle(self, pending: Pending, reply: Reply) -> Reply:
+    @staticmethod
+    def _settle(pending: Pending, reply: Reply) -> Reply:
         pending.reply, pending.read = reply, True
-        self._waiting.pop(pending.number, None)
         return reply
 
     def say_gone(self, stacklevel: int) -> None:
@@ -308,24 +306,18 @@ class Reducer:
             os.write(self._request_fd, _STOP)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the process, wait until it has, copy out the answers not yet read and free the
-        table; safe twice."""
+        """Stop the process, wait until it has (every window asked before is answered in the
+        table then) and free the table's name; safe twice. The table stays mapped here while a
+        Measurement may still read it (this object's life)."""
         self.stop()
         self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
         self._gone = True
-        slots, self._slots = self._slots, None
-        if slots is None:
-            return
-        for pending in list(self._waiting.values()):  # after the last answer: all are there
-            got = slots.read(pending.number)
-            if got is not None and got[0] == _OK:
-                self._settle(pending, got[1])
-        slots.close()
-        self._requests.close()
-        self._woken.close()
+        self._slots.table.unlink()
+        with contextlib.suppress(OSError):
+            self._requests.close()
 
 
 def _drain(fd: int) -> bool:

@@ -245,16 +245,21 @@ class _Block:
     def size(self) -> int:
         return len(self._mmap)
 
-    def close(self) -> None:
-        """Drop this process's mapping (no array may still view it); the owner frees the block."""
-        self.buf.release()
-        self._mmap.close()
+    def unlink(self) -> None:
+        """The owner frees the block's name now; its pages go once every mapping is gone (this
+        one with the last view of it)."""
         if self._owner:
             self._owner = False
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             if self._tracked:
                 resource_tracker.unregister("/" + self.path.name, "shared_memory")
+
+    def close(self) -> None:
+        """Drop this process's mapping (no array may still view it); the owner frees the block."""
+        self.buf.release()
+        self._mmap.close()
+        self.unlink()
 
 
 def _nbytes(capacity: int, gpus: int, fields: int) -> int:
@@ -504,6 +509,10 @@ class SharedInts:
     def view(self) -> memoryview:
         """The block's bytes, for a reader that wants no numpy; release it before ``close``."""
         return self._shm.buf[:]
+
+    def unlink(self) -> None:
+        """Free the block's name now, its pages once nothing maps it (``_Block.unlink``)."""
+        self._shm.unlink()
 
     def close(self) -> None:
         with contextlib.suppress(AttributeError):

@@ -119,8 +119,8 @@ class Encoder:
 
 class RequestEncoderV1:
     """Writes blocks as 1.0 requests (``write_request``); a window of the same series as an
-    earlier one from that one's ``Template``. Used from several threads at once: the cache only
-    ever gains whole entries (or is cleared)."""
+    earlier one (or windows merged, as many samples each) from that one's ``Template``. Used
+    from several threads at once: the cache only ever gains whole entries (or is cleared)."""
 
     def __init__(self) -> None:
         self._templates: dict[tuple[tuple[Labels, ...], int], Template] = {}
@@ -128,8 +128,14 @@ class RequestEncoderV1:
     def encode(self, block: Block) -> bytes:
         encoded = sample_bytes(block.timestamps_ms, block.values)
         rows = encoded.rows
-        if rows is None or block.samples != len(block.series):
+        n = len(block.series)
+        if rows is None or not n or block.samples % n:
             return _write(block, encoded)
+        per_series = block.samples // n  # several windows merged (a backlog): as many each
+        if per_series > 1:
+            if not np.array_equal(block.ends, np.arange(1, n + 1) * per_series):
+                return _write(block, encoded)
+            rows = rows.reshape(n, per_series * rows.shape[1])
         key = (block.series, rows.shape[1])
         template = self._templates.get(key)
         if template is None:

@@ -1,13 +1,31 @@
-"""A backlog read back from the spool: windows of the same series, unpacked with the series of the
-record before, merged row by row and written from a template, give what the general paths give."""
+"""Draining a backlog: windows of the same series read back from the spool, unpacked with the
+series of the record before, merged row by row and written from a template, give what the general
+paths give; a receiver back after an outage is met within a second."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import numpy as np
 import pytest
+from test_rw_sender import (
+    FAST,
+    Receiver,
+    eventually,
+    free_port,
+    labels_of,
+    make_series,
+    running,
+    snap,
+)
 
+from hfsampler import selfmetrics as sm
+from hfsampler.errors import ReceiverDownError
 from hfsampler.remote_write.blocks import Block, Labels, Unpacker, merge, pack
+from hfsampler.remote_write.config import EndpointConfig
 from hfsampler.remote_write.encoder import RequestEncoderV1, write_request
+from hfsampler.remote_write.retry import RECEIVER_DOWN_RETRY_S, Backoff
 from hfsampler.series import STALE_NAN, Family
 
 
@@ -102,3 +120,30 @@ def test_merged_windows_written_from_a_template_equal_the_bytes_written_anew(win
         assert merged.samples == 5 * windows
         assert encoder.encode(merged) == write_request(merged)
         assert encoder.encode(merged) == write_request(merged)  # from the cached template
+
+
+def test_a_refused_connection_is_tried_again_within_a_second_whatever_the_backoff() -> None:
+    backoff = Backoff(0.03, 5.0)
+    for _ in range(10):  # a long outage: the backoff is at max_backoff
+        backoff.next_delay(down=True)
+    assert backoff.next_delay(down=True).seconds <= RECEIVER_DOWN_RETRY_S
+    assert backoff.next_delay().seconds >= 0.75 * 5.0  # a 503 still waits its backoff
+
+
+@pytest.mark.both_loops
+async def test_a_receiver_back_after_an_outage_gets_the_backlog_within_a_second() -> None:
+    """With retries 3 s apart or more (min_backoff 4 s), the receiver's return is still met
+    within about a second: nothing listened, so the connection was refused."""
+    port = free_port()
+    queue = replace(FAST, min_backoff_s=4.0, max_backoff_s=8.0)
+    cfg = EndpointConfig(f"http://127.0.0.1:{port}/api/v1/write", queue=queue)
+    writer, metrics = await running(cfg)
+    writer.push(snap(make_series(2), 1000))
+    await eventually(lambda: metrics.get(sm.RW_REQUESTS, labels_of(cfg, status="error")) >= 1)
+    async with Receiver(port=port) as rx:
+        back = time.monotonic()
+        await eventually(lambda: len(rx.accepted()) == 2)
+        waited = time.monotonic() - back
+        await writer.close(5)
+    assert waited < 2.5, waited  # at most RECEIVER_DOWN_RETRY_S, and a loaded machine's slack
+    assert isinstance(ReceiverDownError("x"), ConnectionRefusedError)

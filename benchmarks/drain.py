@@ -2,16 +2,20 @@
 
 Both sides hold the same backlog, ``--backlogs`` seconds of 1 s windows of the series a default
 ``sim`` run exports for ``--gpus`` GPUs (dcgm-exporter's labels, the same timestamps and values
-on both), built while their receiver is down; then a VictoriaMetrics (one per side, fresh each
-run) starts on the port they push to, and the drain is timed until it has stored every sample:
+on both), built while their receiver is down; then a Prometheus (Debian's 2.42, one per side,
+fresh each run) starts on the port they push to, and the drain is timed until it has appended
+every sample (its ``prometheus_tsdb_head_samples_appended_total``, read every 50 ms;
+VictoriaMetrics's row counters move once a second, too coarse for drains of a second or two):
 
 - hfsampler: a ``RemoteWriter`` with a ``queue_dir`` in a process of its own (this script with
   ``--hfsampler-side``), fed the windows as the window loop pushes them; its spool holds them.
 - vmagent: Debian sid's (``.ci/fetch-vmagent``), with ``-remoteWrite.tmpDataPath``, fed the same
   windows as Remote-Write 1.0 requests on its own ``/api/v1/write`` (one per window): the same
   samples on both sides, so stored counts compare exactly, where a scrape of ``/metrics`` would
-  stamp its own times. ``-remoteWrite.forcePromProto``: it sends snappy 1.0 as hfsampler does
-  (to a VictoriaMetrics it would otherwise pick its own zstd protocol).
+  stamp its own times. ``-remoteWrite.forcePromProto``: snappy 1.0 as hfsampler sends, even to
+  a receiver that would take VictoriaMetrics's own zstd protocol. ``-remoteWrite.queues=1``:
+  one request at a time, in order, as hfsampler's one shard (with its default 4, Prometheus
+  refuses the blocks that arrive out of order and vmagent drops them).
 
 Both retry at most every second (hfsampler ``max_backoff: 1s``; vmagent
 ``-remoteWrite.retryMaxInterval=1s``), the rest at their defaults. Per run and side:
@@ -30,6 +34,12 @@ spread (lowest-highest) over ``--runs``, and hfsampler / vmagent. Writes
 ``benchmarks/out/drain.json``.
 
     python benchmarks/drain.py [--gpus 8] [--backlogs 60,300] [--runs 5] [--vmagent PATH]
+                               [--max-samples-per-send N]
+
+Requests differ in size at the two sides' defaults: hfsampler's ``max_samples_per_send`` is
+Prometheus's 2000, vmagent's ``-remoteWrite.maxRowsPerBlock`` 10000; ``--max-samples-per-send
+10000`` has hfsampler send requests as large as vmagent's, to tell the cost per request from
+the cost per sample.
 
 Without a vmagent (no ``--vmagent``, ``HFSAMPLER_VMAGENT_BIN`` or fetchable one) it says so in
 one line and exits 0; ``--vmagent /usr/bin/vmagent`` runs bookworm's 1.79 (which has no
@@ -63,7 +73,7 @@ import receivers as rx  # the integration tests' receiver harness
 
 from hfsampler.config.settings import Config
 from hfsampler.export.metrics import gpu_labels, host_labels
-from hfsampler.remote_write.config import parse_remote_write
+from hfsampler.remote_write.config import QueueConfig, parse_remote_write
 from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.sampling.window import exported_names
@@ -73,7 +83,7 @@ from hfsampler.sources.base import DeviceInfo
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "benchmarks" / "out"
-POLL_S = 0.02  # how often the receiver's row counter is read while draining
+POLL_S = 0.05  # how often the receiver's sample counter is read while draining
 DRAIN_LIMIT_S = 300.0
 
 
@@ -123,31 +133,38 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def rows_inserted(receiver: rx.Receiver) -> int:
-    """Rows the receiver took through Remote-Write so far (its own counter: no query delay)."""
+def samples_appended(receiver: rx.Receiver) -> int:
+    """Samples the receiver appended so far: Prometheus's own counter, exact at every read
+    (VictoriaMetrics's row counters move once a second: too coarse for a drain of a second)."""
     _, text = rx.http_get_text(receiver.base_url + "/metrics", timeout_s=5.0)
     for line in text.splitlines():
-        if line.startswith('vm_rows_inserted_total{type="promremotewrite"}'):
+        if line.startswith("prometheus_tsdb_head_samples_appended_total"):
             return int(float(line.split()[-1]))
     return 0
 
 
 def stored(receiver: rx.Receiver, t_end_s: float, span_s: int) -> tuple[int, float]:
-    """Samples the receiver stored over the backlog, and their sum (the same samples?)."""
-    receiver.flush()
-    sel = f'{{__name__=~".+"}}[{span_s}s]'
-    count = receiver.query(f"sum(count_over_time({sel}))", t_end_s)
-    total = receiver.query(f"sum(sum_over_time({sel}))", t_end_s)
-    return (
-        int(float(count[0]["value"][1])) if count else 0,
-        float(total[0]["value"][1]) if total else 0.0,
-    )
+    """Samples the receiver stored over the backlog, and their sum (the same samples?); name by
+    name, since ``count_over_time`` drops the name and the series of two names would collide."""
+    names = receiver.api("/api/v1/label/__name__/values")["data"]
+    count, total = 0, 0.0
+    for name in names:
+        for fn in ("count_over_time", "sum_over_time"):
+            got = receiver.query(f"sum({fn}({name}[{span_s}s]))", t_end_s)
+            value = float(got[0]["value"][1]) if got else 0.0
+            if fn == "count_over_time":
+                count += int(value)
+            else:
+                total += value
+    return count, total
 
 
 # -- the hfsampler side: a process of its own ------------------------------------------------------
 
 
-async def hfsampler_side(port: int, queue_dir: Path, gpus: int, count: int, t0_ms: int) -> None:
+async def hfsampler_side(
+    port: int, queue_dir: Path, gpus: int, count: int, t0_ms: int, max_samples_per_send: int
+) -> None:
     """Spool ``count`` windows for a receiver on ``port`` that is down, say ``spooled <bytes>``
     on stdout, then keep delivering until stdin closes."""
     (ep,) = parse_remote_write(
@@ -155,7 +172,10 @@ async def hfsampler_side(port: int, queue_dir: Path, gpus: int, count: int, t0_m
             {
                 "url": f"http://127.0.0.1:{port}/api/v1/write",
                 "name": "bench",
-                "queue_config": {"max_backoff": "1s"},  # as vmagent's retryMaxInterval
+                "queue_config": {
+                    "max_backoff": "1s",  # as vmagent's -remoteWrite.retryMaxInterval
+                    "max_samples_per_send": max_samples_per_send,
+                },
             }
         ]
     )
@@ -195,9 +215,12 @@ class Side:
 class HfsamplerSide(Side):
     name = "hfsampler"
 
-    def __init__(self, root: Path, port: int, gpus: int, count: int, t0_ms: int) -> None:
+    def __init__(
+        self, root: Path, port: int, gpus: int, count: int, t0_ms: int, per_send: int
+    ) -> None:
         cmd = [sys.executable, __file__, "--hfsampler-side", str(port), str(root / "queue")]
         cmd += ["--gpus", str(gpus), "--count", str(count), "--t0-ms", str(t0_ms)]
+        cmd += ["--max-samples-per-send", str(per_send)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -231,6 +254,7 @@ class VmagentSide(Side):
             f"-remoteWrite.url=http://127.0.0.1:{port}/api/v1/write",
             f"-remoteWrite.tmpDataPath={self.data}",
             "-remoteWrite.forcePromProto",
+            "-remoteWrite.queues=1",  # blocks in order, as hfsampler's one shard sends them
             "-loggerLevel=ERROR",
         ]
         if new:
@@ -279,9 +303,9 @@ class VmagentSide(Side):
 
 
 def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str, float]:
-    """Start the receiver; time the side's drain until the receiver took every sample."""
+    """Start the receiver; time the side's drain until the receiver appended every sample."""
     cpu0 = cpu_s(side.pid)
-    receiver = rx.start_victoria_metrics(receiver_root, port=port)
+    receiver = rx.start_prometheus(receiver_root, port=port)
     try:
         if receiver.port != port:
             raise SystemExit(f"port {port} was taken meanwhile; run again")
@@ -289,7 +313,7 @@ def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str,
         cpu_ready = cpu_s(side.pid)
         first = None
         while True:
-            rows = rows_inserted(receiver)
+            rows = samples_appended(receiver)
             now = time.perf_counter()
             if first is None and rows > 0:
                 first = now
@@ -302,7 +326,7 @@ def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str,
         cpu_done = cpu_s(side.pid)
         rss = rss_mib(side.pid)
         time.sleep(0.5)  # anything beyond the samples pushed (duplicates) arrives meanwhile
-        rows = rows_inserted(receiver)
+        rows = samples_appended(receiver)
         side.stop()
         return {
             "cpu_s": round(cpu_done - cpu_ready, 3),
@@ -310,7 +334,7 @@ def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str,
             "wall_s": round(done - ready, 3),
             "first_success_s": round((first or done) - ready, 3),
             "wall_s_from_first_success": round(done - (first or done), 3),
-            "rows_received": rows,
+            "samples_appended": rows,
             "rss_mib_at_end": round(rss, 1),
             "_receiver": receiver,  # type: ignore[dict-item]
         }
@@ -320,7 +344,13 @@ def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str,
 
 
 def one_run(
-    side_name: str, vmagent: str, new_vmagent: bool, gpus: int, backlog_s: int, root: Path
+    side_name: str,
+    vmagent: str,
+    new_vmagent: bool,
+    gpus: int,
+    backlog_s: int,
+    per_send: int,
+    root: Path,
 ) -> dict[str, Any]:
     series = series_for(gpus)
     t0_ms = (int(time.time()) - backlog_s - 5) * 1000
@@ -328,7 +358,7 @@ def one_run(
     port = rx.free_port()
     side: Side
     if side_name == "hfsampler":
-        side = HfsamplerSide(root, port, gpus, backlog_s, t0_ms)
+        side = HfsamplerSide(root, port, gpus, backlog_s, t0_ms, per_send)
     else:
         side = VmagentSide(vmagent, root, port, windows(series, backlog_s, t0_ms), new_vmagent)
     try:
@@ -388,8 +418,9 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(rows: list[dict[str, Any]], peer: str) -> None:
+def print_table(rows: list[dict[str, Any]], peer: str, per_send: int) -> None:
     print(f"\nmedian (lowest-highest) over the runs; peer: {peer}")
+    print(f"requests: hfsampler max_samples_per_send {per_send}; vmagent blocks of 10000 rows")
     head = f"{'backlog':>8}  {'measure':<16} {'hfsampler':>22} {'vmagent':>22} {'hf/vmagent':>10}"
     print(head)
     print("-" * len(head))
@@ -431,6 +462,12 @@ def main() -> None:
     parser.add_argument("--backlogs", default="60,300", help="outage lengths in seconds")
     parser.add_argument("--runs", type=int, default=5, help="runs per side and backlog")
     parser.add_argument("--vmagent", help="vmagent binary (default: .ci/fetch-vmagent's)")
+    parser.add_argument(
+        "--max-samples-per-send",
+        type=int,
+        default=QueueConfig.max_samples_per_send,
+        help="hfsampler's request size (default: its default; vmagent's blocks: 10000 rows)",
+    )
     parser.add_argument("--out", type=Path, default=OUT / "drain.json")
     # the hfsampler side's own process: PORT QUEUE_DIR
     parser.add_argument(
@@ -441,7 +478,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.hfsampler_side:
         port, queue_dir = args.hfsampler_side
-        asyncio.run(hfsampler_side(int(port), Path(queue_dir), args.gpus, args.count, args.t0_ms))
+        side = hfsampler_side(
+            int(port), Path(queue_dir), args.gpus, args.count, args.t0_ms, args.max_samples_per_send
+        )
+        asyncio.run(side)
         return
     vmagent, peer = find_vmagent(args.vmagent)
     if vmagent is None:
@@ -455,13 +495,14 @@ def main() -> None:
             " (an old vmagent without -remoteWrite.retryMaxInterval: first success not comparable)"
         )
     backlogs = [int(b) for b in args.backlogs.split(",")]
+    per_send = args.max_samples_per_send
     runs: list[dict[str, Any]] = []
     for i in range(args.runs):
         order = ("hfsampler", "vmagent") if i % 2 == 0 else ("vmagent", "hfsampler")
         for backlog in backlogs:
             for side in order:
                 with tempfile.TemporaryDirectory(prefix="hfsampler-drain-") as tmp:
-                    run = one_run(side, vmagent, new, args.gpus, backlog, Path(tmp))
+                    run = one_run(side, vmagent, new, args.gpus, backlog, per_send, Path(tmp))
                 runs.append(run)
                 print(
                     f"run {i + 1}/{args.runs} {backlog:>4} s {side:<9} cpu {run['cpu_s']:.2f} s, "
@@ -470,11 +511,12 @@ def main() -> None:
                     flush=True,
                 )
     rows = summary(runs)
-    print_table(rows, peer)
+    print_table(rows, peer, per_send)
     load = os.getloadavg()
     result = {
         "peer": peer,
         "gpus": args.gpus,
+        "hfsampler_max_samples_per_send": per_send,
         "runs_per_side": args.runs,
         "load_average_at_end": [round(x, 2) for x in load],
         "summary": rows,

@@ -213,15 +213,28 @@ class Side:
 
 
 class HfsamplerSide(Side):
-    name = "hfsampler"
+    """``tree``: a checkout whose hfsampler the process imports instead of this one's."""
 
     def __init__(
-        self, root: Path, port: int, gpus: int, count: int, t0_ms: int, per_send: int
+        self,
+        root: Path,
+        port: int,
+        gpus: int,
+        count: int,
+        t0_ms: int,
+        per_send: int,
+        tree: Path | None = None,
     ) -> None:
+        self.name = "hfsampler" if tree is None else "baseline"
         cmd = [sys.executable, __file__, "--hfsampler-side", str(port), str(root / "queue")]
         cmd += ["--gpus", str(gpus), "--count", str(count), "--t0-ms", str(t0_ms)]
         cmd += ["--max-samples-per-send", str(per_send)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ)
+        if tree is not None:
+            env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("spooled "):
@@ -350,6 +363,7 @@ def one_run(
     gpus: int,
     backlog_s: int,
     per_send: int,
+    baseline: Path | None,
     root: Path,
 ) -> dict[str, Any]:
     series = series_for(gpus)
@@ -359,6 +373,8 @@ def one_run(
     side: Side
     if side_name == "hfsampler":
         side = HfsamplerSide(root, port, gpus, backlog_s, t0_ms, per_send)
+    elif side_name == "baseline":
+        side = HfsamplerSide(root, port, gpus, backlog_s, t0_ms, per_send, baseline)
     else:
         side = VmagentSide(vmagent, root, port, windows(series, backlog_s, t0_ms), new_vmagent)
     try:
@@ -397,11 +413,11 @@ MEASURES: list[tuple[str, str, Callable[[float], str]]] = [
 ]
 
 
-def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summary(runs: list[dict[str, Any]], sides: list[str]) -> list[dict[str, Any]]:
     out = []
     for backlog in sorted({r["backlog_s"] for r in runs}):
         row: dict[str, Any] = {"backlog_s": backlog}
-        for side in ("hfsampler", "vmagent"):
+        for side in sides:
             mine = [r for r in runs if r["backlog_s"] == backlog and r["side"] == side]
             row[side] = {
                 key: {
@@ -418,25 +434,30 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def print_table(rows: list[dict[str, Any]], peer: str, per_send: int) -> None:
+def print_table(rows: list[dict[str, Any]], sides: list[str], peer: str, per_send: int) -> None:
     print(f"\nmedian (lowest-highest) over the runs; peer: {peer}")
     print(f"requests: hfsampler max_samples_per_send {per_send}; vmagent blocks of 10000 rows")
-    head = f"{'backlog':>8}  {'measure':<16} {'hfsampler':>22} {'vmagent':>22} {'hf/vmagent':>10}"
+    ratios = [s for s in sides if s != "vmagent"]
+    head = f"{'backlog':>8}  {'measure':<17}" + "".join(f" {s:>22}" for s in sides)
+    head += "".join(f" {s[:2] + '/vmagent':>11}" for s in ratios)
     print(head)
     print("-" * len(head))
     for row in rows:
         for key, label, fmt in MEASURES:
-            cells = []
-            for side in ("hfsampler", "vmagent"):
+            line = f"{row['backlog_s']:>7}s  {label:<17}"
+            for side in sides:
                 m = row[side][key]
-                cells.append(f"{fmt(m['median'])} ({fmt(m['min'])}-{fmt(m['max'])})")
+                cell = f"{fmt(m['median'])} ({fmt(m['min'])}-{fmt(m['max'])})"
+                line += f" {cell:>22}"
             vm = row["vmagent"][key]["median"]
-            ratio = f"{row['hfsampler'][key]['median'] / vm:.2f}x" if vm else "-"
-            print(f"{row['backlog_s']:>7}s  {label:<16} {cells[0]:>22} {cells[1]:>22} {ratio:>10}")
-        for side in ("hfsampler", "vmagent"):
+            for side in ratios:
+                ratio = f"{row[side][key]['median'] / vm:.2f}x" if vm else "-"
+                line += f" {ratio:>11}"
+            print(line)
+        for side in sides:
             r = row[side]
             print(
-                f"{'':>8}  {side + ' stored':<16} {r['stored_samples']} of {r['samples']} "
+                f"{'':>8}  {side + ' stored':<17} {r['stored_samples']} of {r['samples']} "
                 f"samples, values' sum {'matches' if r['all_sums_match'] else 'DIFFERS'}"
             )
 
@@ -465,8 +486,13 @@ def main() -> None:
     parser.add_argument(
         "--max-samples-per-send",
         type=int,
-        default=QueueConfig.max_samples_per_send,
+        default=QueueConfig().max_samples_per_send,
         help="hfsampler's request size (default: its default; vmagent's blocks: 10000 rows)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="a checkout whose hfsampler drains as a third side (git archive REV | tar -x -C DIR)",
     )
     parser.add_argument("--out", type=Path, default=OUT / "drain.json")
     # the hfsampler side's own process: PORT QUEUE_DIR
@@ -496,13 +522,16 @@ def main() -> None:
         )
     backlogs = [int(b) for b in args.backlogs.split(",")]
     per_send = args.max_samples_per_send
+    sides = ["hfsampler", "vmagent"] + (["baseline"] if args.baseline else [])
     runs: list[dict[str, Any]] = []
     for i in range(args.runs):
-        order = ("hfsampler", "vmagent") if i % 2 == 0 else ("vmagent", "hfsampler")
+        order = sides[i % len(sides) :] + sides[: i % len(sides)]  # each side first in turn
         for backlog in backlogs:
             for side in order:
                 with tempfile.TemporaryDirectory(prefix="hfsampler-drain-") as tmp:
-                    run = one_run(side, vmagent, new, args.gpus, backlog, per_send, Path(tmp))
+                    run = one_run(
+                        side, vmagent, new, args.gpus, backlog, per_send, args.baseline, Path(tmp)
+                    )
                 runs.append(run)
                 print(
                     f"run {i + 1}/{args.runs} {backlog:>4} s {side:<9} cpu {run['cpu_s']:.2f} s, "
@@ -510,13 +539,14 @@ def main() -> None:
                     f"stored {run['stored_samples']}/{run['samples']}",
                     flush=True,
                 )
-    rows = summary(runs)
-    print_table(rows, peer, per_send)
+    rows = summary(runs, sides)
+    print_table(rows, sides, peer, per_send)
     load = os.getloadavg()
     result = {
         "peer": peer,
         "gpus": args.gpus,
         "hfsampler_max_samples_per_send": per_send,
+        "baseline": str(args.baseline) if args.baseline else None,
         "runs_per_side": args.runs,
         "load_average_at_end": [round(x, 2) for x in load],
         "summary": rows,

@@ -187,10 +187,10 @@ async def hfsampler_side(
         if w % 10 == 0:
             await asyncio.sleep(0)  # let the spool's writer task run, as the window loop does
     disk, steady = -1, 0
-    while steady < 3:  # the spool's thread has written the last records
+    while steady < 10:  # the spool's thread has written the last records: a second unchanged
         await asyncio.sleep(0.1)
         now = writer.disk_bytes()
-        steady = steady + 1 if now == disk else 0
+        steady = steady + 1 if now == disk and now > 0 else 0
         disk = now
     print(f"spooled {disk}", flush=True)
     loop = asyncio.get_running_loop()

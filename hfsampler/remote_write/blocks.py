@@ -318,6 +318,17 @@ class Unpacker:
         self._last_stored = b""
         self._last_series: tuple[Labels, ...] = ()
 
+    def remember(self, block: Block, data: bytes) -> None:
+        """``data`` is ``pack(block)``: the records to read next will likely have its series, so
+        a drain in the process that spooled them reads them with the writer's ``Labels`` and
+        makes none again. Costs a comparison per block once its series are known."""
+        n = len(block.series)
+        if not n or block.series == self._last_series:
+            return
+        start = _HEAD.size + 16 * block.samples + 4 * n
+        end = start + sum(4 + len(s.packed) for s in block.series)
+        self._last_stored, self._last_series = data[start:end], block.series
+
     def unpack(self, data: bytes) -> Block:
         """The block ``pack`` wrote; ``ValueError`` for bytes it did not write."""
         try:

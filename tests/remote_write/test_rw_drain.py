@@ -101,6 +101,22 @@ def test_the_unpacker_reads_each_record_with_its_own_series() -> None:
     assert read[5].series[0] is read[0].series[0]  # one Labels per label set, still
 
 
+def test_records_read_back_take_the_series_of_the_blocks_spooled() -> None:
+    """The process that spooled the windows reads them with the writer's labels, made once."""
+    a, other = labels(3), labels(3, host="b")
+    unpacker = Unpacker()
+    spooled = window(a, 1000, 0.0)
+    unpacker.remember(spooled, pack(spooled))
+    again = window(tuple(a), 2000, 1.0)  # the next window: another tuple, the same labels
+    unpacker.remember(again, pack(again))
+    read = unpacker.unpack(pack(again))
+    assert read.series is spooled.series
+    assert read.values.tolist() == [1.0, 2.0, 3.0]
+    read_other = unpacker.unpack(pack(window(other, 3000, 5.0)))
+    assert [s.strings for s in read_other.series] == [s.strings for s in other]
+    assert unpacker.unpack(pack(window(a, 4000, 0.0))).series[0] is not a[0]  # its own, again
+
+
 def test_a_damaged_record_after_a_good_one_is_still_refused() -> None:
     a = labels(3)
     unpacker = Unpacker()

@@ -55,6 +55,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -266,12 +267,11 @@ class VmagentSide(Side):
             f"-httpListenAddr=127.0.0.1:{self.http_port}",
             f"-remoteWrite.url=http://127.0.0.1:{port}/api/v1/write",
             f"-remoteWrite.tmpDataPath={self.data}",
-            "-remoteWrite.forcePromProto",
             "-remoteWrite.queues=1",  # blocks in order, as hfsampler's one shard sends them
             "-loggerLevel=ERROR",
         ]
-        if new:
-            cmd.append("-remoteWrite.retryMaxInterval=1s")
+        if new:  # 1.79 has neither flag, and sends nothing but Prometheus's protocol
+            cmd += ["-remoteWrite.forcePromProto", "-remoteWrite.retryMaxInterval=1s"]
         self.log = open(root / "vmagent.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
@@ -466,7 +466,8 @@ def find_vmagent(given: str | None) -> tuple[str | None, str]:
     """The vmagent to run and how to name it; (None, why) when there is none."""
     given = given or os.environ.get("HFSAMPLER_VMAGENT_BIN")
     if given:
-        return given, given
+        found = shutil.which(given)
+        return (found, given) if found else (None, f"{given} is not an executable")
     fetch = subprocess.run(
         [str(REPO / ".ci" / "fetch-vmagent")], capture_output=True, text=True, check=False
     )

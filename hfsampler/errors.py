@@ -89,6 +89,11 @@ class RecoverableSendError(RemoteWriteError, ConnectionError):
         self.retry_after_s = retry_after_s
 
 
+class ReceiverDownError(RecoverableSendError, ConnectionRefusedError):
+    """Nothing listens at the receiver's address (a refused connection): retried at least every
+    second, so that delivery resumes within a second of the receiver's return."""
+
+
 class NonRecoverableSendError(RemoteWriteError, ValueError):
     """The receiver refused the batch (4xx other than 429): never resent as it was.
 

@@ -116,22 +116,34 @@ class Template:
     stamps: npt.NDArray[np.intp]  # where each sample's timestamp varint goes, one row per series
 
     @classmethod
-    def of(cls, parts: list[bytes], width: int) -> Template:
-        """The request ``parts[0] + sample 0 + parts[1] + sample 1 + ... + sample n-1 +
-        parts[n]`` for ``Sample`` entries of ``width`` bytes."""
+    def of(cls, parts: list[bytes], width: int, per_series: int = 1) -> Template:
+        """The request ``parts[0] + samples of series 0 + parts[1] + ... + samples of series
+        n-1 + parts[n]`` for ``per_series`` ``Sample`` entries of ``width`` bytes each (more
+        than one: windows of the same series merged, a backlog's)."""
         row = bytes((_SAMPLES_TAG, width - 2, _VALUE_TAG)) + bytes(8) + bytes((_TIMESTAMP_TAG,))
-        buf = np.frombuffer((row + bytes(width - _FIXED)).join(parts), dtype=np.uint8).copy()
-        lengths = np.fromiter((len(p) for p in parts[:-1]), np.intp, len(parts) - 1)
-        starts = np.cumsum(lengths) + width * np.arange(len(lengths))
+        entries = (row + bytes(width - _FIXED)) * per_series
+        buf = np.frombuffer(entries.join(parts), dtype=np.uint8).copy()
+        n = len(parts) - 1
+        lengths = np.fromiter((len(p) for p in parts[:-1]), np.intp, n)
+        starts = np.cumsum(lengths) + width * per_series * np.arange(n)
+        # [series, entry, byte] -> [series, its entries' bytes]
+        at = (starts[:, None] + width * np.arange(per_series))[:, :, None]
         return cls(
             buf,
-            starts[:, None] + np.arange(3, 11),
-            starts[:, None] + np.arange(_FIXED, width),
+            (at + np.arange(3, 11)).reshape(n, -1),
+            (at + np.arange(_FIXED, width)).reshape(n, -1),
         )
 
     def fill(self, rows: Rows) -> bytes:
-        """The request with ``rows`` (one sample per series, as wide as the template's) put in."""
+        """The request with ``rows`` put in: as many samples per series as the template's,
+        series by series, each as wide as the template's."""
         buf = self.buf.copy()
-        buf[self.values] = rows.values
-        buf[self.stamps] = rows.stamps
+        n, stamp_bytes = self.stamps.shape
+        buf[self.values] = rows.values.reshape(n, -1)
+        stamps = rows.stamps
+        if stamps.ndim == 1:  # one timestamp for all: the same bytes in every entry
+            stamps = np.tile(stamps, stamp_bytes // len(stamps))
+        else:
+            stamps = stamps.reshape(n, -1)
+        buf[self.stamps] = stamps
         return buf.tobytes()

@@ -25,7 +25,12 @@ import aiohttp
 
 import hfsampler
 from hfsampler import selfmetrics as sm
-from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
+from hfsampler.errors import (
+    NonRecoverableSendError,
+    ReceiverDownError,
+    RecoverableSendError,
+    RequestTooLargeError,
+)
 from hfsampler.logs import one_line
 from hfsampler.remote_write.config import EndpointConfig, redact_url
 from hfsampler.remote_write.encoder_v2 import CONTENT_TYPE as CONTENT_TYPE_V2
@@ -217,10 +222,12 @@ class RemoteClient:
                     "(check tls_config: client certificate, CA)"
                 ) from None
             # Only the class and OS reason: aiohttp's own text may quote the URL with credentials.
-            reason = getattr(getattr(err, "os_error", None), "strerror", None)
-            raise RecoverableSendError(
-                f"{type(err).__name__}{f': {reason}' if reason else ''}"
-            ) from None
+            os_error = getattr(err, "os_error", None)
+            reason = getattr(os_error, "strerror", None)
+            text = f"{type(err).__name__}{f': {reason}' if reason else ''}"
+            if isinstance(os_error, ConnectionRefusedError):
+                raise ReceiverDownError(text) from None
+            raise RecoverableSendError(text) from None
         finally:
             self._metrics.set(sm.RW_SEND_DURATION, time.monotonic() - started, self._labels)
 

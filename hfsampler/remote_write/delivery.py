@@ -32,7 +32,12 @@ from functools import partial
 from typing import TypeVar
 
 from hfsampler import selfmetrics as sm
-from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
+from hfsampler.errors import (
+    NonRecoverableSendError,
+    ReceiverDownError,
+    RecoverableSendError,
+    RequestTooLargeError,
+)
 from hfsampler.remote_write.blocks import Block, Sizer, halve, merge, piece_sizes, split
 from hfsampler.remote_write.client import RemoteClient
 from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
@@ -368,7 +373,11 @@ class Delivery:
             try:
                 written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
-                delay = backoff.next_delay(err.retry_after_s, slowest=isinstance(err, TLSSendError))
+                delay = backoff.next_delay(
+                    err.retry_after_s,
+                    slowest=isinstance(err, TLSSendError),
+                    down=isinstance(err, ReceiverDownError),
+                )
                 self._metrics.inc(sm.RW_RETRIES, 1, self._labels)
                 note = self._outage.happened(str(err).split(": ", 1)[0])  # "HTTP 503"
                 log.log(

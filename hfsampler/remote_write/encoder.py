@@ -119,24 +119,29 @@ class Encoder:
 
 class RequestEncoderV1:
     """Writes blocks as 1.0 requests (``write_request``); a window of the same series as an
-    earlier one from that one's ``Template``. Used from several threads at once: the cache only
-    ever gains whole entries (or is cleared)."""
+    earlier one (or windows merged, as many samples each) from that one's ``Template``. Used
+    from several threads at once: the cache only ever gains whole entries (or is cleared)."""
 
     def __init__(self) -> None:
-        self._templates: dict[tuple[tuple[Labels, ...], int], Template] = {}
+        self._templates: dict[tuple[tuple[Labels, ...], int, int], Template] = {}
 
     def encode(self, block: Block) -> bytes:
-        if block.samples != len(block.series):
+        n = len(block.series)
+        if not n or block.samples % n:
+            return write_request(block)
+        per_series = block.samples // n  # several windows merged (a backlog): as many each
+        if per_series > 1 and not np.array_equal(block.ends, np.arange(1, n + 1) * per_series):
             return write_request(block)
         rows = uniform_rows(block.timestamps_ms, block.values)
         if rows is None:
             return write_request(block)
-        key = (block.series, rows.width)
+        key = (block.series, rows.width, per_series)
         template = self._templates.get(key)
         if template is None:
             width = rows.width
-            parts = [_series_head(len(s.v1) + width) + s.v1 for s in block.series]
-            template = Template.of([*parts, b""], width)
+            body = width * per_series
+            parts = [_series_head(len(s.v1) + body) + s.v1 for s in block.series]
+            template = Template.of([*parts, b""], width, per_series)
             if len(self._templates) >= MAX_TEMPLATES:
                 self._templates.clear()
             self._templates[key] = template

@@ -16,6 +16,10 @@ from collections.abc import Callable
 from datetime import UTC
 from typing import NamedTuple
 
+# The longest wait before trying a receiver that refused the connection again: a refused connect
+# costs the receiver nothing, and a drain should start within a second of its return, however
+# far max_backoff took the backoff during the outage.
+RECEIVER_DOWN_RETRY_S = 1.0
 # Statuses retried like 429 when retry_on_http_429 is on: Mimir's "too many requests" variant.
 RATE_LIMIT_STATUSES = frozenset((429, 529))
 
@@ -89,12 +93,17 @@ class Backoff:
         self.max_retry_after_s = max_retry_after_s
         self.current_s = min_s
 
-    def next_delay(self, retry_after_s: float | None = None, slowest: bool = False) -> Delay:
-        """The wait before the next try; ``slowest`` for faults that take long to clear (TLS)."""
+    def next_delay(
+        self, retry_after_s: float | None = None, slowest: bool = False, down: bool = False
+    ) -> Delay:
+        """The wait before the next try; ``slowest`` for faults that take long to clear (TLS),
+        ``down`` for a refused connection (at most ``RECEIVER_DOWN_RETRY_S``)."""
         if slowest:
             self.current_s = self.max_s
         step = backoff_delay(self.current_s)
         self.current_s = min(self.current_s * 2, self.max_s)
+        if down:
+            step = min(step, RECEIVER_DOWN_RETRY_S)
         if retry_after_s is None:
             return Delay(step)
         if retry_after_s < step:

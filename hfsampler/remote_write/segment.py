@@ -50,7 +50,7 @@ from typing import Any, Generic, TypeVar
 import snappy
 
 from hfsampler.errors import SpoolFormatError
-from hfsampler.remote_write.blocks import Block, Unpacker
+from hfsampler.remote_write.blocks import Block, Unpacker, pack
 from hfsampler.remote_write.dirlock import DirLock
 
 log = logging.getLogger("hfsampler.remote_write.spool")
@@ -379,6 +379,12 @@ class SpoolFiles:
             except OSError as exc:
                 log.debug("spool %s: cannot undo a failed write: %s", self.dir, exc)
             raise
+
+    def pack(self, block: Block) -> bytes:
+        """The block as a record stores it (``blocks.pack``), its series remembered for reading."""
+        data = pack(block)
+        self._unpacker.remember(block, data)
+        return data
 
     def read(
         self, path: Path, picks: list[tuple[int, int, int]], end: int

@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from hfsampler.remote_write.blocks import Block, pack
+from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.encoder import compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
 from hfsampler.remote_write.segment import MAGIC, Append, Segment, SpoolFiles, frame
@@ -257,7 +257,8 @@ class SpoolQueue:
         records = [(e.seq, e.count, e.block) for e in todo if e.block is not None]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._io, lambda: [frame(seq, n, compress(pack(block))) for seq, n, block in records]
+            self._io,
+            lambda: [frame(seq, n, compress(self._files.pack(b))) for seq, n, b in records],
         )
 
     def _plan(self, todo: list[_Entry], frames: list[bytes]) -> list[Append[_Entry]]:

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import receivers as rx  # noqa: E402  (the integration tests' receiver harness)
+from drain import find_vmagent  # noqa: E402  (one way to find the peer)
 
 SETTLE_S = 5.0  # a started vmagent's first scrapes and its queue's setup, left out
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -70,21 +71,16 @@ def sampler_of(pid: int) -> int:
     raise SystemExit(f"hfsampler {pid} has no sampler process")
 
 
-def find_vmagent(given: str | None) -> tuple[str | None, str]:
-    """The vmagent to run and how to name it; (None, why) when there is none."""
-    given = given or os.environ.get("HFSAMPLER_VMAGENT_BIN")
-    if given:
-        return given, given
-    fetch_script = REPO / ".ci" / "fetch-vmagent"
-    if fetch_script.exists():
-        fetch = subprocess.run([str(fetch_script)], capture_output=True, text=True, check=False)
-        path = fetch.stdout.strip()
-        if fetch.returncode == 0 and path:
-            return path, f"vmagent from Debian sid's victoria-metrics ({path})"
-    found = shutil.which("vmagent")
-    if found:
-        return found, f"bookworm's vmagent ({found}; sid's could not be fetched)"
-    return None, "no vmagent: give --vmagent, or install Debian's victoria-metrics"
+def vmagent_to_run(given: str | None) -> tuple[str | None, str]:
+    """drain.py's vmagent (given, or sid's fetched); else bookworm's, which a steady push can
+    use (it needs none of the newer flags the drain does)."""
+    found, name = find_vmagent(given)
+    if found is not None:
+        return found, name
+    old = shutil.which("vmagent")
+    if old:
+        return old, f"bookworm's vmagent ({old}; {name})"
+    return None, name
 
 
 class Vmagent:
@@ -152,7 +148,7 @@ def main() -> int:
     parser.add_argument("--vmagent", help="vmagent binary")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "steady.json"))
     args = parser.parse_args()
-    vmagent_bin, vmagent_name = find_vmagent(args.vmagent)
+    vmagent_bin, vmagent_name = vmagent_to_run(args.vmagent)
     if vmagent_bin is None:
         print(f"steady.py: skipped: {vmagent_name}")
         return 0

@@ -1,22 +1,23 @@
 """Intake: one ``RemoteWriter`` per endpoint, from snapshots to blocks in its shard queues.
 
-``push`` relabels a snapshot's series (``write_relabel_configs``, once per series), assigns each
-to its shard (``series.id % n_shards``, so per-series order is kept) and queues one ``Block`` per
-shard (in pieces of at most ``max_samples_per_send`` samples): each series' labels are encoded
-once and kept by the ``Encoder``, a window adds only its values. The first block that has a
-family carries its 1.0 metadata (once per family); 2.0 takes each series' metadata from the
+``push`` relabels a snapshot's series (``write_relabel_configs``, once per series), assigns each to
+its shard (by a checksum of its labels, so per-series order is kept, across its ids too) and queues
+one ``Block`` per shard (in pieces of at most ``max_samples_per_send`` samples): each series' labels
+are encoded once and kept by the ``Encoder``, a window adds only its values. The first block that
+has a family carries its 1.0 metadata (once per family); 2.0 takes each series' metadata from the
 families known here when it sends. With a ``queue_dir`` each shard's queue is a ``SpoolQueue``,
 without one a ``MemoryQueue``, each holding the samples ``sizing`` allows for the plan's windows;
-``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once
-per episode (``Episode``), as retries and refusals are. When a reload replaces the
-writer, ``hand_over`` stops it at safe points (``handover``) and the next one's ``take_over``
-queues its backlog ahead of anything newer.
+``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once per
+episode (``Episode``), as retries and refusals are. When a reload replaces the writer, ``hand_over``
+stops it at safe points (``handover``) and the next one's ``take_over`` queues its backlog ahead of
+anything newer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -80,6 +81,10 @@ class RemoteWriter:
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
         self._encoder = Encoder()
         self._n_shards = config.queue.min_shards
+        # each series' shard by its labels (Series.id: its shard, kept while it lives): a series
+        # that ends and returns, or a relabelled one after a reload, has a new id but the same
+        # labels, so its samples stay in order on one shard
+        self._shard_of: dict[int, int] = {}
         self.bound: QueueBound = queue_bound(config.queue, window_samples, self._n_shards)
         # a memory queue full while the receiver is slow or away: said once, counted always
         self._full = Episode("pushes that dropped samples")
@@ -156,6 +161,7 @@ class RemoteWriter:
         shard_values: list[list[float]] = [[] for _ in range(n)]
         ended: list[int] = []
         labels_of = self._encoder.labels
+        shard_of = self._shard_of
         relabeller = self._relabeller
         for series, value in zip(snapshot.series, snapshot.values, strict=True):
             out: Series | None = series
@@ -167,14 +173,19 @@ class RemoteWriter:
             if out is not None:
                 if out.name != series.name and out.name not in self._renamed:
                     self._learn_rename(series.name, out.name)
-                k = out.id % n if n > 1 else 0
-                shard_labels[k].append(labels_of(out))
+                encoded = labels_of(out)
+                k = 0
+                if n > 1 and (k := shard_of.get(out.id, -1)) < 0:
+                    k = shard_of[out.id] = zlib.crc32(encoded.v1) % n
+                shard_labels[k].append(encoded)
                 shard_values[k].append(value)
                 if stale:
                     ended.append(out.id)
         # a series that got its stale marker is over (a pod left, a GPU was lost): without this
         # the encoder's cache would grow with every pod that ever ran on the node
         self._encoder.forget(ended)
+        for sid in ended:
+            shard_of.pop(sid, None)
         step = self.config.queue.max_samples_per_send
         ts = snapshot.timestamp_ms
         dropped = 0
@@ -236,8 +247,8 @@ class RemoteWriter:
 
     def push_block(self, shard: int, block: Block, families: Mapping[str, Family]) -> None:
         """Queue a block built elsewhere (``replay --raw``, from a recording's arrays) on one
-        shard; the caller keeps each series on shard ``series.id % n_shards``, as ``push``
-        does, so its samples stay in order. Never relabelled: a writer with
+        shard; the caller keeps each series on one shard (``replay``: ``series.id % n_shards``),
+        as ``push`` does, so its samples stay in order. Never relabelled: a writer with
         ``write_relabel_configs`` refuses (the block's labels are encoded already)."""
         if self._relabeller is not None:
             raise ValueError("push_block bypasses write_relabel_configs")

@@ -17,7 +17,7 @@ from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.queue import MemoryQueue
 from hfsampler.remote_write.sizing import DEFAULT_WINDOWS, queue_bound
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Series, SeriesRegistry, Snapshot
+from hfsampler.series import STALE_NAN, Series, SeriesRegistry, Snapshot
 
 # The sender, its queues and its client run on an event loop: both loops are tried.
 pytestmark = pytest.mark.both_loops
@@ -97,3 +97,31 @@ async def test_a_full_queue_is_said_once_per_episode_and_counted(
     rx.assert_conformant()
     stamps = sorted({t for v in rx.series_named("DCGM_FI_DEV_POWER_USAGE").values() for t, _ in v})
     assert stamps == [base + 11_000, base + 12_000, base + 13_000]  # the newest windows, whole
+
+
+async def test_a_series_that_ends_and_returns_stays_on_its_shard() -> None:
+    """A series that ended (its stale marker queued) and returns is a new Series with a new id;
+    sharded by id it could land on another shard, whose requests race the first one's: after
+    an outage the receiver stored the returning samples first and refused the older ones,
+    stale marker included, as out of order (a relabelled endpoint's series get fresh ids on
+    every reload too). Sharded by its labels, it stays where its older samples are."""
+    reg = SeriesRegistry()
+    labels = [{"gpu": str(i)} for i in range(7)]  # 7 new ids a return: not a multiple of 4
+    cfg = EndpointConfig("http://127.0.0.1:9/w", name="edge", queue=QueueConfig(min_shards=4))
+    writer = RemoteWriter(cfg, SelfMetrics(), window_samples=28)  # not started: nothing is sent
+    for t in range(6):
+        series = [reg.series("DCGM_FI_DEV_POWER_USAGE", lab) for lab in labels]
+        values = [STALE_NAN if t % 2 else 1.0] * len(series)  # each window ends them all
+        writer.push(Snapshot(1000 * (t + 1), series, values))
+        if t % 2:
+            reg.forget(series)  # as the model does once a stale marker went: a new id next time
+    shards_of: dict[str, set[int]] = {}
+    for k, queue in enumerate(writer._queues):
+        queue.start_flush()
+        batch = await queue.get_batch(10**6, 0.0)
+        for block in batch.blocks:
+            for lab in block.series:
+                shards_of.setdefault(lab.v1.hex(), set()).add(k)
+    assert len(shards_of) == len(labels)
+    assert all(len(shards) == 1 for shards in shards_of.values()), shards_of
+    await writer.close(0.0)

@@ -81,10 +81,10 @@ class RemoteWriter:
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
         self._encoder = Encoder()
         self._n_shards = config.queue.min_shards
-        # each series' shard by its labels (Series.id: its shard, kept while it lives): a series
-        # that ends and returns, or a relabelled one after a reload, has a new id but the same
-        # labels, so its samples stay in order on one shard
-        self._shard_of: dict[int, int] = {}
+        # by Series.id while the series lives: its encoder labels and its shard, chosen by its
+        # labels (a series that ends and returns, or a relabelled one after a reload, has a new
+        # id but the same labels, so its samples stay in order on one shard)
+        self._placed: dict[int, tuple[Labels, int]] = {}
         self.bound: QueueBound = queue_bound(config.queue, window_samples, self._n_shards)
         # a memory queue full while the receiver is slow or away: said once, counted always
         self._full = Episode("pushes that dropped samples")
@@ -160,8 +160,8 @@ class RemoteWriter:
         shard_labels: list[list[Labels]] = [[] for _ in range(n)]
         shard_values: list[list[float]] = [[] for _ in range(n)]
         ended: list[int] = []
-        labels_of = self._encoder.labels
-        shard_of = self._shard_of
+        placed = self._placed
+        place = placed.get
         relabeller = self._relabeller
         for series, value in zip(snapshot.series, snapshot.values, strict=True):
             out: Series | None = series
@@ -173,10 +173,9 @@ class RemoteWriter:
             if out is not None:
                 if out.name != series.name and out.name not in self._renamed:
                     self._learn_rename(series.name, out.name)
-                encoded = labels_of(out)
-                k = 0
-                if n > 1 and (k := shard_of.get(out.id, -1)) < 0:
-                    k = shard_of[out.id] = zlib.crc32(encoded.v1) % n
+                if (where := place(out.id)) is None:
+                    where = placed[out.id] = self._place(out)
+                encoded, k = where
                 shard_labels[k].append(encoded)
                 shard_values[k].append(value)
                 if stale:
@@ -185,7 +184,7 @@ class RemoteWriter:
         # the encoder's cache would grow with every pod that ever ran on the node
         self._encoder.forget(ended)
         for sid in ended:
-            shard_of.pop(sid, None)
+            placed.pop(sid, None)
         step = self.config.queue.max_samples_per_send
         ts = snapshot.timestamp_ms
         dropped = 0
@@ -196,6 +195,12 @@ class RemoteWriter:
                 dropped += queue.put(block)
         self._queue_full(dropped)
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _place(self, series: Series) -> tuple[Labels, int]:
+        """``series``' encoded labels and its shard (a checksum of its labels)."""
+        labels = self._encoder.labels(series)
+        n = self._n_shards
+        return labels, zlib.crc32(labels.v1) % n if n > 1 else 0
 
     def _queue_full(self, dropped: int) -> None:
         """Count what a put dropped (``queue_full``) and say it once per episode: a queue

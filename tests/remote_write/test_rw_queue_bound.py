@@ -15,7 +15,7 @@ from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.config import EndpointConfig, QueueConfig, parse_remote_write
 from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.queue import MemoryQueue
-from hfsampler.remote_write.sizing import DEFAULT_WINDOWS, queue_bound
+from hfsampler.remote_write.sizing import DEFAULT_WINDOWS, queue_bound, raised_warning
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_NAN, Series, SeriesRegistry, Snapshot
 
@@ -42,6 +42,15 @@ def test_an_explicit_capacity_is_the_bound_but_never_below_one_window() -> None:
     small = queue_bound(endpoint.queue, 25_000)
     assert (small.samples, small.raised_from) == (25_000, 20_000)
     assert small.describe() == "1 window, 25000 samples per shard"
+
+
+def test_the_raised_capacity_warning_counts_in_words() -> None:
+    """capacity: 1 (an operator trying the smallest bound) read 'is 1 samples'."""
+    (endpoint,) = parse_remote_write([{"url": "http://r/w", "queue_config": {"capacity": 1}}])
+    said = raised_warning("remote_write[0].queue_config.capacity", queue_bound(endpoint.queue, 9))
+    assert said.startswith("remote_write[0].queue_config.capacity is 1 sample, less than one ")
+    assert "(9 samples per shard" in said
+    assert "raised to 9 at start" in said
 
 
 def _window(ts: int, n: int, first: int = 0) -> Block:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,7 @@ from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.delivery import Delivery
 from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
-from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.episode import REMINDER_S, Episode
 from hfsampler.remote_write.handover import hand_over
 from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
@@ -88,7 +89,10 @@ class RemoteWriter:
         self.bound: QueueBound = queue_bound(config.queue, window_samples, self._n_shards)
         # a memory queue full while the receiver is slow or away: said once, counted always
         self._full = Episode("pushes that dropped samples")
-        self._full_samples = 0
+        self._full_samples = 0  # dropped since the queue's room was last said (or ever)
+        self._full_first = 0.0  # when the first of those was dropped (monotonic)
+        self._full_said_at: float | None = None  # when a full queue was last said at warning
+        self._full_loud = False  # the episode going on was said (so is its end)
         self._queues: list[ShardQueue]
         if queue_dir is None:
             self._queues = [MemoryQueue(self.bound.samples) for _ in range(self._n_shards)]
@@ -205,23 +209,41 @@ class RemoteWriter:
     def _queue_full(self, dropped: int) -> None:
         """Count what a put dropped (``queue_full``) and say it once per episode: a queue
         that stays full during an outage drops at every window, and a line each would bury the
-        one that says why. The episode ends at the first put that drops nothing."""
+        one that says why. The episode ends at the first put that drops nothing. A receiver a
+        little slower than the windows makes short episodes one after another (3.5 windows a
+        request: 17 warnings and 16 'room again' lines in 60 windows): one that starts within
+        ``REMINDER_S`` of the last one said is the same trouble, and it and its end go to debug
+        (its drops counted, and added to the next end said)."""
         name, url = self.config.remote_name, self.config.display_url
+        now = time.monotonic()
         if not dropped:
             if (ended := self._full.ended()) is not None:
-                log.info(
+                log.log(
+                    logging.INFO if self._full_loud else logging.DEBUG,
                     "remote write %s (%s): the queue has room again; %d samples dropped over "
                     "%.1f s",
                     name,
                     url,
                     self._full_samples,
-                    ended[1],
+                    max(now - self._full_first, ended[1]),
                 )
-                self._full_samples = 0
+                if self._full_loud:
+                    self._full_samples = 0
             return
         self._drop(dropped, "queue_full")
+        if not self._full_samples:
+            self._full_first = now
         self._full_samples += dropped
+        starting = self._full.since is None
         note = self._full.happened("queue_full")
+        if starting:
+            said = self._full_said_at
+            self._full_loud = said is None or now - said >= REMINDER_S
+            if not self._full_loud:
+                note = None
+        if note is not None:
+            self._full_loud = True  # a reminder: its end is said too
+            self._full_said_at = now
         log.log(
             logging.DEBUG if note is None else logging.WARNING,
             "remote write %s (%s): the memory queue is full (%s), the receiver slow or away: "

@@ -134,3 +134,35 @@ async def test_a_series_that_ends_and_returns_stays_on_its_shard() -> None:
     assert len(shards_of) == len(labels)
     assert all(len(shards) == 1 for shards in shards_of.values()), shards_of
     await writer.close(0.0)
+
+
+async def test_a_receiver_a_little_too_slow_is_said_once_not_every_few_windows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sender takes the queue every third window (a request takes 3 windows' time): every
+    third window drops one, the others fit. Each put that dropped nothing ended the episode, so
+    each cycle said a warning and a 'room again' line (17 and 16 in 60 windows against a real
+    receiver 3.5 windows a request). The first is said; the ones that follow within
+    REMINDER_S are counted, and at debug."""
+    caplog.set_level(logging.DEBUG, logger="hfsampler.remote_write.intake")
+    reg = SeriesRegistry()
+    series = [reg.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i)}) for i in range(5)]
+    queue = replace(QueueConfig(capacity=10, capacity_set=True), max_samples_per_send=100)
+    cfg = EndpointConfig("http://127.0.0.1:9/w", name="edge", queue=queue)
+    metrics = SelfMetrics()
+    writer = RemoteWriter(cfg, metrics, window_samples=5)  # not started: the test takes batches
+    (shard,) = writer._queues
+    t = 0
+    for _ in range(20):
+        for _ in range(3):  # the third drops the oldest window
+            t += 1
+            writer.push(_snapshot(series, 1000 * t))
+        await shard.get_batch(100, 0.0)  # the sender takes what is queued
+    labels = {"remote_name": "edge", "url": cfg.display_url, "reason": "queue_full"}
+    assert metrics.get(sm.RW_DROPPED, labels) == 20 * 5  # every drop counted
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    full = [m for _, m in said if "queue is full" in m]
+    room = [m for _, m in said if "has room again" in m]
+    assert len(full) == 1
+    assert len(room) == 1
+    await writer.close(0.0)

@@ -127,9 +127,10 @@ class QueueConfig:
 
     capacity: int = DEFAULT_CAPACITY
     # whether the user gave capacity: an explicit value bounds the queue (never below one
-    # window), the default is sized from the plan (``sizing.queue_bound``). Not compared: only
-    # an explicit 10000 differs from none by it, and a reload need not restart an endpoint for it
-    capacity_set: bool = field(default=False, compare=False)
+    # window), the default is sized from the plan (``sizing.queue_bound``). Compared: even at
+    # 10000 the two bounds differ, so a reload that gives or leaves out capacity restarts the
+    # endpoint with its new bound
+    capacity_set: bool = False
     max_shards: int = 50
     min_shards: int = 1
     max_samples_per_send: int = 2000

@@ -1,22 +1,24 @@
 """Intake: one ``RemoteWriter`` per endpoint, from snapshots to blocks in its shard queues.
 
-``push`` relabels a snapshot's series (``write_relabel_configs``, once per series), assigns each
-to its shard (``series.id % n_shards``, so per-series order is kept) and queues one ``Block`` per
-shard (in pieces of at most ``max_samples_per_send`` samples): each series' labels are encoded
-once and kept by the ``Encoder``, a window adds only its values. The first block that has a
-family carries its 1.0 metadata (once per family); 2.0 takes each series' metadata from the
+``push`` relabels a snapshot's series (``write_relabel_configs``, once per series), assigns each to
+its shard (by a checksum of its labels, so per-series order is kept, across its ids too) and queues
+one ``Block`` per shard (in pieces of at most ``max_samples_per_send`` samples): each series' labels
+are encoded once and kept by the ``Encoder``, a window adds only its values. The first block that
+has a family carries its 1.0 metadata (once per family); 2.0 takes each series' metadata from the
 families known here when it sends. With a ``queue_dir`` each shard's queue is a ``SpoolQueue``,
 without one a ``MemoryQueue``, each holding the samples ``sizing`` allows for the plan's windows;
-``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once
-per episode (``Episode``), as retries and refusals are. When a reload replaces the
-writer, ``hand_over`` stops it at safe points (``handover``) and the next one's ``take_over``
-queues its backlog ahead of anything newer.
+``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once per
+episode (``Episode``), as retries and refusals are. When a reload replaces the writer, ``hand_over``
+stops it at safe points (``handover``) and the next one's ``take_over`` queues its backlog ahead of
+anything newer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import zlib
 from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -28,7 +30,7 @@ from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.delivery import Delivery
 from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
-from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.episode import REMINDER_S, Episode
 from hfsampler.remote_write.handover import hand_over
 from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
@@ -80,10 +82,17 @@ class RemoteWriter:
         self._labels = {"remote_name": config.remote_name, "url": config.display_url}
         self._encoder = Encoder()
         self._n_shards = config.queue.min_shards
+        # by Series.id while the series lives: its encoder labels and its shard, chosen by its
+        # labels (a series that ends and returns, or a relabelled one after a reload, has a new
+        # id but the same labels, so its samples stay in order on one shard)
+        self._placed: dict[int, tuple[Labels, int]] = {}
         self.bound: QueueBound = queue_bound(config.queue, window_samples, self._n_shards)
         # a memory queue full while the receiver is slow or away: said once, counted always
         self._full = Episode("pushes that dropped samples")
-        self._full_samples = 0
+        self._full_samples = 0  # dropped since the queue's room was last said (or ever)
+        self._full_first = 0.0  # when the first of those was dropped (monotonic)
+        self._full_said_at: float | None = None  # when a full queue was last said at warning
+        self._full_loud = False  # the episode going on was said (so is its end)
         self._queues: list[ShardQueue]
         if queue_dir is None:
             self._queues = [MemoryQueue(self.bound.samples) for _ in range(self._n_shards)]
@@ -155,7 +164,8 @@ class RemoteWriter:
         shard_labels: list[list[Labels]] = [[] for _ in range(n)]
         shard_values: list[list[float]] = [[] for _ in range(n)]
         ended: list[int] = []
-        labels_of = self._encoder.labels
+        placed = self._placed
+        place = placed.get
         relabeller = self._relabeller
         for series, value in zip(snapshot.series, snapshot.values, strict=True):
             out: Series | None = series
@@ -167,14 +177,18 @@ class RemoteWriter:
             if out is not None:
                 if out.name != series.name and out.name not in self._renamed:
                     self._learn_rename(series.name, out.name)
-                k = out.id % n if n > 1 else 0
-                shard_labels[k].append(labels_of(out))
+                if (where := place(out.id)) is None:
+                    where = placed[out.id] = self._place(out)
+                encoded, k = where
+                shard_labels[k].append(encoded)
                 shard_values[k].append(value)
                 if stale:
                     ended.append(out.id)
         # a series that got its stale marker is over (a pod left, a GPU was lost): without this
         # the encoder's cache would grow with every pod that ever ran on the node
         self._encoder.forget(ended)
+        for sid in ended:
+            placed.pop(sid, None)
         step = self.config.queue.max_samples_per_send
         ts = snapshot.timestamp_ms
         dropped = 0
@@ -186,26 +200,50 @@ class RemoteWriter:
         self._queue_full(dropped)
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
 
+    def _place(self, series: Series) -> tuple[Labels, int]:
+        """``series``' encoded labels and its shard (a checksum of its labels)."""
+        labels = self._encoder.labels(series)
+        n = self._n_shards
+        return labels, zlib.crc32(labels.v1) % n if n > 1 else 0
+
     def _queue_full(self, dropped: int) -> None:
         """Count what a put dropped (``queue_full``) and say it once per episode: a queue
         that stays full during an outage drops at every window, and a line each would bury the
-        one that says why. The episode ends at the first put that drops nothing."""
+        one that says why. The episode ends at the first put that drops nothing. A receiver a
+        little slower than the windows makes short episodes one after another (3.5 windows a
+        request: 17 warnings and 16 'room again' lines in 60 windows): one that starts within
+        ``REMINDER_S`` of the last one said is the same trouble, and it and its end go to debug
+        (its drops counted, and added to the next end said)."""
         name, url = self.config.remote_name, self.config.display_url
+        now = time.monotonic()
         if not dropped:
             if (ended := self._full.ended()) is not None:
-                log.info(
+                log.log(
+                    logging.INFO if self._full_loud else logging.DEBUG,
                     "remote write %s (%s): the queue has room again; %d samples dropped over "
                     "%.1f s",
                     name,
                     url,
                     self._full_samples,
-                    ended[1],
+                    max(now - self._full_first, ended[1]),
                 )
-                self._full_samples = 0
+                if self._full_loud:
+                    self._full_samples = 0
             return
         self._drop(dropped, "queue_full")
+        if not self._full_samples:
+            self._full_first = now
         self._full_samples += dropped
+        starting = self._full.since is None
         note = self._full.happened("queue_full")
+        if starting:
+            said = self._full_said_at
+            self._full_loud = said is None or now - said >= REMINDER_S
+            if not self._full_loud:
+                note = None
+        if note is not None:
+            self._full_loud = True  # a reminder: its end is said too
+            self._full_said_at = now
         log.log(
             logging.DEBUG if note is None else logging.WARNING,
             "remote write %s (%s): the memory queue is full (%s), the receiver slow or away: "
@@ -236,8 +274,8 @@ class RemoteWriter:
 
     def push_block(self, shard: int, block: Block, families: Mapping[str, Family]) -> None:
         """Queue a block built elsewhere (``replay --raw``, from a recording's arrays) on one
-        shard; the caller keeps each series on shard ``series.id % n_shards``, as ``push``
-        does, so its samples stay in order. Never relabelled: a writer with
+        shard; the caller keeps each series on one shard (``replay``: ``series.id % n_shards``),
+        as ``push`` does, so its samples stay in order. Never relabelled: a writer with
         ``write_relabel_configs`` refuses (the block's labels are encoded already)."""
         if self._relabeller is not None:
             raise ValueError("push_block bypasses write_relabel_configs")

@@ -62,8 +62,9 @@ def raised_warning(key: str, bound: QueueBound, counted_on: str = "these fields 
     """What to say of an explicit capacity raised to one window (``key``: its path;
     ``counted_on``: what the window's samples were counted on)."""
     return (
-        f"{key} is {bound.raised_from} samples, less than one window ({bound.window_samples} "
-        f"samples per shard with {counted_on}): it is raised to {bound.samples} at start, or "
+        f"{key} is {bound.raised_from} sample{'' if bound.raised_from == 1 else 's'}, less "
+        f"than one window ({bound.window_samples} samples per shard with {counted_on}): it is "
+        f"raised to {bound.samples} at start, or "
         f"every window would lose its oldest part; give {bound.window_samples * DEFAULT_WINDOWS} "
         f"to hold {DEFAULT_WINDOWS} windows, or leave capacity out to have it sized from the plan"
     )

@@ -22,6 +22,7 @@ from conformance import ConformanceReceiver
 
 from hfsampler.config.loader import from_mapping
 from hfsampler.config.reload import plan_reload
+from hfsampler.config.settings import Config
 
 pytestmark = pytest.mark.long  # its tests take half a minute or more together
 
@@ -82,6 +83,24 @@ def _wait(check, timeout_s: float = 20.0) -> None:  # type: ignore[no-untyped-de
     while not check():
         assert time.monotonic() < end, "not in time"
         time.sleep(0.1)
+
+
+def test_giving_or_leaving_out_capacity_restarts_the_endpoint() -> None:
+    """An explicit capacity bounds the queue and none sizes it from the plan (10 windows): the
+    two differ even at Prometheus's 10000, so a reload that adds or removes it restarts the
+    endpoint. The raised-capacity warning tells the user to leave capacity out; a SIGHUP after
+    doing so used to change nothing, and the queue kept holding one window."""
+
+    def config(queue: dict[str, object]) -> Config:
+        return from_mapping({"remote_write": [{"url": "http://a/w", "name": "a", **queue}]})
+
+    explicit, default = config({"queue_config": {"capacity": 10000}}), config({})
+    for old, new in ((explicit, default), (default, explicit)):
+        plan = plan_reload(old, new)
+        assert [ep.remote_name for ep in plan.start] == ["a"]
+        assert [ep.remote_name for ep in plan.stop] == ["a"]
+    same = plan_reload(explicit, config({"queue_config": {"capacity": 10000}}))
+    assert (same.start, same.stop) == ((), ())
 
 
 def test_sighup_applies_a_new_file_and_refuses_a_bad_one(tmp_path: Path) -> None:

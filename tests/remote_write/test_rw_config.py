@@ -54,6 +54,7 @@ def test_pasted_prometheus_block_parses() -> None:
     assert dict(mimir.headers) == {"X-Scope-OrgID": "team-gpu"}
     assert mimir.queue == QueueConfig(
         capacity=20000,
+        capacity_set=True,  # given: the user's bound, not sized from the plan
         max_shards=10,
         min_shards=2,
         max_samples_per_send=5000,

@@ -15,9 +15,9 @@ from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.config import EndpointConfig, QueueConfig, parse_remote_write
 from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.queue import MemoryQueue
-from hfsampler.remote_write.sizing import DEFAULT_WINDOWS, queue_bound
+from hfsampler.remote_write.sizing import DEFAULT_WINDOWS, queue_bound, raised_warning
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Series, SeriesRegistry, Snapshot
+from hfsampler.series import STALE_NAN, Series, SeriesRegistry, Snapshot
 
 # The sender, its queues and its client run on an event loop: both loops are tried.
 pytestmark = pytest.mark.both_loops
@@ -42,6 +42,15 @@ def test_an_explicit_capacity_is_the_bound_but_never_below_one_window() -> None:
     small = queue_bound(endpoint.queue, 25_000)
     assert (small.samples, small.raised_from) == (25_000, 20_000)
     assert small.describe() == "1 window, 25000 samples per shard"
+
+
+def test_the_raised_capacity_warning_counts_in_words() -> None:
+    """capacity: 1 (an operator trying the smallest bound) read 'is 1 samples'."""
+    (endpoint,) = parse_remote_write([{"url": "http://r/w", "queue_config": {"capacity": 1}}])
+    said = raised_warning("remote_write[0].queue_config.capacity", queue_bound(endpoint.queue, 9))
+    assert said.startswith("remote_write[0].queue_config.capacity is 1 sample, less than one ")
+    assert "(9 samples per shard" in said
+    assert "raised to 9 at start" in said
 
 
 def _window(ts: int, n: int, first: int = 0) -> Block:
@@ -97,3 +106,63 @@ async def test_a_full_queue_is_said_once_per_episode_and_counted(
     rx.assert_conformant()
     stamps = sorted({t for v in rx.series_named("DCGM_FI_DEV_POWER_USAGE").values() for t, _ in v})
     assert stamps == [base + 11_000, base + 12_000, base + 13_000]  # the newest windows, whole
+
+
+async def test_a_series_that_ends_and_returns_stays_on_its_shard() -> None:
+    """A series that ended (its stale marker queued) and returns is a new Series with a new id;
+    sharded by id it could land on another shard, whose requests race the first one's: after
+    an outage the receiver stored the returning samples first and refused the older ones,
+    stale marker included, as out of order (a relabelled endpoint's series get fresh ids on
+    every reload too). Sharded by its labels, it stays where its older samples are."""
+    reg = SeriesRegistry()
+    labels = [{"gpu": str(i)} for i in range(7)]  # 7 new ids a return: not a multiple of 4
+    cfg = EndpointConfig("http://127.0.0.1:9/w", name="edge", queue=QueueConfig(min_shards=4))
+    writer = RemoteWriter(cfg, SelfMetrics(), window_samples=28)  # not started: nothing is sent
+    for t in range(6):
+        series = [reg.series("DCGM_FI_DEV_POWER_USAGE", lab) for lab in labels]
+        values = [STALE_NAN if t % 2 else 1.0] * len(series)  # each window ends them all
+        writer.push(Snapshot(1000 * (t + 1), series, values))
+        if t % 2:
+            reg.forget(series)  # as the model does once a stale marker went: a new id next time
+    shards_of: dict[str, set[int]] = {}
+    for k, queue in enumerate(writer._queues):
+        queue.start_flush()
+        batch = await queue.get_batch(10**6, 0.0)
+        for block in batch.blocks:
+            for lab in block.series:
+                shards_of.setdefault(lab.v1.hex(), set()).add(k)
+    assert len(shards_of) == len(labels)
+    assert all(len(shards) == 1 for shards in shards_of.values()), shards_of
+    await writer.close(0.0)
+
+
+async def test_a_receiver_a_little_too_slow_is_said_once_not_every_few_windows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sender takes the queue every third window (a request takes 3 windows' time): every
+    third window drops one, the others fit. Each put that dropped nothing ended the episode, so
+    each cycle said a warning and a 'room again' line (17 and 16 in 60 windows against a real
+    receiver 3.5 windows a request). The first is said; the ones that follow within
+    REMINDER_S are counted, and at debug."""
+    caplog.set_level(logging.DEBUG, logger="hfsampler.remote_write.intake")
+    reg = SeriesRegistry()
+    series = [reg.series("DCGM_FI_DEV_POWER_USAGE", {"gpu": str(i)}) for i in range(5)]
+    queue = replace(QueueConfig(capacity=10, capacity_set=True), max_samples_per_send=100)
+    cfg = EndpointConfig("http://127.0.0.1:9/w", name="edge", queue=queue)
+    metrics = SelfMetrics()
+    writer = RemoteWriter(cfg, metrics, window_samples=5)  # not started: the test takes batches
+    (shard,) = writer._queues
+    t = 0
+    for _ in range(20):
+        for _ in range(3):  # the third drops the oldest window
+            t += 1
+            writer.push(_snapshot(series, 1000 * t))
+        await shard.get_batch(100, 0.0)  # the sender takes what is queued
+    labels = {"remote_name": "edge", "url": cfg.display_url, "reason": "queue_full"}
+    assert metrics.get(sm.RW_DROPPED, labels) == 20 * 5  # every drop counted
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    full = [m for _, m in said if "queue is full" in m]
+    room = [m for _, m in said if "has room again" in m]
+    assert len(full) == 1
+    assert len(room) == 1
+    await writer.close(0.0)

@@ -794,14 +794,16 @@ def _may_set_fifo() -> bool:
     return True
 
 
-def _bare_loop(seconds: float, policy: str = "normal") -> dict[str, float]:
+def _bare_loop(
+    seconds: float, policy: str = "normal", fifo_priority: int = FIFO_PRIORITY
+) -> dict[str, float]:
     """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all,
     under the same ``policy`` as the rows it is compared with (see ``policy_of``).
 
     Its CPU is what waking up a thousand times a second costs here.
     """
     if policy == "fifo":
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fifo_priority))
     elif policy == "slice":
         set_fair_slice(os.getpid(), SHORT_SLICE_S)
     reduce_timer_slack()
@@ -831,11 +833,13 @@ def _bare_loop(seconds: float, policy: str = "normal") -> dict[str, float]:
     }
 
 
-def platform_floor(seconds: float, policy: str = "normal") -> dict[str, float]:
+def platform_floor(
+    seconds: float, policy: str = "normal", fifo_priority: int = FIFO_PRIORITY
+) -> dict[str, float]:
     """The bare loop in its own process (as the sampler runs), under ``policy``."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_bare_loop, (seconds, policy))
+        return pool.apply(_bare_loop, (seconds, policy, fifo_priority))
 
 
 def main(argv: list[str] | None = None) -> int:

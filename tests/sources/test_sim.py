@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -197,3 +198,26 @@ def test_rows_computed_ahead_are_the_rows_computed_on_demand() -> None:
     assert any(th.name == "hfsampler-sim-ahead" for th in threading.enumerate())
     ahead.close()
     assert not any(th.name == "hfsampler-sim-ahead" for th in threading.enumerate())
+
+
+def test_a_forked_child_reads_on_without_the_parents_helper() -> None:
+    """A block asked of the helper just before a fork is never computed in the child (the
+    helper thread is not there): the child computes it itself and its values are the same."""
+    chosen = tuple(fields.select(["fast"]))
+    src = SimSource(2, seed=4)
+    src.open(chosen)
+    values = np.empty((2, len(chosen)))
+    ts = np.empty((2, len(chosen)), dtype=np.int64)
+    for k in range(250):
+        src.read(chosen, values, ts, T0 + k * 1_000_000)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if every row is the fresh source's
+        ok = True
+        for k in range(250, 500):
+            src.read(chosen, values, ts, T0 + k * 1_000_000)
+            want, _ = _read(SimSource(2, seed=4), [f.name for f in chosen], T0 + k * 1_000_000)
+            ok = ok and np.array_equal(values, want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    src.close()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 THREAD_NAME = "hfsampler-sim-ahead"
 _JOIN_S = 1.0  # close waits this long for a block being computed
+_ALIVE_S = 0.01  # how often a wait for a result looks whether its helper is still there
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class Ahead(Generic[T]):
     computation raised: the caller then computes it itself and sees the error)."""
 
     start_ms: int
+    thread: threading.Thread  # the helper that computes it
     done: threading.Event = field(default_factory=threading.Event)
     result: T | None = None
 
@@ -62,19 +64,28 @@ class Helper:
 
     def ask(self, start_ms: int, compute: Callable[[], T]) -> Ahead[T]:
         """Have ``compute`` run on the helper thread; its result, once done, in the answer."""
-        jobs = self._jobs
-        if jobs is None:
+        jobs, thread = self._jobs, self._thread
+        if jobs is None or thread is None or not thread.is_alive():  # first, or in a forked child
             jobs = self._jobs = queue.SimpleQueue()
-            self._thread = threading.Thread(
+            thread = self._thread = threading.Thread(
                 target=_work, args=(jobs,), name=THREAD_NAME, daemon=True
             )
-            self._thread.start()
+            thread.start()
             owner = self._owner()
             if owner is not None:  # an owner never closed still stops it
                 weakref.finalize(owner, jobs.put, None)
-        ahead: Ahead[T] = Ahead(start_ms)
+        ahead: Ahead[T] = Ahead(start_ms, thread)
         jobs.put((compute, ahead))  # type: ignore[arg-type]  # Ahead[T] is filled with a T
         return ahead
+
+    @staticmethod
+    def wait(ahead: Ahead[T]) -> T | None:
+        """``ahead``'s result once done; None if it never will be: its helper is gone (asked
+        before this process was forked from the one that has it) or the computation raised."""
+        while not ahead.done.wait(_ALIVE_S):
+            if not ahead.thread.is_alive():
+                return None
+        return ahead.result
 
     def close(self) -> None:
         """Stop the thread once its current job is done (a later ``ask`` starts another)."""

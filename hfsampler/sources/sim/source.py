@@ -465,8 +465,7 @@ class SimSource:
         reader.ahead = None
         block = None
         if ahead is not None and ahead.start_ms <= ms < ahead.start_ms + _BLOCK_MS:
-            ahead.done.wait()  # seldom still at it: it had the previous block's milliseconds
-            block = ahead.result
+            block = Helper.wait(ahead)  # seldom still at it: it had the last block's time
         if block is None:
             frequent = old is not None and 0 <= ms - old.last_ms <= _FREQUENT_MS
             block = self._block(reader.plan, ms, _CATCH_UP_MS if frequent else 1)

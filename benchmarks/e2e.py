@@ -10,9 +10,16 @@ for the raw samples of one series on both paths. For each window (timestamped at
   sample carrying that window's value was first seen, minus T. A window that no scrape caught
   (two windows closed between scrapes) is counted as missed by the pull path.
 
+Prometheus scrapes a target at a fixed offset within its interval, taken from a hash of the
+target's labels: with one target, the pull path's latency is wherever that offset fell relative
+to hfsampler's window ends (4.6-37x the push path's, between runs). So the same /metrics is
+scraped by ``--scrape-targets`` jobs (``hfsampler-pull-0``, ``-1``, ...: a different hash, a
+different offset each), and the pull path is reported per job, pooled over all of them, and as
+the median and spread (lowest-highest) of the jobs' p50: what a scrape gets at a random offset.
+
 Latencies are upper bounds with the poll interval as resolution. Prints a table, writes JSON.
 
-    python benchmarks/e2e.py [--minutes 2] [--out benchmarks/out/e2e.json]
+    python benchmarks/e2e.py [--minutes 2] [--scrape-targets 6] [--out benchmarks/out/e2e.json]
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from hfsampler.fields import POWER_INSTANT
 from hfsampler.sampling.window import MAX
 
 METRIC = POWER_INSTANT.name + MAX.suffix  # the series a scrape misses most: the spikes
-PULL_JOB = "hfsampler-pull"
+PULL_JOB = "hfsampler-pull"  # a prefix: one job per scrape offset, hfsampler-pull-K
 
 
 @dataclass
@@ -48,7 +55,7 @@ class Seen:
     """First time (wall clock, s) each sample was visible, per path, keyed by sample timestamp."""
 
     push: dict[int, tuple[float, float]] = field(default_factory=dict)  # ts_ms -> (value, seen)
-    pull: dict[int, tuple[float, float]] = field(default_factory=dict)
+    pull: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)  # per job
     polls: int = 0
     poll_s: list[float] = field(default_factory=list)  # each poll's round trip
 
@@ -59,7 +66,8 @@ def poll(prom: rx.Prometheus, seen: Seen, lookback_s: int) -> None:
     seen.poll_s.append(time.time() - sent)
     seen.polls += 1
     for item in result:
-        path = seen.pull if item["metric"].get("job") == PULL_JOB else seen.push
+        job = item["metric"].get("job", "")
+        path = seen.pull.setdefault(job, {}) if job.startswith(PULL_JOB) else seen.push
         for ts, value in item["values"]:
             ts_ms = round(float(ts) * 1000)
             if ts_ms not in path:
@@ -80,10 +88,13 @@ def stats_ms(latencies_s: list[float], count_key: str = "windows") -> dict[str, 
     }
 
 
-def latencies(seen: Seen, skip_first: int = 2) -> tuple[list[float], list[float], int]:
-    """Push and pull latencies per window, and how many windows the pull path missed."""
+def latencies(
+    seen: Seen, pulled: dict[int, tuple[float, float]], skip_first: int = 2
+) -> tuple[list[float], list[float], int]:
+    """Push latencies per window, and one pull job's (``pulled``: its samples), and how many
+    windows that job missed."""
     push_windows = sorted(seen.push.items())[skip_first:]
-    pull_samples = sorted(seen.pull.items())
+    pull_samples = sorted(pulled.items())
     push_lat: list[float] = []
     pull_lat: list[float] = []
     missed = 0
@@ -119,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DUR",
         help="the push queue's batch_send_deadline (default: hfsampler's, 0: each window at once)",
     )
+    parser.add_argument(
+        "--scrape-targets",
+        type=int,
+        default=6,
+        help="scrape jobs on the same /metrics, each at its own offset (default 6)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/e2e.json"))
     args = parser.parse_args(argv)
 
@@ -128,14 +145,17 @@ def main(argv: list[str] | None = None) -> int:
 
     root = rx.temp_root("hfsampler-bench-")
     listen_port = rx.free_port()
-    scrape = {
-        "job_name": PULL_JOB,
-        "scrape_interval": "1s",
-        "scrape_timeout": "1s",
-        "static_configs": [{"targets": [f"127.0.0.1:{listen_port}"]}],
-    }
+    scrapes = [
+        {
+            "job_name": f"{PULL_JOB}-{k}",
+            "scrape_interval": "1s",
+            "scrape_timeout": "1s",
+            "static_configs": [{"targets": [f"127.0.0.1:{listen_port}"]}],
+        }
+        for k in range(args.scrape_targets)
+    ]
     duration_s = int(args.minutes * 60)
-    prom = rx.start_prometheus(root / "prometheus", scrape_configs=[scrape])
+    prom = rx.start_prometheus(root / "prometheus", scrape_configs=scrapes)
     cli_log = root / "hfsampler.log"
     write_urls = [prom.write_url]
     extra: list[str] = []
@@ -184,28 +204,59 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no pushed window was ever visible; hfsampler exited {code}:\n{cli_text[-3000:]}")
         return 1
 
-    push_lat, pull_lat, missed = latencies(seen)
+    jobs = sorted(seen.pull, key=lambda j: int(j.rsplit("-", 1)[1]))
+    per_job: dict[str, dict[str, float | int]] = {}
+    pooled: list[float] = []
+    push_lat: list[float] = []
+    for job in jobs:
+        push_lat, pull_lat, missed = latencies(seen, seen.pull[job])
+        per_job[job] = {**stats_ms(pull_lat), "missed_windows": missed}
+        pooled += pull_lat
+    if not jobs:
+        push_lat = latencies(seen, {})[0]
     push = stats_ms(push_lat)
-    pull = stats_ms(pull_lat)
-    pull["missed_windows"] = missed
-    ratio = {
+    pull = stats_ms(pooled)
+    pull["missed_windows"] = sum(int(r["missed_windows"]) for r in per_job.values())
+    p50s = [float(r["p50_ms"]) for r in per_job.values() if "p50_ms" in r]
+    over_targets = (
+        {"targets": len(p50s), "p50_ms_median": float(np.median(p50s)),
+         "p50_ms_min": min(p50s), "p50_ms_max": max(p50s)}
+        if p50s else {"targets": 0}
+    )  # fmt: skip
+    ratio: dict[str, float] = {
         key: pull[key] / push[key]
         for key in ("p50_ms", "p99_ms")
         if key in pull and key in push and push[key] > 0
     }
+    if p50s and push.get("p50_ms"):
+        ratio["p50_median_over_targets"] = float(np.median(p50s)) / push["p50_ms"]
+        ratio["p50_min_over_targets"] = min(p50s) / push["p50_ms"]
+        ratio["p50_max_over_targets"] = max(p50s) / push["p50_ms"]
     poll_rt = stats_ms(seen.poll_s, count_key="polls")
 
     print()
-    print(f"{'path':<28}{'windows':>8}{'missed':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
+    print(f"{'path':<34}{'windows':>8}{'missed':>8}{'p50 ms':>10}{'p99 ms':>10}{'max ms':>10}")
     push_name = f"push (deadline {args.batch_send_deadline or 'default'})"
-    for name, row in ((push_name, push), ("pull (1 s scrape of /metrics)", pull)):
+    rows = [(push_name, push)]
+    rows += [(f"pull, 1 s scrape, {job}", per_job[job]) for job in jobs]
+    rows.append((f"pull, {len(jobs)} scrape offsets pooled", pull))
+    for name, row in rows:
         print(
-            f"{name:<28}{row.get('windows', 0):>8}{row.get('missed_windows', 0):>8}"
+            f"{name:<34}{row.get('windows', 0):>8}{row.get('missed_windows', 0):>8}"
             f"{row.get('p50_ms', float('nan')):>10.1f}{row.get('p99_ms', float('nan')):>10.1f}"
             f"{row.get('max_ms', float('nan')):>10.1f}"
         )
-    for key, value in ratio.items():
-        print(f"pull/push {key[:3]}: {value:.1f}x")
+    if p50s:
+        print(
+            f"pull p50 over {len(p50s)} scrape offsets: median {np.median(p50s):.1f} ms "
+            f"({min(p50s):.1f}-{max(p50s):.1f}); over push p50: "
+            f"{ratio.get('p50_median_over_targets', float('nan')):.1f}x "
+            f"({ratio.get('p50_min_over_targets', float('nan')):.1f}-"
+            f"{ratio.get('p50_max_over_targets', float('nan')):.1f}x)"
+        )
+    for key in ("p50_ms", "p99_ms"):
+        if key in ratio:
+            print(f"pull (pooled) / push {key[:3]}: {ratio[key]:.1f}x")
     print(f"resolution: poll every {args.poll_ms} ms, query p50 {poll_rt.get('p50_ms', 0):.1f} ms")
     if problems:
         print(f"warning: Prometheus logged {len(problems)} problem lines, e.g. {problems[0]}")
@@ -218,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             "window": args.window,
             "poll_ms": args.poll_ms,
             "batch_send_deadline": args.batch_send_deadline or "default",
+            "scrape_targets": args.scrape_targets,
             "metric": METRIC,
         },
         "env": {
@@ -230,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "push": push,
         "pull": pull,
+        "pull_per_target": per_job,
+        "pull_p50_over_targets": over_targets,
         "pull_over_push": ratio,
         "poll_round_trip": poll_rt,
         "hfsampler_exit": code,

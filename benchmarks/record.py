@@ -12,6 +12,12 @@
    minute (the report is one thread: per core). Peer, in the same run: the report before it
    streamed (``--peer-ref``, a commit of this repository, exported with ``git archive``), on the
    recordings up to ``--peer-max-gpu-hours`` (its memory grows about 0.67 GB per GPU-hour).
+   Each report reads a recording of the same sim GPUs over the same seconds written by its own
+   version: the peer's by the synthesizer of its own ``benchmarks/record.py``, in its own
+   format and catalogue (53 fields, all recorded). Today's files are not the peer's to read: its
+   catalogue lacks DCGM_FI_DEV_FB_TOTAL (``KeyError``) and, given only the fields it knows, its
+   reader still fails on today's raw chunks (``ValueError`` in ``Recording._raw``). Each side
+   thus does the job a user of that version had: profile this run, then report it.
 
     python benchmarks/record.py [--gpus 8] [--hours 1] [--cpu-seconds 15]
                                 [--report-gpu-hours 0.5,2,8] [--peer-ref 22a9a79]
@@ -86,11 +92,12 @@ def measured(args: list[str], root: Path, cwd: Path) -> dict[str, float]:
             "peak_rss_mb": peak_kb[-1] / 1024}  # fmt: skip
 
 
-def export_peer(ref: str, into: Path) -> Path | None:
-    """The package as it was at ``ref`` (None where git or the commit is not there)."""
+def export_peer(ref: str, into: Path, paths: tuple[str, ...] = ("hfsampler",)) -> Path | None:
+    """The package (and other ``paths``) as it was at ``ref`` (None where git or the commit is
+    not there)."""
     into.mkdir(parents=True, exist_ok=True)
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "hfsampler"],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, *paths],
                                  check=True, capture_output=True).stdout  # fmt: skip
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     except (OSError, subprocess.CalledProcessError):
@@ -98,34 +105,56 @@ def export_peer(ref: str, into: Path) -> Path | None:
     return into
 
 
+# Runs the peer's own synthesizer (its benchmarks/record.py, its package): ARGV path gpus seconds.
+PEER_SYNTHESIZE = """import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from record import synthesize
+synthesize(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), quantize=False)
+"""
+
+
+def peer_recording(peer: Path, path: Path, gpus: int, seconds: int) -> Path:
+    """A recording of the same sim GPUs and seconds as this tree's, by the peer's own writer."""
+    env = {**os.environ, "PYTHONPATH": str(peer)}
+    subprocess.run([sys.executable, "-c", PEER_SYNTHESIZE, str(peer / "benchmarks"), str(path),
+                    str(gpus), str(seconds)], env=env, cwd=path.parent, check=True)  # fmt: skip
+    return path
+
+
 def report_scaling(tmp: Path, gpus: int, gpu_hours: list[float], peer: Path | None,
                    peer_max: float, made: dict[float, Path]) -> list[dict[str, Any]]:  # fmt: skip
     """`hfsampler report` on recordings of each length (``made``: those already synthesized, by
-    GPU-hours): this tree's, and the peer's."""
+    GPU-hours): this tree's on its own, and the peer's on one its own writer made."""
     rows: list[dict[str, Any]] = []
     for gh in gpu_hours:
         path = made.get(gh) or tmp / f"report-{gh:g}.hfs"
+        seconds = int(gh * 3600 / gpus)
         if not path.exists():
-            synthesize(path, gpus, int(gh * 3600 / gpus), quantize=False)
-        size_mb = path.stat().st_size / 1e6
-        for impl, root in (("new", REPO), ("old", peer)):
-            if root is None or (impl == "old" and gh > peer_max):
-                continue
+            synthesize(path, gpus, seconds, quantize=False)
+        sides = [("new", REPO, path)]
+        if peer is not None and gh <= peer_max:
+            made_by_peer = peer_recording(peer, tmp / f"report-{gh:g}-peer.hfs", gpus, seconds)
+            sides.append(("old", peer, made_by_peer))
+        for impl, root, recording in sides:
+            size_mb = recording.stat().st_size / 1e6
             for fmt in ("json", "html"):
                 out = tmp / f"report-{gh:g}-{impl}.{fmt}"
-                m = measured(["report", str(path), "--format", fmt, "-o", str(out)], root, tmp)
+                m = measured(["report", str(recording), "--format", fmt, "-o", str(out)], root,
+                             tmp)  # fmt: skip
                 rows.append({"gpu_hours": gh, "file_mb": size_mb, "impl": impl,
                              "format": fmt, **m, "output_mb": out.stat().st_size / 1e6,
                              "gpu_hours_per_cpu_minute": gh / (m["cpu_s"] / 60)})  # fmt: skip
                 out.unlink()
-        path.unlink()
+            recording.unlink()
     return rows
 
 
 def print_scaling(rows: list[dict[str, Any]]) -> None:
     old = {(r["gpu_hours"], r["format"]): r for r in rows if r["impl"] == "old"}
     print(f"\n{'report':<14} {'GPU-h':>6} {'file MB':>8} {'wall s':>7} {'CPU s':>6} "
-          f"{'GPU-h/CPU-min':>13} {'peak RSS MB':>11} {'out MB':>7} {'old RSS MB':>10} "
+          f"{'GPU-h/CPU-min':>13} {'peak RSS MB':>11} {'out MB':>7} {'old file MB':>11} "
+          f"{'old RSS MB':>10} "
           f"{'RSS new/old':>11} {'CPU new/old':>11}")  # fmt: skip
     for r in rows:
         if r["impl"] != "new":
@@ -134,9 +163,10 @@ def print_scaling(rows: list[dict[str, Any]]) -> None:
         ratio_rss = f"{r['peak_rss_mb'] / peer['peak_rss_mb']:.2f}" if peer else "-"
         ratio_cpu = f"{r['cpu_s'] / peer['cpu_s']:.2f}" if peer else "-"
         old_rss = f"{peer['peak_rss_mb']:.0f}" if peer else "-"
+        old_mb = f"{peer['file_mb']:.1f}" if peer else "-"
         print(f"{r['format']:<14} {r['gpu_hours']:>6g} {r['file_mb']:>8.1f} {r['wall_s']:>7.1f} "
               f"{r['cpu_s']:>6.1f} {r['gpu_hours_per_cpu_minute']:>13.1f} "
-              f"{r['peak_rss_mb']:>11.0f} {r['output_mb']:>7.1f} {old_rss:>10} "
+              f"{r['peak_rss_mb']:>11.0f} {r['output_mb']:>7.1f} {old_mb:>11} {old_rss:>10} "
               f"{ratio_rss:>11} {ratio_cpu:>11}")  # fmt: skip
     print("(a shared 2-core machine: CPU seconds are steadier than wall; compare the ratios)")
 
@@ -158,7 +188,7 @@ def main() -> None:
         full = Path(tmp, "run.hfs")
         result["sim_full_precision"] = synthesize(full, ns.gpus, seconds, quantize=False)
         hf = [sys.executable, "-m", "hfsampler"]
-        peer = export_peer(ns.peer_ref, Path(tmp, "peer"))
+        peer = export_peer(ns.peer_ref, Path(tmp, "peer"), ("hfsampler", "benchmarks/record.py"))
         result["report_peer"] = ns.peer_ref if peer else None
         wanted = [float(x) for x in ns.report_gpu_hours.split(",") if x]
         scaling = report_scaling(Path(tmp), ns.gpus, wanted, peer, ns.peer_max_gpu_hours,

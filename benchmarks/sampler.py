@@ -9,12 +9,14 @@ parent holds the GIL and keeps a core busy. Like the service, the parent reads t
 second (in an executor) and reduces the window; every tick's lateness comes from
 ``rows.lateness_ns``, missed ticks from the sampler's counters.
 
-The floor: a bare 1 kHz sleep loop that does no work, in a process of its own. It opens the run
-alone with an idle parent (the floor the table's "xstart" ratio divides by, as in issue 16), and
-runs again before each scenario, under that scenario's parent (idle or busy) and neighbours, just
-before the sampler starts ("xbefore"): the machine is shared, and what it allows moves from
-minute to minute. (Run beside the sampler instead, the floor waited behind the sampler's own
-lanes and measured them.)
+The floor: a bare 1 kHz sleep loop that does no work, in a process of its own, under the same
+scheduling as the row it divides (normal; a 100 µs EEVDF slice; SCHED_FIFO 10): a real-time
+sampler compared with a normal-priority floor would flatter itself. It opens the run alone with an
+idle parent, once per scheduling policy (the floor the table's "xstart" ratio divides by, as in
+issue 16), and runs again before each scenario, under that scenario's parent (idle or busy),
+neighbours and scheduling, just before the sampler starts ("xbefore"): the machine is shared,
+and what it allows moves from minute to minute. (Run beside the sampler instead, the floor
+waited behind the sampler's own lanes and measured them.)
 
 A peer in the same run for the busy scenarios, ``one-lane``: the design the two lanes replace,
 every group in one deadline loop in a process of its own, reading the same sim source into the
@@ -72,6 +74,7 @@ from hfsampler.sources.registry import open_source
 
 WINDOW_S = 1.0
 SHORT_SLICE_S = 100e-6  # the shortest slice EEVDF accepts
+FIFO_PRIORITY = 10  # what the +fifo rows set on the sampler, and so on their floor
 WARMUP_S = 1.0
 LATE_NS = 200_000  # the sampler's default late threshold at 1 ms
 SLOW_CALL_S = 0.005  # the slow scenario's ECC read, on every slow tick (100 ms)
@@ -408,6 +411,16 @@ class Scenario:
     def in_process(self) -> bool:
         return self.kind.startswith("process")
 
+    @property
+    def policy(self) -> str:
+        """The scheduling the sampler runs under, and so the floor its rows are divided by."""
+        return policy_of(self.kind)
+
+
+def policy_of(kind: str) -> str:
+    """``fifo`` (SCHED_FIFO 10), ``slice`` (a 100 µs EEVDF slice) or ``normal``, from a kind."""
+    return kind.rsplit("+", 1)[1] if "+" in kind else "normal"
+
 
 @dataclass
 class Collected:
@@ -502,14 +515,15 @@ async def run_scenario(
             workers: list[Coroutine[Any, Any, None]] = [cpu_worker(load, k) for k in range(8)]
             workers.append(encode_worker(load, sc.gpus, names, 99))
             tasks = [asyncio.create_task(w) for w in workers]
-        # the floor under this scenario's parent, just before the sampler starts: what the
-        # machine allows any sampler right now (run beside it, it measured the sampler instead)
-        floor = await loop.run_in_executor(None, platform_floor, floor_s)
+        # the floor under this scenario's parent, just before the sampler starts, at the
+        # sampler's own priority: what the machine allows any sampler right now (run beside
+        # it, it measured the sampler instead)
+        floor = await loop.run_in_executor(None, platform_floor, floor_s, sc.policy)
         await loop.run_in_executor(None, sampler.start)
         if sc.kind.endswith("+fifo") and not isinstance(sampler, ThreadSampler) and sampler.pid:
             # what a real-time sampler would get: it preempts the parent and everyone else (set
             # on the main thread: the fast lane, or the one lane)
-            os.sched_setscheduler(sampler.pid, os.SCHED_FIFO, os.sched_param(10))
+            os.sched_setscheduler(sampler.pid, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
         if sc.kind == "process+slice" and isinstance(sampler, Sampler) and sampler.pid:
             set_fair_slice(sampler.pid, SHORT_SLICE_S)
         await asyncio.sleep(WARMUP_S)
@@ -684,8 +698,9 @@ def print_report(report: dict[str, Any]) -> None:
     print(
         "fast group (1 ms) tick lateness in µs; missed in % of ticks; xstart = p99 over the\n"
         "p99 of the floor measured alone at the start of the run (a bare 1 kHz loop in its own\n"
-        "process, idle parent); before: the same loop under the scenario's parent just before the\n"
-        "sampler starts (its p99 µs, the sampler's p99 over it, its missed %, its CPU %); CPU in\n"
+        "process, idle parent) under the row's own scheduling (normal, +slice, +fifo); before:\n"
+        "the same loop, same scheduling, under the scenario's parent just before the sampler\n"
+        "starts (its p99 µs, the sampler's p99 over it, its missed %, its CPU %); CPU in\n"
         "% of one core (every thread); RSS of the sampler in MB; runq = ms per s its fast lane\n"
         "waited for a CPU while runnable; work = the parent's busy-loop units/s (thousands);\n"
         "load = the 1-minute load average when the scenario started"
@@ -714,12 +729,12 @@ def print_report(report: dict[str, Any]) -> None:
             f"{c['peer_p99_us']:.0f} / {c['process_p99_us']:.0f} µs = {c['p99_ratio']:.1f}x; "
             f"missed {c['peer_missed_pct']:.3f}% vs {c['process_missed_pct']:.3f}%"
         )
-    f = report["platform_floor"]
-    print(
-        f"platform floor alone at the start, idle parent: p50 {f['p50_us']:.0f} p99 "
-        f"{f['p99_us']:.0f} max {f['max_us']:.0f} µs, missed {f['missed_pct']:.2f}%, CPU "
-        f"{f['cpu_pct']:.2f}% (no sampler can do better on this machine)"
-    )
+    for policy, f in report["platform_floors"].items():
+        print(
+            f"platform floor alone at the start, idle parent, {policy} scheduling: p50 "
+            f"{f['p50_us']:.0f} p99 {f['p99_us']:.0f} max {f['max_us']:.0f} µs, missed "
+            f"{f['missed_pct']:.2f}%, CPU {f['cpu_pct']:.2f}% (no sampler can do better here)"
+        )
     print()
     for gpus, cost in report["source_read_us"].items():
         parts = ", ".join(
@@ -779,11 +794,18 @@ def _may_set_fifo() -> bool:
     return True
 
 
-def _bare_loop(seconds: float) -> dict[str, float]:
-    """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all.
+def _bare_loop(
+    seconds: float, policy: str = "normal", fifo_priority: int = FIFO_PRIORITY
+) -> dict[str, float]:
+    """A 1 kHz deadline loop that does nothing: what this machine allows any sampler at all,
+    under the same ``policy`` as the rows it is compared with (see ``policy_of``).
 
     Its CPU is what waking up a thousand times a second costs here.
     """
+    if policy == "fifo":
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fifo_priority))
+    elif policy == "slice":
+        set_fair_slice(os.getpid(), SHORT_SLICE_S)
     reduce_timer_slack()
     interval = 1_000_000
     n = int(seconds * 1000)
@@ -811,11 +833,13 @@ def _bare_loop(seconds: float) -> dict[str, float]:
     }
 
 
-def platform_floor(seconds: float) -> dict[str, float]:
-    """The bare loop in its own process (as the sampler runs), with nothing else running."""
+def platform_floor(
+    seconds: float, policy: str = "normal", fifo_priority: int = FIFO_PRIORITY
+) -> dict[str, float]:
+    """The bare loop in its own process (as the sampler runs), under ``policy``."""
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        return pool.apply(_bare_loop, (seconds,))
+        return pool.apply(_bare_loop, (seconds, policy, fifo_priority))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -841,8 +865,15 @@ def main(argv: list[str] | None = None) -> int:
     floor_s = args.floor_seconds if args.floor_seconds is not None else args.seconds / 2
 
     loadavg_before = os.getloadavg()
-    print(f"platform floor (a bare 1 kHz sleep loop, no work): {args.seconds:g} s ...", flush=True)
-    floor = platform_floor(args.seconds)
+    # one floor per scheduling policy the rows run under: a row is divided by its own
+    policies = ["normal"]
+    if not args.no_sched:
+        policies += ["slice", "fifo"] if _may_set_fifo() else ["slice"]
+    floors: dict[str, dict[str, float]] = {}
+    for policy in policies:
+        print(f"platform floor (a bare 1 kHz sleep loop, no work, {policy} scheduling): "
+              f"{args.seconds:g} s ...", flush=True)  # fmt: skip
+        floors[policy] = platform_floor(args.seconds, policy)
     factory = _runner_factory()
     results: list[dict[str, Any]] = []
     read_cost: dict[str, Any] = {}
@@ -877,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ratios = []
     for r in results:
+        floor = floors[policy_of(r["sampler"])]
         r["floor_start"] = floor
         r["p99_over_floor"] = r["fast"].get("p99_us", float("nan")) / max(floor["p99_us"], 1e-9)
     for r in results:
@@ -924,7 +956,8 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": results,
         "peer_over_process": ratios,
         "source_read_us": read_cost,
-        "platform_floor": floor,
+        "platform_floor": floors["normal"],
+        "platform_floors": floors,
     }
     report["targets"] = targets(results)
     print_report(report)

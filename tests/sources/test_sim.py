@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 
 from hfsampler import fields
@@ -169,3 +172,52 @@ def test_value_at_gives_one_link_s_truth() -> None:
     truth = src.value_at(tx.name, [T0 + 200_000_000] * 2, [0, 1], labels=link3.labels)
     np.testing.assert_array_equal(values[:, 0], truth)
     assert (truth != src.value_at(tx.name, [T0 + 200_000_000] * 2, [0, 1])).all()
+
+
+def test_rows_computed_ahead_are_the_rows_computed_on_demand() -> None:
+    """A reader coming back every millisecond gets its next block from the helper thread; every
+    row, across block boundaries and after a jump, is the one a fresh source computes for it."""
+    chosen = [f for f in fields.CATALOGUE if f.name in sim._SHAPED or f.name in sim._PROFILES]
+    chosen = chosen[:16]
+    ahead = SimSource(4, seed=9)
+    ahead.open(chosen)
+    fast = tuple(chosen)
+    t = T0 + 250_000
+    for k in range(450):
+        if k == 300:
+            t += 137_000_000  # missed ticks: past the block computed ahead
+        values = np.empty((4, len(fast)))
+        ts = np.empty((4, len(fast)), dtype=np.int64)
+        ahead.read(fast, values, ts, t)
+        fresh = SimSource(4, seed=9)
+        fresh.open(chosen)
+        want_v, want_ts = _read(fresh, [f.name for f in fast], t)
+        np.testing.assert_array_equal(values, want_v)
+        np.testing.assert_array_equal(ts, want_ts)
+        t += 1_000_000
+    assert any(th.name == "hfsampler-sim-ahead" for th in threading.enumerate())
+    ahead.close()
+    assert not any(th.name == "hfsampler-sim-ahead" for th in threading.enumerate())
+
+
+def test_a_forked_child_reads_on_without_the_parents_helper() -> None:
+    """A block asked of the helper just before a fork is never computed in the child (the
+    helper thread is not there): the child computes it itself and its values are the same."""
+    chosen = tuple(fields.select(["fast"]))
+    src = SimSource(2, seed=4)
+    src.open(chosen)
+    values = np.empty((2, len(chosen)))
+    ts = np.empty((2, len(chosen)), dtype=np.int64)
+    for k in range(250):
+        src.read(chosen, values, ts, T0 + k * 1_000_000)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if every row is the fresh source's
+        ok = True
+        for k in range(250, 500):
+            src.read(chosen, values, ts, T0 + k * 1_000_000)
+            want, _ = _read(SimSource(2, seed=4), [f.name for f in chosen], T0 + k * 1_000_000)
+            ok = ok and np.array_equal(values, want)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    src.close()
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -15,6 +15,12 @@ each field set keeps its own precomputed rows and counters, and what the sets sh
 the tables of spikes and throttling episodes per time bucket) is only ever added to, whole. A
 field may be given a read cost (``read_cost_s``): a read that includes it sleeps that long with
 the GIL released, as a slow NVML query (ECC counts, retired pages) waits in the driver.
+
+A reader that comes back every millisecond is served from blocks of precomputed rows; the next
+block is computed ahead of need on a helper thread of the source's own (``ahead``, at the normal
+scheduler's priority), so the sampler's fast lane only copies rows and never stalls for a block
+(4.8 ms at 64 GPUs). Every row is a pure function of its millisecond: a block computed ahead holds
+the values one computed on the lane would.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from hfsampler.sources.base import (
     Inventory,
 )
 from hfsampler.sources.sim import mig as sim_mig
+from hfsampler.sources.sim.ahead import Ahead, Helper
 
 U64 = npt.NDArray[np.uint64]
 
@@ -207,7 +214,8 @@ _SHAPED = frozenset(
 )
 _COUNTER_NAMES = tuple(f.name for f in CATALOGUE if f.kind is Kind.COUNTER)
 _DEFAULT_PROFILE = Profile(0.0, 0.0, 100_000_000)
-_BLOCK_MS = 100  # rows computed at once for a reader that comes back every few milliseconds
+_BLOCK_MS = 100  # rows computed at once, ahead, for a reader that comes back every few ms
+_CATCH_UP_MS = 10  # rows computed on the reader's thread when none were ahead (0.4 ms at 64 GPUs)
 _FREQUENT_MS = 5
 _MAX_READERS = 64  # tuples cached by identity: a caller making one per read must not grow it
 _EVENT_BUCKETS_MAX = 64  # buckets one event table spans; wider asks are computed directly
@@ -231,6 +239,7 @@ class _Reader:
     fields: Sequence[Field] | None  # the tuple this reader is cached for by identity
     plan: _Plan
     block: _Block | None = None
+    ahead: Ahead[_Block] | None = None  # the block after ``block``, for a frequent reader
     counters: dict[str, FloatArray] | None = None
     last_ns: int = 0
 
@@ -263,6 +272,7 @@ class SimSource:
         self._devices: tuple[DeviceInfo, ...] = ()
         self._mig = tuple(mig)  # every GPU's MIG layout (sim_mig), () for none
         self._spreads: dict[int, tuple[Sequence[Field], sim_mig.Spread]] = {}
+        self._ahead = Helper(self)
 
     # -- the Source protocol ---------------------------------------------------------------------
 
@@ -306,8 +316,7 @@ class SimSource:
         ms = now_ns // 1_000_000
         block = reader.block
         if block is None or not block.start_ms <= ms < block.start_ms + len(block.values):
-            frequent = block is not None and 0 <= ms - block.last_ms <= _FREQUENT_MS
-            block = reader.block = self._block(plan, ms, _BLOCK_MS if frequent else 1)
+            block = reader.block = self._next_block(reader, ms)
         block.last_ms = ms
         row = ms - block.start_ms
         g = self.gpus
@@ -336,6 +345,7 @@ class SimSource:
     def close(self) -> None:
         self._readers_by_id.clear()  # counters start over on the next read
         self._readers.clear()
+        self._ahead.close()
 
     def _spread(self, fields: Sequence[Field]) -> sim_mig.Spread:
         found = self._spreads.get(id(fields))
@@ -446,6 +456,23 @@ class SimSource:
             )
             self._plans[names] = plan  # two threads making the same plan: either one is kept
         return plan
+
+    def _next_block(self, reader: _Reader, ms: int) -> _Block:
+        """The block for ``ms``: the one computed ahead when it holds ``ms``; else computed here,
+        a few rows only for a frequent reader (the helper has that long to compute the next
+        block). A frequent reader then asks the helper thread for the block after it."""
+        old, ahead = reader.block, reader.ahead
+        reader.ahead = None
+        block = None
+        if ahead is not None and ahead.start_ms <= ms < ahead.start_ms + _BLOCK_MS:
+            block = Helper.wait(ahead)  # seldom still at it: it had the last block's time
+        if block is None:
+            frequent = old is not None and 0 <= ms - old.last_ms <= _FREQUENT_MS
+            block = self._block(reader.plan, ms, _CATCH_UP_MS if frequent else 1)
+        if len(block.values) > 1:
+            start_ms, plan = block.start_ms + len(block.values), reader.plan
+            reader.ahead = self._ahead.ask(start_ms, lambda: self._block(plan, start_ms, _BLOCK_MS))
+        return block
 
     def _block(self, plan: _Plan, ms: int, rows: int) -> _Block:
         """``rows`` milliseconds of every GPU's values from ``ms`` on, computed in one call."""

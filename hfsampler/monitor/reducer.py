@@ -22,6 +22,7 @@ dies with the job (``PR_SET_PDEATHSIG``), as the sampler does.
 
 from __future__ import annotations
 
+import _collections_abc
 import contextlib
 import fcntl
 import itertools
@@ -31,6 +32,7 @@ import os
 import select
 import signal
 import struct
+import sys
 import threading
 import time
 import warnings
@@ -58,6 +60,10 @@ _PATIENCE_S = 5.0  # how long a window waits for the process before it is reduce
 _REASONS = tuple(CLOCK_EVENT_REASONS.values())
 _PER_GPU = 6 + len(_REASONS)  # energy, covered, peak, p99, memory, counter; then each reason
 _OK, _LOST, _FAILED = 0, 1, 2
+# A warning points at the job's line: the first frame outside hfsampler and the mapping ABCs
+# (a Measurement read through ``.values()`` or ``total_energy`` passes through both).
+_INSIDE = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+           _collections_abc.Mapping.get.__code__.co_filename)  # fmt: skip
 
 # What a waiting window gets: an answer, or None: the rings no longer held its rows.
 Reply = Answer | None
@@ -178,12 +184,18 @@ class Reducer:
         self._requests, self._woken = ours, woken
         self._request_fd, self._woken_fd = ours.fileno(), woken.fileno()
         os.set_blocking(self._woken_fd, False)
+        # a process kept from running (stopped, starved) must not stop the job: a full pipe
+        # (2,048 windows behind) refuses the request, and the job reduces that window itself
+        os.set_blocking(self._request_fd, False)
         self._send = threading.Lock()
         self._numbers = itertools.count(1)  # 0 is an empty slot's
         # windows not read yet; one nobody holds any more is let go
         self._waiting: weakref.WeakValueDictionary[int, Pending] = weakref.WeakValueDictionary()
-        self._gone = self._closing = False
+        self._gone = self._closing = self._told_stop = False
         self._said_gone = self._said_late = False
+        # it let a window wait out its patience and has answered none since: the windows read
+        # meanwhile do not wait for it again, each its whole patience
+        self._late = False
 
     def wait_ready(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Wait until the process has mapped the rings; a ``ReducerGone`` if it could not."""
@@ -207,10 +219,13 @@ class Reducer:
     def gone(self) -> bool:
         return self._gone
 
-    def ask(self, t0_ns: int, t1_ns: int, stop: int | None) -> Pending:
+    def ask(self, t0_ns: int, t1_ns: int, stop: int | None) -> Pending | None:
         """Ask for the numbers of ``[t0_ns, t1_ns)`` (``stop``: the rings' head when it ended,
         or None: the rows read until ``t1_ns``); ``wait`` reads them. A few dozen bytecodes and
-        one write: what ``end_window`` spends here."""
+        one write: what ``end_window`` spends here. None: the pipe is full, the process that
+        far behind (windows ended faster than it reduces them, or it is stopped or starved of
+        CPU): the job reduces the window itself, at once, as right, and says nothing (a read
+        that waits on a stopped process says it)."""
         number = next(self._numbers)
         pending = Pending(number, t0_ns, t1_ns, stop)
         self._waiting[number] = pending
@@ -218,18 +233,25 @@ class Reducer:
         try:
             with self._send:
                 os.write(self._request_fd, request)  # whole: a pipe takes 32 bytes at once
+        except BlockingIOError:
+            self._waiting.pop(number, None)
+            return None
         except OSError:  # the process is gone: ``wait`` reduces it here
             self._gone = True
         return pending
 
-    def wait(self, pending: Pending, here: Callable[[Pending], Reply]) -> Reply:
+    def wait(
+        self, pending: Pending, here: Callable[[Pending], Reply], patience_s: float = _PATIENCE_S
+    ) -> Reply:
         """The window's answer, read from its slot (waited for); reduced by ``here`` (in the
         job's process) where the rings no longer held it or the process failed at it (``here``
         then says which), where its slot was reused before it was read, where the process ended
-        without answering it, or has not answered for ``_PATIENCE_S`` (it is stopped, or
-        starved of CPU), the last two said once."""
-        deadline = checked = time.monotonic()
-        deadline += _PATIENCE_S
+        without answering it, or has not answered for ``patience_s`` (at most ``_PATIENCE_S``;
+        less where the rings would let go of the window's rows sooner: it is stopped, or
+        starved of CPU), the last two said once. Once one window waited out its patience, the
+        next ones read do not wait, until the process answers one again."""
+        began = checked = time.monotonic()
+        deadline = began + (0.0 if self._late else min(patience_s, _PATIENCE_S))
         while not pending.read:
             slots = self._slots
             try:
@@ -238,6 +260,7 @@ class Reducer:
             except ValueError:  # close() let go of the table just now: it copied it out
                 continue
             if got is not None:
+                self._late = False
                 status, answer = got
                 if status == _OK:
                     return self._settle(pending, answer)
@@ -245,8 +268,14 @@ class Reducer:
             if reused or self._gone:
                 break
             now = time.monotonic()
-            if now > deadline:
-                self._say_late()
+            if now >= deadline:
+                self._late = True
+                soon = (
+                    " (its samples were about to leave the rings)"
+                    if patience_s < _PATIENCE_S
+                    else ""
+                )
+                self._say_late(f"has not answered a window in {now - began:.1f} s{soon}")
                 break
             if now - checked > _CHECK_S:
                 checked = now
@@ -258,7 +287,7 @@ class Reducer:
         if pending.read:  # copied out by close() meanwhile
             return pending.reply
         if self._gone:
-            self.say_gone(stacklevel=5)
+            self.say_gone()
         return self._settle(pending, here(pending))
 
     def _settle(self, pending: Pending, reply: Reply) -> Reply:
@@ -266,7 +295,7 @@ class Reducer:
         self._waiting.pop(pending.number, None)
         return reply
 
-    def say_gone(self, stacklevel: int) -> None:
+    def say_gone(self) -> None:
         """Warn, once, that the process ended and windows are reduced in the job's process."""
         if self._said_gone or self._closing:
             return
@@ -275,19 +304,19 @@ class Reducer:
             f"the Monitor's reducer process ended ({self._why()}): windows are reduced in this "
             "process from now on",
             RuntimeWarning,
-            stacklevel=stacklevel,
+            stacklevel=_job_stacklevel(),
         )
 
-    def _say_late(self) -> None:
+    def _say_late(self, what: str) -> None:
+        """Warn, once, that the process is behind and windows are reduced in the job's."""
         if self._said_late:
             return
         self._said_late = True
         warnings.warn(
-            f"the Monitor's reducer process (pid {self.pid}) has not answered a window for "
-            f"{_PATIENCE_S:g} s (stopped, or starved of CPU): such windows are reduced in this "
-            "process",
+            f"the Monitor's reducer process (pid {self.pid}) {what} (stopped, or starved of "
+            "CPU): windows are reduced in this process until it catches up",
             RuntimeWarning,
-            stacklevel=5,
+            stacklevel=_job_stacklevel(),
         )
 
     def _why(self) -> str:
@@ -298,20 +327,31 @@ class Reducer:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> bool:
         """Tell the process to stop once it has answered every window asked before (it maps
-        the rings on its own: their owner may free them meanwhile)."""
+        the rings on its own: their owner may free them meanwhile); whether it was told (a
+        full pipe waits for room up to ``timeout_s``: a stopped process never makes any)."""
         if self._closing:
-            return
+            return self._told_stop
         self._closing = True
+        deadline = time.monotonic() + timeout_s
         with contextlib.suppress(OSError), self._send:
-            os.write(self._request_fd, _STOP)
+            while not self._told_stop:
+                try:
+                    os.write(self._request_fd, _STOP)
+                    self._told_stop = True
+                except BlockingIOError:
+                    left_s = deadline - time.monotonic()
+                    if left_s <= 0 or not self._process.is_alive():
+                        break
+                    select.select([], [self._request_fd], [], min(left_s, _CHECK_S))
+        return self._told_stop
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the process, wait until it has, copy out the answers not yet read and free the
-        table; safe twice."""
-        self.stop()
-        self._process.join(timeout_s)
+        """Stop the process, wait until it has (killed where it could not be told), copy out
+        the answers not yet read and free the table; safe twice."""
+        told = self.stop(timeout_s)
+        self._process.join(timeout_s if told else 0)
         if self._process.is_alive():
             self._process.kill()
             self._process.join()
@@ -326,6 +366,18 @@ class Reducer:
         slots.close()
         self._requests.close()
         self._woken.close()
+
+
+def _job_stacklevel() -> int:
+    """``warnings.warn``'s stacklevel, for the method that calls this, that names the job's own
+    line: how a Measurement is read (an item, ``total_energy``, ``.values()``) changes how many
+    frames are hfsampler's."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def _drain(fd: int) -> bool:

@@ -183,6 +183,9 @@ class Monitor:
         except ReducerGone as exc:
             self.close()
             raise SourceError(f"{exc}; the machine may be out of processes or memory") from None
+        except ConfigError as exc:  # no room left for the reducer's answers
+            self.close()
+            raise _in_monitor_terms(exc, history_s, len(self._rows)) from None
         except BaseException:
             self.close()
             raise

@@ -40,12 +40,20 @@ import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 
+from hfsampler.errors import ConfigError
 from hfsampler.fields import CLOCK_EVENT_REASONS
 from hfsampler.monitor.measurement import Answer
 from hfsampler.monitor.spans import Parts, SpanReader
 from hfsampler.sampling import spawning
 from hfsampler.sampling.lanes import PR_SET_PDEATHSIG, prctl
-from hfsampler.sampling.ring import Ring, SharedInts
+from hfsampler.sampling.ring import (
+    ROOM_FIX,
+    Ring,
+    SharedInts,
+    block_bytes,
+    format_bytes,
+    shm_dir,
+)
 
 # A request: its number, the window's [t0_ns, t1_ns), and the rings' head when it ended (-1:
 # the rows read up to t1_ns). Each is written whole, with no framing (every one is this size).
@@ -102,7 +110,19 @@ class _Slots:
 
     @classmethod
     def create(cls, gpus: int) -> _Slots:
-        return cls(SharedInts.create(SLOTS * (2 + gpus * _PER_GPU)), gpus)
+        """A new table, in the rings' directory; a ``ConfigError`` naming it, the bytes and the
+        fix where it has no room left (the rings, made first, took it)."""
+        words = SLOTS * (2 + gpus * _PER_GPU)
+        try:
+            return cls(SharedInts.create(words), gpus)
+        except OSError as exc:
+            need = block_bytes(8 * words)
+            raise ConfigError(
+                str(shm_dir()),
+                f"cannot make the Monitor's table of answers, {format_bytes(need)} ({need} "
+                f"bytes) beside its sample rings: {exc.strerror}",
+                ROOM_FIX,
+            ) from None
 
     def number_at(self, number: int) -> int:
         return self._ints[(number % SLOTS) * self.words]

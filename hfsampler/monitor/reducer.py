@@ -10,10 +10,12 @@ there and pays a few microseconds; one that reads it at once waits for it (about
 millisecond), asleep. Nothing in the job's process runs for a window it never reads.
 
 A slot starts with its window's number, written after the rest (a reader that finds another
-number, before or after reading, knows the slot was reused meanwhile: a job that kept a
-Measurement unread for ``SLOTS`` windows; that window is then reduced in the job's process, if
-the rings still hold it). ``close`` asks its last question, stop, after every other: the windows
-ended before it are answered first, and copied out of the table before it is freed. Where the
+number, before or after reading, knows the slot was reused meanwhile). A window still held
+unread when its slot comes round again has its record copied out first, by the ``end_window``
+that reuses it (bytes, decoded when read); one the process had not answered by then (``SLOTS``
+windows behind) is reduced in the job's process when read, if the rings still hold it.
+``close`` asks its last question, stop, after every other: the windows ended before it are
+answered first, and copied out of the table before it is freed. Where the
 process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S`` (stopped), a
 waiting window is reduced in the job's process instead, from the same rings, said once. The
 process ignores the signals a terminal sends the whole process group (the job owns Ctrl-C) and
@@ -84,12 +86,13 @@ class ReducerGone(RuntimeError):
 class Pending:
     """A window asked of the reducer: its number and span, and its answer once read."""
 
-    __slots__ = ("__weakref__", "number", "read", "reply", "stop", "t0_ns", "t1_ns")
+    __slots__ = ("__weakref__", "kept", "number", "read", "reply", "stop", "t0_ns", "t1_ns")
 
     def __init__(self, number: int, t0_ns: int, t1_ns: int, stop: int | None) -> None:
         self.number, self.t0_ns, self.t1_ns, self.stop = number, t0_ns, t1_ns, stop
         self.read = False
         self.reply: Reply = None
+        self.kept: bytes | None = None  # its record, copied out of the table before reuse
 
 
 class _Slots:
@@ -147,16 +150,27 @@ class _Slots:
     def read(self, number: int) -> tuple[int, Answer | None] | None:
         """The job's side: the status and answer of window ``number``; None where its slot does
         not hold it (not yet, or reused since)."""
+        record = self.copy(number)
+        return None if record is None else self.decode(record)
+
+    def copy(self, number: int) -> bytes | None:
+        """Window ``number``'s record as it is in its slot (a copy: a few hundred bytes, what
+        ``decode`` takes); None where its slot does not hold it (not yet, or reused since)."""
         at = (number % SLOTS) * self.words
         ints = self._ints
         if ints[at] != number:
             return None
-        status = ints[at + 1]
-        values = self._record.unpack_from(self._bytes, 8 * (at + 2))
+        record = bytes(self._bytes[8 * (at + 1) : 8 * (at + self.words)])
         if ints[at] != number:  # reused while we read
             return None
+        return record
+
+    def decode(self, record: bytes) -> tuple[int, Answer | None]:
+        """A record's status and answer (no shared memory read: after ``close`` too)."""
+        status = int.from_bytes(record[:8], "little", signed=True)
         if status != _OK:
             return status, None
+        values = self._record.unpack_from(record, 8)
         per = [values[g * _PER_GPU : (g + 1) * _PER_GPU] for g in range(self.gpus)]
         answer = Answer(
             energy_j=[v[0] for v in per], covered_s=[v[1] for v in per],
@@ -180,6 +194,7 @@ class Reducer:
     def __init__(self, parts: Parts, rows: Sequence[int], rings: dict[str, Ring]) -> None:
         """Starts the process (``wait_ready`` waits until it has mapped the rings)."""
         self._slots: _Slots | None = _Slots.create(len(rows))
+        self._decoder = self._slots  # decodes kept records after close() too
         ctx = multiprocessing.get_context("spawn")
         theirs, ours = ctx.Pipe(duplex=False)  # requests: we write, they read
         woken, wakes = ctx.Pipe(duplex=False)  # a byte per answer: they write, we read
@@ -247,6 +262,12 @@ class Reducer:
         CPU): the job reduces the window itself, at once, as right, and says nothing (a read
         that waits on a stopped process says it)."""
         number = next(self._numbers)
+        # this window's slot holds the answer of the one asked SLOTS windows ago until the
+        # process answers this one: a Measurement still held unread keeps it now (read after
+        # close(), or after the rings moved on, it is then still whole)
+        kept = self._waiting.get(number - SLOTS)
+        if kept is not None:
+            self._keep(kept)
         pending = Pending(number, t0_ns, t1_ns, stop)
         self._waiting[number] = pending
         request = _REQUEST.pack(number, t0_ns, t1_ns, _UNTIL_T1 if stop is None else stop)
@@ -275,8 +296,13 @@ class Reducer:
         while not pending.read:
             slots = self._slots
             try:
-                got = None if slots is None else slots.read(pending.number)
-                reused = slots is None or slots.number_at(pending.number) > pending.number
+                kept = pending.kept  # copied out of the table: before its reuse, or close()
+                if kept is not None:
+                    got: tuple[int, Answer | None] | None = self._decoder.decode(kept)
+                    reused = False
+                else:
+                    got = None if slots is None else slots.read(pending.number)
+                    reused = slots is None or slots.number_at(pending.number) > pending.number
             except ValueError:  # close() let go of the table just now: it copied it out
                 continue
             if got is not None:
@@ -309,6 +335,16 @@ class Reducer:
         if self._gone:
             self.say_gone()
         return self._settle(pending, here(pending))
+
+    def _keep(self, pending: Pending) -> None:
+        """Copy a window's record out of its slot into its ``Pending`` (bytes: decoded when
+        read), where the process has written it; where it has not yet, the window is reduced in
+        the job's process when read, if the rings still hold it."""
+        slots = self._slots
+        kept = None if slots is None else slots.copy(pending.number)
+        if kept is not None:
+            pending.kept = kept
+            self._waiting.pop(pending.number, None)
 
     def _settle(self, pending: Pending, reply: Reply) -> Reply:
         pending.reply, pending.read = reply, True
@@ -376,13 +412,12 @@ class Reducer:
             self._process.kill()
             self._process.join()
         self._gone = True
-        slots, self._slots = self._slots, None
+        slots = self._slots
         if slots is None:
             return
         for pending in list(self._waiting.values()):  # after the last answer: all are there
-            got = slots.read(pending.number)
-            if got is not None and got[0] == _OK:
-                self._settle(pending, got[1])
+            self._keep(pending)
+        self._slots = None
         slots.close()
         self._requests.close()
         self._woken.close()

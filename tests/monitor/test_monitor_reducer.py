@@ -273,3 +273,24 @@ def test_a_stopped_reducer_costs_no_window_of_a_short_history(
                 assert m.total_energy > 0
         finally:
             os.kill(pid, signal.SIGCONT)
+
+
+def test_measurements_kept_unread_past_the_table_are_whole_after_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training loop that keeps every step's Measurement and reads them all after the
+    Monitor is closed: more steps than the table has slots, so the first ones' slots were
+    reused meanwhile; each is still answered, with the reducer's numbers."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    steps = []
+    with Monitor(source="sim", env={}, history_s=10.0) as mon:
+        time.sleep(0.3)
+        for _ in range(1100):  # more than the table's 1,024 slots
+            with mon.window("step") as w:
+                time.sleep(0.002)
+            steps.append(w.measurement)
+    assert all(isinstance(m, Measurement) for m in steps)
+    for m in steps:
+        assert m is not None
+        assert m.total_energy > 0
+        assert all(math.isfinite(p) for p in m.gpu_p99_power.values())

@@ -260,7 +260,18 @@ class Monitor:
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
         """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold (a
-        ``WindowTooLongError`` here where they do not)."""
+        ``WindowTooLongError`` here where they do not; a ``ValueError`` for one that ends in
+        the future, whose last samples would be taken to hold until then, or before it
+        begins)."""
+        if t1_ns < t0_ns:
+            raise ValueError(f"the span ends before it begins ({t1_ns} < {t0_ns} ns)")
+        now_ns = self._clock.now_ns()
+        if t1_ns > now_ns:
+            raise ValueError(
+                f"the span ends {(t1_ns - now_ns) / 1e9:.3f} s in the future: the rings hold only "
+                "what was sampled; measure it once it has passed (or use begin_window and "
+                "end_window)"
+            )
         with self._lock:
             self._begin_read()
         try:

@@ -208,15 +208,17 @@ class Reducer:
         try:
             spawning.start(process)
         except BaseException:
-            for conn in (ours, woken):
+            for conn in (ours, woken, theirs):
                 conn.close()
             self._slots.close()
             raise
         finally:
-            theirs.close()  # the process holds its own copies
-            wakes.close()
+            wakes.close()  # the process holds its own copy
         self._process = process
-        self._requests, self._woken = ours, woken
+        # the requests' read end stays open here too: a write to a pipe nobody reads (the
+        # process killed) would raise SIGPIPE, which kills a job that set it back to its
+        # default (as scripts piped into `head` do); the dead process is found by its exit
+        self._requests, self._woken, self._unread = ours, woken, theirs
         self._request_fd, self._woken_fd = ours.fileno(), woken.fileno()
         os.set_blocking(self._woken_fd, False)
         # a process kept from running (stopped, starved) must not stop the job: a full pipe
@@ -291,7 +293,8 @@ class Reducer:
         less where the rings would let go of the window's rows sooner: it is stopped, or
         starved of CPU), the last two said once. Once one window waited out its patience, the
         next ones read do not wait, until the process answers one again."""
-        began = checked = time.monotonic()
+        began = time.monotonic()
+        checked = began - _CHECK_S  # an answer not there yet: is the process still there?
         deadline = began + (0.0 if self._late else min(patience_s, _PATIENCE_S))
         while not pending.read:
             slots = self._slots
@@ -323,7 +326,7 @@ class Reducer:
                 )
                 self._say_late(f"has not answered a window in {now - began:.1f} s{soon}")
                 break
-            if now - checked > _CHECK_S:
+            if now - checked >= _CHECK_S:
                 checked = now
                 if not self._process.is_alive():
                     self._gone = True
@@ -421,6 +424,7 @@ class Reducer:
         slots.close()
         self._requests.close()
         self._woken.close()
+        self._unread.close()
 
 
 def _job_stacklevel() -> int:

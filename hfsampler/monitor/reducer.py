@@ -16,8 +16,10 @@ that reuses it (bytes, decoded when read); one the process had not answered by t
 windows behind) is reduced in the job's process when read, if the rings still hold it.
 ``close`` asks its last question, stop, after every other: the windows ended before it are
 answered first, and copied out of the table before it is freed. Where the
-process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S`` (stopped), a
-waiting window is reduced in the job's process instead, from the same rings, said once. The
+process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S``, or by the time
+the rings would let go of the window's rows (stopped), a waiting window is reduced in the job's
+process instead, from the same rings, said once; where it is 2,048 windows behind (the pipe
+full), the job reduces the next window at once rather than wait for room. The
 process ignores the signals a terminal sends the whole process group (the job owns Ctrl-C) and
 dies with the job (``PR_SET_PDEATHSIG``), as the sampler does.
 """

@@ -321,11 +321,7 @@ class Reducer:
             now = time.monotonic()
             if now >= deadline:
                 self._late = True
-                soon = (
-                    " (its samples were about to leave the rings)"
-                    if patience_s < _PATIENCE_S
-                    else ""
-                )
+                soon = ", its samples about to leave the rings" if patience_s < _PATIENCE_S else ""
                 self._say_late(f"has not answered a window in {now - began:.1f} s{soon}")
                 break
             if now - checked >= _CHECK_S:

@@ -15,13 +15,12 @@ unread when its slot comes round again has its record copied out first, by the `
 that reuses it (bytes, decoded when read); one the process had not answered by then (``SLOTS``
 windows behind) is reduced in the job's process when read, if the rings still hold it.
 ``close`` asks its last question, stop, after every other: the windows ended before it are
-answered first, and copied out of the table before it is freed. Where the
-process is gone (killed, or it failed) or has not answered for ``_PATIENCE_S``, or by the time
-the rings would let go of the window's rows (stopped), a waiting window is reduced in the job's
-process instead, from the same rings, said once; where it is 2,048 windows behind (the pipe
-full), the job reduces the next window at once rather than wait for room. The
-process ignores the signals a terminal sends the whole process group (the job owns Ctrl-C) and
-dies with the job (``PR_SET_PDEATHSIG``), as the sampler does.
+answered first, and copied out of the table before it is freed. Where the process is gone
+(killed, or it failed) or has not answered for ``_PATIENCE_S``, or by the time the rings would
+let go of the window's rows (stopped), a waiting window is reduced in the job's process
+instead, from the same rings, said once; so is a window ended while the pipe stays full (2,048
+behind) as long. The process ignores the signals a terminal sends the whole process group (the
+job owns Ctrl-C) and dies with the job (``PR_SET_PDEATHSIG``), as the sampler does.
 """
 
 from __future__ import annotations
@@ -261,10 +260,10 @@ class Reducer:
     def ask(self, t0_ns: int, t1_ns: int, stop: int | None) -> Pending | None:
         """Ask for the numbers of ``[t0_ns, t1_ns)`` (``stop``: the rings' head when it ended,
         or None: the rows read until ``t1_ns``); ``wait`` reads them. A few dozen bytecodes and
-        one write: what ``end_window`` spends here. None: the pipe is full, the process that
-        far behind (windows ended faster than it reduces them, or it is stopped or starved of
-        CPU): the job reduces the window itself, at once, as right, and says nothing (a read
-        that waits on a stopped process says it)."""
+        one write: what ``end_window`` spends here, unless the pipe is full (the process 2,048
+        windows behind: windows ended faster than it reduces them), which waits for room.
+        None: no room came for ``_PATIENCE_S`` (it is stopped, or starved of CPU; said once),
+        or none since: the job reduces the window itself, as right, until it answers again."""
         number = next(self._numbers)
         # this window's slot holds the answer of the one asked SLOTS windows ago until the
         # process answers this one: a Measurement still held unread keeps it now (read after
@@ -275,12 +274,13 @@ class Reducer:
         pending = Pending(number, t0_ns, t1_ns, stop)
         self._waiting[number] = pending
         request = _REQUEST.pack(number, t0_ns, t1_ns, _UNTIL_T1 if stop is None else stop)
-        try:
-            with self._send:
-                os.write(self._request_fd, request)  # whole: a pipe takes 32 bytes at once
-        except BlockingIOError:
-            self._waiting.pop(number, None)
-            return None
+        try:  # a full pipe waits for room once; while it is late, the job reduces them
+            if not self._send_whole(request, 0.0 if self._late else _PATIENCE_S):
+                self._waiting.pop(number, None)
+                if not self._late:
+                    self._late = True
+                    self._say_late(f"has taken no window for {_PATIENCE_S:g} s")
+                return None
         except OSError:  # the process is gone: ``wait`` reduces it here
             self._gone = True
         return pending
@@ -391,18 +391,24 @@ class Reducer:
         if self._closing:
             return self._told_stop
         self._closing = True
-        deadline = time.monotonic() + timeout_s
-        with contextlib.suppress(OSError), self._send:
-            while not self._told_stop:
+        with contextlib.suppress(OSError):
+            self._told_stop = self._send_whole(_STOP, timeout_s)
+        return self._told_stop
+
+    def _send_whole(self, message: bytes, room_s: float) -> bool:
+        """Write one message, whole (a pipe takes 32 bytes at once); where the pipe is full,
+        wait up to ``room_s`` for the process to take some. False: no room came."""
+        deadline = time.monotonic() + room_s
+        with self._send:
+            while True:
                 try:
-                    os.write(self._request_fd, _STOP)
-                    self._told_stop = True
+                    os.write(self._request_fd, message)
+                    return True
                 except BlockingIOError:
                     left_s = deadline - time.monotonic()
                     if left_s <= 0 or not self._process.is_alive():
-                        break
+                        return False
                     select.select([], [self._request_fd], [], min(left_s, _CHECK_S))
-        return self._told_stop
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the process, wait until it has (killed where it could not be told), copy out

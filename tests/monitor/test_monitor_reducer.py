@@ -189,10 +189,16 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_a_stopped_reducer_never_blocks_end_window(mon: Monitor) -> None:
+def test_a_stopped_reducer_never_blocks_end_window(
+    mon: Monitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The reducer stopped while the job goes on ending windows: the pipe of requests fills
-    (2,048 of them) and end_window must not wait for room that never comes; the windows past
-    it are reduced in the job's process, at once."""
+    (2,048 of them) and end_window must not wait for room that never comes; it waits its
+    patience once, says so at the job's line, and the windows past it are reduced in the
+    job's process."""
+    from hfsampler.monitor import reducer as reducer_module
+
+    monkeypatch.setattr(reducer_module, "_PATIENCE_S", 0.5)
     time.sleep(0.3)
     pid = reducer_pid(mon)
     ended: list[object] = []
@@ -204,10 +210,12 @@ def test_a_stopped_reducer_never_blocks_end_window(mon: Monitor) -> None:
 
     os.kill(pid, signal.SIGSTOP)
     try:
-        job = threading.Thread(target=steps)
-        job.start()
-        job.join(30)
-        blocked = job.is_alive()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            job = threading.Thread(target=steps)
+            job.start()
+            job.join(30)
+            blocked = job.is_alive()
     finally:
         os.kill(pid, signal.SIGCONT)
     job.join()
@@ -218,6 +226,9 @@ def test_a_stopped_reducer_never_blocks_end_window(mon: Monitor) -> None:
     assert type(last.gpu_energy) is dict  # reduced at once, in this process
     assert math.isfinite(last.total_energy)
     assert last.total_energy > 0
+    behind = [w for w in said if "has taken no window" in str(w.message)]
+    assert len(behind) == 1
+    assert behind[0].filename == __file__
 
 
 def test_a_stopped_reducer_costs_only_the_first_window_read_its_patience(

@@ -398,13 +398,15 @@ class Reducer:
     def _send_whole(self, message: bytes, room_s: float) -> bool:
         """Write one message, whole (a pipe takes 32 bytes at once); where the pipe is full,
         wait up to ``room_s`` for the process to take some. False: no room came."""
-        deadline = time.monotonic() + room_s
+        deadline = None  # taken only once the pipe is found full: not on end_window's path
         with self._send:
             while True:
                 try:
                     os.write(self._request_fd, message)
                     return True
                 except BlockingIOError:
+                    if deadline is None:
+                        deadline = time.monotonic() + room_s
                     left_s = deadline - time.monotonic()
                     if left_s <= 0 or not self._process.is_alive():
                         return False

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Hashable, Iterator, Mapping, Sequence
@@ -182,6 +183,9 @@ class Monitor:
         except ReducerGone as exc:
             self.close()
             raise SourceError(f"{exc}; the machine may be out of processes or memory") from None
+        except ConfigError as exc:  # no room left for the reducer's answers
+            self.close()
+            raise _in_monitor_terms(exc, history_s, len(self._rows)) from None
         except BaseException:
             self.close()
             raise
@@ -256,7 +260,18 @@ class Monitor:
 
     def measure(self, t0_ns: int, t1_ns: int) -> Measurement:
         """Any span ``[t0_ns, t1_ns)`` of wall-clock ns the rings still hold (a
-        ``WindowTooLongError`` here where they do not)."""
+        ``WindowTooLongError`` here where they do not; a ``ValueError`` for one that ends in
+        the future, whose last samples would be taken to hold until then, or before it
+        begins)."""
+        if t1_ns < t0_ns:
+            raise ValueError(f"the span ends before it begins ({t1_ns} < {t0_ns} ns)")
+        now_ns = self._clock.now_ns()
+        if t1_ns > now_ns:
+            raise ValueError(
+                f"the span ends {(t1_ns - now_ns) / 1e9:.3f} s in the future: the rings hold only "
+                "what was sampled; measure it once it has passed (or use begin_window and "
+                "end_window)"
+            )
         with self._lock:
             self._begin_read()
         try:
@@ -293,14 +308,15 @@ class Monitor:
         time_s = (t1_ns - t0_ns) / 1e9
         reducer = self._reducer
         if reducer is not None and reducer.gone and os.getpid() == self._pid:
-            reducer.say_gone(stacklevel=4)
+            reducer.say_gone()
         # a window within the newest three quarters of the rings (which hold a row per interval,
         # or fewer): the reducer comes to it in time
         if (reducer is not None and t1_ns - t0_ns < self._ask_ns and not reducer.gone
                 and os.getpid() == self._pid):  # fmt: skip
             pending = reducer.ask(t0_ns, t1_ns, stop)
-            return Measurement.later(_Answering(reducer, pending, self._reader), time_s,
-                                    self._indices)  # fmt: skip
+            if pending is not None:  # None: the reducer is far behind; reduced here instead
+                answering = _Answering(reducer, pending, self._reader, self._ask_ns)
+                return Measurement.later(answering, time_s, self._indices)
         answer = self._reader.answer(t0_ns, t1_ns, stop)
         if answer is None:
             raise self._too_long(t0_ns, t1_ns)
@@ -469,13 +485,21 @@ class _Answering:
     on its first read). It holds the reducer and the rings' reader, not the Monitor, which may
     be collected meanwhile."""
 
-    __slots__ = ("_pending", "_reader", "_reducer")
+    __slots__ = ("_keep_ns", "_pending", "_reader", "_reducer")
 
-    def __init__(self, reducer: Reducer, pending: Pending, reader: SpanReader) -> None:
+    def __init__(
+        self, reducer: Reducer, pending: Pending, reader: SpanReader, keep_ns: int
+    ) -> None:
+        """``keep_ns``: how long after its start a window's rows are surely still in the rings
+        (the Monitor asks the reducer only windows that short)."""
         self._reducer, self._pending, self._reader = reducer, pending, reader
+        self._keep_ns = keep_ns
 
     def __call__(self) -> Answer:
-        reply = self._reducer.wait(self._pending, self._here)
+        # wait for the reducer no longer than the rings keep the window's rows: past that, a
+        # stopped reducer would cost the window its answer (history_s under its patience)
+        patience_s = (self._pending.t0_ns + self._keep_ns - time.time_ns()) / 1e9
+        reply = self._reducer.wait(self._pending, self._here, max(patience_s, 0.0))
         if reply is not None:
             return reply
         p = self._pending

@@ -510,10 +510,6 @@ class SharedInts:
         """The block's bytes, for a reader that wants no numpy; release it before ``close``."""
         return self._shm.buf[:]
 
-    def unlink(self) -> None:
-        """Free the block's name now, its pages once nothing maps it (``_Block.unlink``)."""
-        self._shm.unlink()
-
     def close(self) -> None:
         with contextlib.suppress(AttributeError):
             del self.array

@@ -112,6 +112,21 @@ def test_a_window_around_a_5ms_spike_shows_its_peak_and_energy(
     assert quiet.measurement.time == pytest.approx(0.04)
 
 
+def test_a_span_ending_in_the_future_or_before_it_begins_is_refused_not_extrapolated(
+    known: tuple[KnownPower, VirtualClock], mon: Monitor
+) -> None:
+    """measure() of a span whose end has not come yet would hold the last samples until then
+    (energy for time not yet spent); one ending before it begins has a negative time."""
+    _, clock = known
+    run_ms(clock, 100)
+    now = clock.now_ns()
+    with pytest.raises(ValueError, match="in the future"):
+        mon.measure(now - 50 * MS_NS, now + 1000 * MS_NS)
+    with pytest.raises(ValueError, match="ends before it begins"):
+        mon.measure(now - 10 * MS_NS, now - 20 * MS_NS)
+    assert mon.measure(now - 50 * MS_NS, now).time == pytest.approx(0.05)
+
+
 def test_throttling_and_memory_are_measured_per_gpu(
     known: tuple[KnownPower, VirtualClock], mon: Monitor
 ) -> None:

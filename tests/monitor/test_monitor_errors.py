@@ -6,6 +6,7 @@ sources), whose messages speak of flags (``--window``, ``--source``) a script ne
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,25 @@ def test_jetson_on_a_machine_without_one_names_the_source_argument() -> None:
     text = refusal(source="jetson")
     assert "--source" not in text
     assert "source=" in text
+
+
+def test_no_room_for_the_answers_table_after_the_rings_names_the_cause_and_fix(
+    small_shm: Path,
+) -> None:
+    """/dev/shm with room for the sample rings but not for the reducer's table of answers,
+    made after them: refused at construction with the directory, the bytes and the fix, not
+    an OSError, and nothing left behind."""
+    history_s = 2.0
+    with Monitor(source="sim", env={}, history_s=history_s, clock=VirtualClock(START_NS)):
+        rings = sum(-(-p.stat().st_size // 4096) * 4096 for p in small_shm.iterdir())
+    free = os.statvfs(small_shm).f_bavail * os.statvfs(small_shm).f_frsize
+    filler = small_shm / "filler"
+    with filler.open("wb") as f:  # leave the rings their room, and 64 KiB
+        os.posix_fallocate(f.fileno(), 0, free - rings - (64 << 10))
+    text = refusal(source="sim", history_s=history_s)
+    assert text.startswith(f"{small_shm}: cannot make the Monitor's table of answers")
+    assert "No space left on device" in text
+    assert "--shm-size" in text
+    assert "shorter history_s" in text
+    assert "--window" not in text
+    assert [p.name for p in small_shm.iterdir()] == ["filler"]

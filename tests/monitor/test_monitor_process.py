@@ -135,3 +135,31 @@ with Monitor(source="sim") as mon:
     assert len(phases) == len(energies) == 2
     for phase, energy in zip(phases, energies, strict=True):
         assert phase["energy_j"] == pytest.approx(energy, rel=0.01)
+
+
+_SIGPIPE_JOB = """
+import os, signal, time, warnings
+warnings.simplefilter("ignore", RuntimeWarning)  # the reducer's end, said once
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as scripts piped into `head` do
+from hfsampler import Monitor
+with Monitor(source="sim", env={}, history_s=4.0) as mon:
+    time.sleep(0.3)
+    os.kill(mon._reducer.pid, signal.SIGKILL)  # the out-of-memory killer's choice
+    time.sleep(0.3)
+    mon.begin_window("step")
+    time.sleep(0.01)
+    print(mon.end_window("step").total_energy > 0)
+"""
+
+
+def test_a_killed_reducer_does_not_kill_a_job_with_sigpipe_at_its_default(tmp_path: Path) -> None:
+    """A job that set SIGPIPE back to its default, whose reducer was killed: its next window is
+    reduced in the job's process, not the job killed by a write to a pipe nobody reads."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), SHM_DIR_ENV: str(shm)}
+    done = subprocess.run([sys.executable, "-c", _SIGPIPE_JOB], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout.split() == ["True"]
+    assert list(shm.iterdir()) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hfsampler import Monitor
+from hfsampler.monitor.measurement import Measurement
 from hfsampler.sampling.ring import SHM_DIR_ENV
 
 
@@ -183,3 +185,121 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_a_stopped_reducer_never_blocks_end_window(
+    mon: Monitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reducer stopped while the job goes on ending windows: the pipe of requests fills
+    (2,048 of them) and end_window must not wait for room that never comes; it waits its
+    patience once, says so at the job's line, and the windows past it are reduced in the
+    job's process."""
+    from hfsampler.monitor import reducer as reducer_module
+
+    monkeypatch.setattr(reducer_module, "_PATIENCE_S", 0.5)
+    time.sleep(0.3)
+    pid = reducer_pid(mon)
+    ended: list[object] = []
+
+    def steps() -> None:
+        for k in range(3000):
+            mon.begin_window(k)
+            ended.append(mon.end_window(k))
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            job = threading.Thread(target=steps)
+            job.start()
+            job.join(30)
+            blocked = job.is_alive()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    job.join()
+    assert not blocked
+    assert len(ended) == 3000
+    last = ended[-1]
+    assert isinstance(last, Measurement)
+    assert type(last.gpu_energy) is dict  # reduced at once, in this process
+    assert math.isfinite(last.total_energy)
+    assert last.total_energy > 0
+    behind = [w for w in said if "has taken no window" in str(w.message)]
+    assert len(behind) == 1
+    assert behind[0].filename == __file__
+
+
+def test_a_stopped_reducer_costs_only_the_first_window_read_its_patience(
+    mon: Monitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many windows waiting on a stopped reducer: the first one read waits its patience, the
+    next ones do not wait again (ten windows, not ten patiences)."""
+    from hfsampler.monitor import reducer as reducer_module
+
+    monkeypatch.setattr(reducer_module, "_PATIENCE_S", 0.5)
+    time.sleep(0.3)
+    pid = reducer_pid(mon)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        ms = []
+        for k in range(10):
+            mon.begin_window(k)
+            time.sleep(0.002)
+            ms.append(mon.end_window(k))
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            began = time.monotonic()
+            assert all(m.total_energy > 0 for m in ms)
+            took_s = time.monotonic() - began
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took_s < 2 * 0.5
+    late = [w for w in said if "has not answered" in str(w.message)]
+    assert len(late) == 1
+    assert late[0].filename == __file__  # the job's line that read it
+    with mon.window("after") as w:  # resumed, it answers again
+        time.sleep(0.01)
+    assert w.measurement is not None
+    assert w.measurement.total_energy > 0
+
+
+def test_a_stopped_reducer_costs_no_window_of_a_short_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """history_s=1, shorter than the reducer's patience: a window waiting on a stopped reducer
+    is reduced in the job's process while the rings still hold it, not refused after."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    with Monitor(source="sim", env={}, history_s=1.0) as short:
+        time.sleep(0.3)
+        pid = reducer_pid(short)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            short.begin_window("step")
+            time.sleep(0.01)
+            m = short.end_window("step")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                assert m.total_energy > 0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+
+def test_measurements_kept_unread_past_the_table_are_whole_after_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A training loop that keeps every step's Measurement and reads them all after the
+    Monitor is closed: more steps than the table has slots, so the first ones' slots were
+    reused meanwhile; each is still answered, with the reducer's numbers."""
+    monkeypatch.setenv(SHM_DIR_ENV, str(tmp_path))
+    steps = []
+    with Monitor(source="sim", env={}, history_s=10.0) as mon:
+        time.sleep(0.3)
+        for _ in range(1100):  # more than the table's 1,024 slots
+            with mon.window("step") as w:
+                time.sleep(0.002)
+            steps.append(w.measurement)
+    assert all(isinstance(m, Measurement) for m in steps)
+    for m in steps:
+        assert m is not None
+        assert m.total_energy > 0
+        assert all(math.isfinite(p) for p in m.gpu_p99_power.values())

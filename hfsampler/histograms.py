@@ -155,32 +155,23 @@ def spans_and_deltas(
 ) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
     """Spans and deltas for buckets ``indices`` (ascending, distinct) holding ``counts``; gaps of
     up to ``MAX_FILLED_GAP`` empty buckets are filled with zeros rather than split."""
-    if len(indices) == 0:
-        return (), ()
-    gaps = np.diff(indices) - 1
-    split = np.flatnonzero(gaps > MAX_FILLED_GAP) + 1  # where a new span starts
-    starts = np.concatenate(([0], split))
-    ends = np.concatenate((split, [len(indices)]))
-    spans = []
-    previous_end = 0
-    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
-        first, last = int(indices[a]), int(indices[b - 1])
-        offset = first if a == 0 else first - previous_end
-        spans.append((offset, last - first + 1))
-        previous_end = last + 1
-    # Every bucket the spans cover, empty ones included, then each count minus the one before.
-    lo = int(indices[0])
-    dense = np.zeros(int(indices[-1]) - lo + 1, dtype=np.int64)
-    dense[indices - lo] = counts
-    covered = np.concatenate(
-        [
-            np.arange(int(indices[a]) - lo, int(indices[b - 1]) - lo + 1)
-            for a, b in zip(starts.tolist(), ends.tolist(), strict=True)
-        ]
-    )
-    filled = dense[covered]
-    deltas = np.diff(filled, prepend=0)
-    return tuple(spans), tuple(int(d) for d in deltas)
+    # A GPU's histogram holds a few dozen buckets: a plain loop beats numpy's per-call overhead.
+    spans: list[list[int]] = []
+    deltas: list[int] = []
+    previous_index = previous_count = 0
+    for index, count in zip(indices.tolist(), counts.tolist(), strict=True):
+        gap = index - previous_index - 1
+        if not spans or gap > MAX_FILLED_GAP:
+            spans.append([index if not spans else gap, 1])
+        else:
+            if gap:  # the empty buckets between, as zero counts
+                deltas.append(-previous_count)
+                deltas.extend([0] * (gap - 1))
+                previous_count = 0
+            spans[-1][1] += gap + 1
+        deltas.append(count - previous_count)
+        previous_index, previous_count = index, count
+    return tuple((offset, length) for offset, length in spans), tuple(deltas)
 
 
 class _Side:
@@ -195,7 +186,14 @@ class _Side:
     def add(self, keys: IntArray) -> None:
         if len(keys) == 0:
             return
-        new, added = np.unique(keys, return_counts=True)
+        lo, hi = int(keys.min()), int(keys.max())
+        if hi - lo <= 4 * len(keys) + 1024:
+            # A window's keys span a few dozen buckets: counting over that range beats sorting.
+            per_key = np.bincount(keys - lo)
+            present = np.flatnonzero(per_key)
+            new, added = present + lo, per_key[present]
+        else:  # values across many octaves at a fine schema: a dense count would be large
+            new, added = np.unique(keys, return_counts=True)
         at = np.searchsorted(self.indices, new)
         known = at < len(self.indices)
         known[known] = self.indices[at[known]] == new[known]
@@ -255,7 +253,8 @@ class HistogramAccumulator:
         negative = v < -self.zero_threshold
         self._zero_count += len(v) - int(positive.sum()) - int(negative.sum())
         self._positive.add(bucket_indices(v[positive], self.schema))
-        self._negative.add(bucket_indices(-v[negative], self.schema))
+        if negative.any():  # power, clocks and temperatures never are: skip the empty pass
+            self._negative.add(bucket_indices(-v[negative], self.schema))
 
     def snapshot(self) -> NativeHistogram:
         """The histogram as it stands, spans and deltas computed; the first is marked a reset."""

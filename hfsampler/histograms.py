@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,17 +184,8 @@ class _Side:
         self.indices: IntArray = np.empty(0, dtype=np.int64)
         self.counts: IntArray = np.empty(0, dtype=np.int64)
 
-    def add(self, keys: IntArray) -> None:
-        if len(keys) == 0:
-            return
-        lo, hi = int(keys.min()), int(keys.max())
-        if hi - lo <= 4 * len(keys) + 1024:
-            # A window's keys span a few dozen buckets: counting over that range beats sorting.
-            per_key = np.bincount(keys - lo)
-            present = np.flatnonzero(per_key)
-            new, added = present + lo, per_key[present]
-        else:  # values across many octaves at a fine schema: a dense count would be large
-            new, added = np.unique(keys, return_counts=True)
+    def merge(self, new: IntArray, added: IntArray) -> None:
+        """Add ``added`` to buckets ``new`` (ascending, distinct)."""
         at = np.searchsorted(self.indices, new)
         known = at < len(self.indices)
         known[known] = self.indices[at[known]] == new[known]
@@ -242,19 +234,7 @@ class HistogramAccumulator:
 
     def add(self, values: FloatArray) -> None:
         """Count a window's samples (any shape; NaN, meaning no distinct sample, is skipped)."""
-        v = np.asarray(values, dtype=np.float64).ravel()
-        v = v[~np.isnan(v)]
-        if len(v) == 0:
-            return
-        self._count += len(v)
-        with np.errstate(over="ignore", invalid="ignore"):  # overflowing to +-Inf is the answer
-            self._sum += float(v.sum())
-        positive = v > self.zero_threshold
-        negative = v < -self.zero_threshold
-        self._zero_count += len(v) - int(positive.sum()) - int(negative.sum())
-        self._positive.add(bucket_indices(v[positive], self.schema))
-        if negative.any():  # power, clocks and temperatures never are: skip the empty pass
-            self._negative.add(bucket_indices(-v[negative], self.schema))
+        add_window([self], np.asarray(values, dtype=np.float64).reshape(-1, 1))
 
     def snapshot(self) -> NativeHistogram:
         """The histogram as it stands, spans and deltas computed; the first is marked a reset."""
@@ -274,3 +254,57 @@ class HistogramAccumulator:
             negative_deltas=neg_deltas,
             reset_hint=hint,
         )
+
+
+def _count_keys(
+    columns: IntArray, keys: IntArray, n_columns: int
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Distinct (column, key) pairs, ascending, and how many times each occurs."""
+    lo = int(keys.min())
+    width = int(keys.max()) - lo + 1
+    combined = columns * width + (keys - lo)
+    if width * n_columns <= 4 * len(keys) + 1024 * n_columns:
+        # A window's keys span a few dozen buckets: counting over that range beats sorting.
+        per_pair = np.bincount(combined, minlength=width * n_columns)
+        pairs = np.flatnonzero(per_pair)
+        added = per_pair[pairs]
+    else:  # values across many octaves at a fine schema: a dense count would be large
+        pairs, added = np.unique(combined, return_counts=True)
+    return pairs // width, pairs % width + lo, added
+
+
+def add_window(accumulators: Sequence[HistogramAccumulator], values: FloatArray) -> None:
+    """Count one window of many series at once: ``values[row, series]`` into
+    ``accumulators[series]`` (NaN, no distinct sample, skipped); bucket keys are computed for
+    every series in one pass, so the accumulators must share their schema and zero threshold."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or v.shape[1] != len(accumulators):
+        raise ValueError(f"values {v.shape} do not match {len(accumulators)} accumulators")
+    if not accumulators:
+        return
+    schema, zero = accumulators[0].schema, accumulators[0].zero_threshold
+    if any(a.schema != schema or a.zero_threshold != zero for a in accumulators):
+        raise ValueError("accumulators counted together must share schema and zero threshold")
+    present = ~np.isnan(v)
+    counts = present.sum(axis=0)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowing to +-Inf is the answer
+        sums = np.where(present, v, 0.0).sum(axis=0)
+    positive = v > zero  # NaN compares false either way
+    negative = v < -zero
+    zeros = counts - positive.sum(axis=0) - negative.sum(axis=0)
+    for j, acc in enumerate(accumulators):
+        if counts[j]:
+            acc._count += int(counts[j])
+            acc._sum += float(sums[j])
+            acc._zero_count += int(zeros[j])
+    for mask, sign, side in ((positive, 1.0, "_positive"), (negative, -1.0, "_negative")):
+        if not mask.any():  # power, clocks and temperatures are never negative: no empty pass
+            continue
+        columns = np.nonzero(mask)[1].astype(np.int64)
+        keys = bucket_indices(sign * v[mask], schema)
+        cols, new, added = _count_keys(columns, keys, len(accumulators))
+        bounds = np.searchsorted(cols, np.arange(len(accumulators) + 1))
+        for j in np.flatnonzero(np.diff(bounds)).tolist():
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            target: _Side = getattr(accumulators[j], side)
+            target.merge(new[a:b], added[a:b])

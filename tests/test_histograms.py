@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from hfsampler.histograms import (
     SCHEMA_MIN,
     HistogramAccumulator,
     ResetHint,
+    add_window,
     bucket_bound,
     bucket_error,
     bucket_indices,
@@ -255,3 +257,46 @@ def test_quantiles_of_a_million_samples_at_default_schema() -> None:
     # With a million samples each bucket is full and interpolation does far better than the
     # bound: typically under 1% against the exact quantile.
     assert worst < bucket_error(3)
+
+
+def test_window_across_many_octaves_counts_sparsely() -> None:
+    # 1e-300 to 1e300 at schema 8 is ~510,000 buckets apart: counted by unique, not densely.
+    acc = HistogramAccumulator(8, 0.0)
+    values = [1e-300, 1e300, 3.0, 1e300, -1e-300]
+    acc.add(np.array(values))
+    acc.add(np.array([1e-300, 5.0]))
+    h = acc.snapshot()
+    pos, neg, _ = model([*values, 1e-300, 5.0], 8, 0.0)
+    assert expand(h.positive_spans, h.positive_deltas) == dict(pos)
+    assert expand(h.negative_spans, h.negative_deltas) == dict(neg)
+    assert len(h.positive_spans) == 4
+
+
+@settings(max_examples=100)
+@given(
+    SCHEMAS,
+    st.integers(1, 5),
+    st.lists(st.lists(VALUES, min_size=5, max_size=5), max_size=30),
+)
+def test_window_of_many_series_equals_each_alone(
+    schema: int, n: int, rows: list[list[float]]
+) -> None:
+    window = np.array([row[:n] for row in rows], dtype=np.float64).reshape(-1, n)
+    together = [HistogramAccumulator(schema, 1e-3) for _ in range(n)]
+    add_window(together, window)
+    add_window(together, window[::-1])
+    for j, acc in enumerate(together):
+        alone = HistogramAccumulator(schema, 1e-3)
+        alone.add(window[:, j])
+        alone.add(window[::-1, j])
+        got, want = acc.snapshot(), alone.snapshot()
+        # numpy sums a column of a 2-D array in another order than a 1-D one: the last bit varies.
+        assert got.sum == pytest.approx(want.sum, rel=1e-12, abs=1e-9)
+        assert replace(got, sum=0.0) == replace(want, sum=0.0)
+
+
+def test_window_shape_and_schemas_must_match() -> None:
+    with pytest.raises(ValueError, match="do not match"):
+        add_window([HistogramAccumulator()], np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="share schema"):
+        add_window([HistogramAccumulator(3), HistogramAccumulator(4)], np.zeros((3, 2)))

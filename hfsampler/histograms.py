@@ -277,7 +277,7 @@ def add_window(accumulators: Sequence[HistogramAccumulator], values: FloatArray)
     """Count one window of many series at once: ``values[row, series]`` into
     ``accumulators[series]`` (NaN, no distinct sample, skipped); bucket keys are computed for
     every series in one pass, so the accumulators must share their schema and zero threshold."""
-    v = np.asarray(values, dtype=np.float64)
+    v = np.ascontiguousarray(values, dtype=np.float64)
     if v.ndim != 2 or v.shape[1] != len(accumulators):
         raise ValueError(f"values {v.shape} do not match {len(accumulators)} accumulators")
     if not accumulators:
@@ -300,8 +300,9 @@ def add_window(accumulators: Sequence[HistogramAccumulator], values: FloatArray)
     for mask, sign, side in ((positive, 1.0, "_positive"), (negative, -1.0, "_negative")):
         if not mask.any():  # power, clocks and temperatures are never negative: no empty pass
             continue
-        columns = np.nonzero(mask)[1].astype(np.int64)
-        keys = bucket_indices(sign * v[mask], schema)
+        where = np.flatnonzero(mask)  # row-major, as v[mask] is
+        columns = where % len(accumulators)
+        keys = bucket_indices(sign * v.ravel()[where], schema)
         cols, new, added = _count_keys(columns, keys, len(accumulators))
         bounds = np.searchsorted(cols, np.arange(len(accumulators) + 1))
         for j in np.flatnonzero(np.diff(bounds)).tolist():

@@ -1,14 +1,17 @@
 """Native histograms: Prometheus's exponential buckets, and a cumulative accumulator of samples.
 
 A leaf, like ``series.py``: the sampling stage counts each window's distinct samples into a
-``HistogramAccumulator``, Remote-Write encodes its ``NativeHistogram`` snapshots and /metrics will
-expose them, so the arithmetic sits below all three stages.
+``HistogramAccumulator`` per GPU (``add_window``: all GPUs of a window in one pass), Remote-Write
+encodes its ``NativeHistogram`` snapshots and /metrics will expose them, so the arithmetic sits
+below all three stages.
 
 Conventions are Prometheus's (model/histogram/generic.go, client_golang's histogram.go): with
 ``schema`` s the growth factor is ``2^(2^-s)``; positive bucket ``i`` holds ``(base^(i-1),
 base^i]`` and negative bucket ``i`` its mirror ``[-base^i, -base^(i-1))``; values with
 ``|v| <= zero_threshold`` go to the zero bucket; ``+Inf`` goes to the bucket above the one holding
 ``MaxFloat64``. NaN is not an observation here: in a window NaN means "no distinct sample".
+Bounds inside an octave are the correctly rounded ``2^(j/2^s)``; Prometheus's literal table is a
+few ulps off at some entries, which moves only values within ~1e-15 of a boundary.
 
 The error: a bucket's values lie within a factor ``base`` of each other, so any estimate inside
 the bucket that holds the true value (what ``histogram_quantile`` returns) is off by at most

@@ -306,13 +306,18 @@ class VmagentSide(Side):
         )
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.log.close()
+
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as a service manager stops vmagent, then SIGKILL after 15 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def drain(side: Side, receiver_root: Path, port: int, samples: int) -> dict[str, float]:

@@ -784,7 +784,7 @@ def set_fair_slice(pid: int, slice_s: float) -> bool:
     return bool(libc.syscall(_SYS_SCHED_SETATTR, pid, ctypes.create_string_buffer(attr), 0) == 0)
 
 
-def _may_set_fifo() -> bool:
+def may_set_fifo() -> bool:
     """Whether this process may give another one SCHED_FIFO (root or CAP_SYS_NICE)."""
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
@@ -868,7 +868,7 @@ def main(argv: list[str] | None = None) -> int:
     # one floor per scheduling policy the rows run under: a row is divided by its own
     policies = ["normal"]
     if not args.no_sched:
-        policies += ["slice", "fifo"] if _may_set_fifo() else ["slice"]
+        policies += ["slice", "fifo"] if may_set_fifo() else ["slice"]
     floors: dict[str, dict[str, float]] = {}
     for policy in policies:
         print(f"platform floor (a bare 1 kHz sleep loop, no work, {policy} scheduling): "
@@ -892,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
             plan += [("thread", False, 0.0), ("thread", True, 0.0)]
         if not args.no_sched:
             plan.append(("process+slice", True, 0.0))
-            if _may_set_fifo():
+            if may_set_fifo():
                 plan += [("process+fifo", True, 0.0), ("process+fifo", True, slow)]
                 if not args.no_one_lane:
                     plan.append(("one-lane+fifo", True, slow))

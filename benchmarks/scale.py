@@ -183,16 +183,6 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _fifo_allowed() -> bool:
-    """Whether the service's fast lane gets SCHED_FIFO here (root or CAP_SYS_NICE)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except (OSError, AttributeError):
-        return False
-    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-    return True
-
-
 def _spread(values: list[float]) -> dict[str, float]:
     return {"median": float(np.median(values)), "min": min(values), "max": max(values)}
 
@@ -275,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     loadavg_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         sys.path.insert(0, str(Path(__file__).parent))
-        from sampler import platform_floor  # the bare loop sampler.py measures
+        from sampler import may_set_fifo, platform_floor  # the bare loop sampler.py measures
 
         sides: dict[str, Path] = {"this": REPO}
         if not args.no_peer:
@@ -285,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             if peer is None:
                 raise SystemExit(f"cannot export {args.peer_ref} from {REPO}")
             sides[args.peer_ref] = peer
-        policy = "fifo" if _fifo_allowed() else "normal"
+        policy = "fifo" if may_set_fifo() else "normal"
         plan = [(side, gpus) for gpus in counts for side in sides]
         for k in range(args.rounds):
             shift = k % len(plan)

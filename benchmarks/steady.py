@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import receivers as rx  # noqa: E402  (the integration tests' receiver harness)
-from drain import find_vmagent  # noqa: E402  (one way to find the peer)
+from drain import find_vmagent, terminate  # noqa: E402  (one way to find and stop the peer)
 
 SETTLE_S = 5.0  # a started vmagent's first scrapes and its queue's setup, left out
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -106,12 +105,7 @@ class Vmagent:
         rx.wait_http(f"http://127.0.0.1:{self.port}/health")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 

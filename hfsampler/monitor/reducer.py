@@ -247,11 +247,6 @@ class Reducer:
         return self._process.pid
 
     @property
-    def unread(self) -> int:
-        """Windows asked whose Measurements are still held and not yet read."""
-        return len(self._waiting)
-
-    @property
     def gone(self) -> bool:
         return self._gone
 

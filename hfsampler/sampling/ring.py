@@ -245,21 +245,16 @@ class _Block:
     def size(self) -> int:
         return len(self._mmap)
 
-    def unlink(self) -> None:
-        """The owner frees the block's name now; its pages go once every mapping is gone (this
-        one with the last view of it)."""
+    def close(self) -> None:
+        """Drop this process's mapping (no array may still view it); the owner frees the block."""
+        self.buf.release()
+        self._mmap.close()
         if self._owner:
             self._owner = False
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
             if self._tracked:
                 resource_tracker.unregister("/" + self.path.name, "shared_memory")
-
-    def close(self) -> None:
-        """Drop this process's mapping (no array may still view it); the owner frees the block."""
-        self.buf.release()
-        self._mmap.close()
-        self.unlink()
 
 
 def _nbytes(capacity: int, gpus: int, fields: int) -> int:

@@ -38,6 +38,15 @@ def reducer_pid(mon: Monitor) -> int:
     return reducer.pid
 
 
+def answered_window(mon: Monitor, name: str = "after", length_s: float = 0.01) -> float:
+    """A window of ``length_s`` measured and read: its energy (the reducer answers, or the job
+    does for it)."""
+    with mon.window(name) as w:
+        time.sleep(length_s)
+    assert w.measurement is not None
+    return w.measurement.total_energy
+
+
 def numbers(m: object) -> list[float]:
     """Every number of a Measurement, in a fixed order (NaN as None, to compare)."""
     out: list[float] = []
@@ -80,14 +89,8 @@ def test_windows_never_read_neither_pile_up_nor_block_the_job(mon: Monitor) -> N
     for k in range(3000):
         mon.begin_window(k)
         mon.end_window(k)
-    kept = []
     for k in range(3):
-        with mon.window(f"last {k}") as w:
-            time.sleep(0.02)
-        kept.append(w.measurement)
-    for m in kept:
-        assert m is not None
-        assert m.total_energy > 0
+        assert answered_window(mon, f"last {k}", 0.02) > 0
 
 
 def test_a_killed_reducer_leaves_every_window_answered_in_the_job_said_once(
@@ -142,10 +145,7 @@ def test_a_stopped_reducer_costs_a_window_its_patience_not_its_answer(
         assert len([w for w in said if "has not answered" in str(w.message)]) == 1
     finally:
         os.kill(pid, signal.SIGCONT)
-    with mon.window("after") as w:
-        time.sleep(0.01)
-    assert w.measurement is not None
-    assert w.measurement.total_energy > 0
+    assert answered_window(mon) > 0
 
 
 def test_windows_ended_before_close_are_answered_after_it(
@@ -172,10 +172,7 @@ def test_ctrl_c_to_the_process_group_leaves_the_reducer_answering(mon: Monitor) 
     go on (saving a checkpoint, say): its reducer must still be there."""
     os.kill(reducer_pid(mon), signal.SIGINT)
     time.sleep(0.2)
-    with mon.window("after") as w:
-        time.sleep(0.01)
-    assert w.measurement is not None
-    assert w.measurement.total_energy > 0
+    assert answered_window(mon) > 0
     assert mon._reducer is not None
     assert not mon._reducer.gone
 
@@ -257,10 +254,7 @@ def test_a_stopped_reducer_costs_only_the_first_window_read_its_patience(
     late = [w for w in said if "has not answered" in str(w.message)]
     assert len(late) == 1
     assert late[0].filename == __file__  # the job's line that read it
-    with mon.window("after") as w:  # resumed, it answers again
-        time.sleep(0.01)
-    assert w.measurement is not None
-    assert w.measurement.total_energy > 0
+    assert answered_window(mon) > 0  # resumed, it answers again
 
 
 def test_a_stopped_reducer_costs_no_window_of_a_short_history(

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hfsampler.errors import InvalidLabelError
+from hfsampler.histograms import NativeHistogram
 
 # Prometheus's staleness marker: a NaN with this exact bit pattern ends a series.
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -83,7 +84,7 @@ class Family:
 
     name: str
     help: str
-    type: str  # "gauge" or "counter"
+    type: str  # "gauge", "counter" or "histogram" (a native histogram: no _bucket series)
     unit: str = ""
 
 
@@ -124,12 +125,18 @@ class SeriesRegistry:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Every series' value at one timestamp (ms since the epoch): one window's export."""
+    """Every series' value at one timestamp (ms since the epoch): one window's export.
+
+    ``histograms``: the native-histogram series (issue 26), each with its cumulative histogram at
+    the same timestamp; their families are in ``families`` with type "histogram". Float series
+    and histogram series never share a name.
+    """
 
     timestamp_ms: int
     series: Sequence[Series]
     values: Sequence[float]
     families: Mapping[str, Family] = field(default_factory=dict)
+    histograms: Sequence[tuple[Series, NativeHistogram]] = ()
 
     def __len__(self) -> int:
         return len(self.series)

@@ -15,11 +15,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hfsampler.errors import InvalidLabelError
-from hfsampler.histograms import NativeHistogram
+from hfsampler.histograms import NativeHistogram, ResetHint
 
 # Prometheus's staleness marker: a NaN with this exact bit pattern ends a series.
 STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+
+# A histogram series' staleness marker: Prometheus's is a histogram whose sum is the stale NaN
+# (model/value.IsStaleNaN on FloatHistogram.Sum); the rest is the empty histogram. Every stage
+# that ends a histogram series sends this one; ``is_stale(h.sum)`` tells it apart.
+STALE_HISTOGRAM = NativeHistogram(
+    schema=0,
+    zero_threshold=0.0,
+    zero_count=0,
+    count=0,
+    sum=STALE_NAN,
+    positive_spans=(),
+    positive_deltas=(),
+    negative_spans=(),
+    negative_deltas=(),
+    reset_hint=ResetHint.UNKNOWN,
+)
 
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import subprocess
 import sys
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
+import yaml
 from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
+from inprocess import free_port, run_plan, start_ns
 
 from hfsampler import fields
+from hfsampler.cli.main import build_parser
+from hfsampler.config.flags import config_from_args
+from hfsampler.config.settings import Config
 from hfsampler.export import exposition, exposition_proto
 from hfsampler.export.exposition_pb import metrics_pb2
 from hfsampler.export.metrics import MetricModel
+from hfsampler.export.service import Service
 from hfsampler.histograms import HistogramAccumulator, ResetHint
 from hfsampler.remote_write.protowrite import varint
 from hfsampler.sampling.histogram_counts import CountedHistogram
+from hfsampler.sampling.stepping import VirtualClock
 from hfsampler.sampling.window import STATS, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import STALE_HISTOGRAM, Snapshot, is_stale
 from hfsampler.sources.sim.source import SimSource
 
 ROOT = Path(__file__).resolve().parents[2]
+S = 10**9
 POWER = fields.BY_NAME["DCGM_FI_DEV_POWER_USAGE"]
 ENERGY = fields.BY_NAME["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"]
 HIST = "DCGM_FI_DEV_POWER_USAGE_histogram"
@@ -234,3 +245,89 @@ def test_generated_module_is_not_stale(tmp_path: Path) -> None:
     assert fresh.read_bytes() == committed.read_bytes(), (
         "run scripts/gen_exposition_proto.sh and commit the result"
     )
+
+
+PROTOBUF_ACCEPT = (
+    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;"
+    "q=0.5,text/plain;version=0.0.4;q=0.2"
+)
+INSTANT = "DCGM_FI_DEV_POWER_USAGE_INSTANT"
+
+
+def _metric(families: list[metrics_pb2.MetricFamily], name: str, **labels: str):  # type: ignore[no-untyped-def]
+    for f in families:
+        if f.name == name:
+            for m in f.metric:
+                got = {p.name: p.value for p in m.label}
+                if all(got.get(k) == v for k, v in labels.items()):
+                    return m
+    return None
+
+
+async def test_a_run_serves_its_histograms_to_a_protobuf_scrape_and_a_reload_adds_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On the sim and a virtual clock: each window's page has every distinct sample counted
+    (the window's count is what its refresh gauge says), text scrapes see no histogram, and a
+    reload that adds a field starts its histogram while the other one keeps counting."""
+    caplog.set_level(logging.INFO)
+    port = free_port()
+    path = tmp_path / "hfsampler.yml"
+    path.write_text(yaml.safe_dump({"histograms": [INSTANT]}))
+    parser, _ = build_parser()
+    argv = ["run", "--source", "sim", "--gpus", "2", "--config", str(path),
+            "--listen", f"127.0.0.1:{port}", "--duration", "7s"]  # fmt: skip
+
+    def load() -> Config:
+        return config_from_args(parser.parse_args(argv))
+
+    started = start_ns()
+    clock = VirtualClock(started)
+    service = Service(run_plan(*argv[1:]), clock=clock, loader=load)
+    pages: list[tuple[int, list[metrics_pb2.MetricFamily], str]] = []
+
+    async def scrape(k: int) -> None:
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url, headers={"Accept": PROTOBUF_ACCEPT}) as resp:
+                assert resp.headers["Content-Type"] == exposition_proto.CONTENT_TYPE
+                proto = _families(await resp.read())
+            async with session.get(url) as resp:
+                assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                text = await resp.text()
+        pages.append((k, proto, text))
+
+    def reload() -> None:
+        path.write_text(yaml.safe_dump({"histograms": [INSTANT, "GPU_TEMP"]}))
+        service.request_reload()
+
+    async def reloaded() -> None:
+        for _ in range(3000):
+            if "configuration reloaded" in caplog.text:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("not reloaded in 30 s")
+
+    for k in range(1, 7):
+        clock.at(started + k * S + S // 2, lambda k=k: scrape(k))
+    clock.at(started + 3 * S + S // 4, reload)
+    clock.at(started + 3 * S + S // 3, reloaded)
+    assert await service.run() == 0
+    assert [k for k, _, _ in pages] == [1, 2, 3, 4, 5, 6]
+    counts = []
+    for _, proto, text in pages:
+        assert "_histogram" not in text  # text has no native histograms
+        m = _metric(proto, INSTANT + "_histogram", gpu="0")
+        assert m is not None
+        counts.append(m.histogram.sample_count)
+        assert {p.name for p in m.label} >= {"gpu", "UUID", "modelName", "hostname"}
+        refresh = _metric(proto, "hfsampler_field_refresh_seconds", gpu="0", field=INSTANT)
+        assert refresh is not None
+        if len(counts) > 1:  # the window's distinct samples, all of them, once
+            assert counts[-1] - counts[-2] == round(1.0 / refresh.gauge.value)
+    temp = [_metric(proto, "DCGM_FI_DEV_GPU_TEMP_histogram", gpu="1") for _, proto, _ in pages]
+    assert temp[:2] == [None, None]  # not asked for before the reload
+    after = [m.histogram.sample_count for m in temp[3:] if m is not None]
+    assert len(after) == 3
+    assert after == sorted(after)
+    assert 0 < after[0] <= 10  # the slow group's 100 ms: from its first window on

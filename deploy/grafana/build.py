@@ -4,11 +4,12 @@ Five dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/
 window siblings) and the recording rules in deploy/rules/: real-time status, history with the
 min-max band, firing alerts, fleet distribution, and MIG instances (memory and activity per
 ``GPU_I_ID`` / ``GPU_I_PROFILE``). The power distribution heatmaps (one GPU's on the history
-dashboard, each cluster's on the fleet one) read ``DCGM_FI_DEV_POWER_USAGE_histogram``, the native
-histogram of every distinct sample (``histograms: [DCGM_FI_DEV_POWER_USAGE]``). ``python deploy/grafana/build.py`` writes them to
-deploy/grafana/dashboards/*.json; tests/test_deploy_grafana.py fails when the committed JSON and
-this file disagree, and tests/integration/test_dashboards.py runs every panel's query against a real
-Prometheus fed by hfsampler.
+dashboard, each cluster's on the fleet one) read ``DCGM_FI_DEV_POWER_USAGE_histogram``, the
+native histogram of every distinct sample (``histograms: [DCGM_FI_DEV_POWER_USAGE]``).
+``python deploy/grafana/build.py`` writes them to deploy/grafana/dashboards/*.json;
+tests/test_deploy_grafana.py fails when the committed JSON and this file disagree, and
+tests/integration/test_dashboards.py runs every panel's query against a real Prometheus fed by
+hfsampler.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -146,6 +147,40 @@ def test_a_mig_instance_has_histograms_of_its_own_fields_never_of_copied_ones() 
         instance = inv.devices[r].mig
         assert instance is not None
         assert dict(arr[r, mem].labels)["GPU_I_ID"] == str(instance.gpu_instance_id)
+
+
+def test_a_slots_new_instance_ends_the_old_instances_histogram_and_starts_its_own() -> None:
+    group = fields.expand_mig(fields.select(["FB_USED"]), {"fast": 1e-3, "slow": 0.1})
+    inv = SimSource(1, mig=("3g", "1g")).open(list(group))
+    model = MetricModel(
+        inv.devices, {"g": group}, SelfMetrics(), histograms=["DCGM_FI_DEV_FB_USED"]
+    )
+    row = next(r for r, d in enumerate(inv.devices) if d.mig is not None)
+    col = next(j for j, f in enumerate(group) if f.mig_instance)
+    up = np.ones(len(inv.devices), np.bool_)
+    stats = _stats(group, [[1000.0] * len(group)] * len(inv.devices))
+    acc = HistogramAccumulator()
+    acc.add(np.array([1000.0]))
+    first = model.snapshot(
+        {"g": stats}, up, 10**9, {"g": [CountedHistogram(row, col, acc.snapshot())]}
+    )
+    (old,) = [s for s, _ in first.histograms]
+    instance = inv.devices[row].mig
+    assert instance is not None
+    moved = replace(instance, gpu_instance_id=instance.gpu_instance_id + 20, uuid="MIG-new")
+    model.set_devices([replace(d, mig=moved) if r == row else d for r, d in enumerate(inv.devices)])
+    # the window of the change counts into neither instance (sampling.histogram_counts)
+    changed = model.snapshot({"g": stats}, up, 2 * 10**9, {"g": []})
+    assert changed.histograms == [(old, STALE_HISTOGRAM)]
+    fresh = HistogramAccumulator()
+    fresh.add(np.array([2000.0]))
+    after = model.snapshot(
+        {"g": stats}, up, 3 * 10**9, {"g": [CountedHistogram(row, col, fresh.snapshot())]}
+    )
+    ((new, h),) = after.histograms
+    assert dict(new.labels)["GPU_I_ID"] == str(moved.gpu_instance_id)
+    assert new.id != old.id
+    assert h.reset_hint is ResetHint.YES
 
 
 def _families(page: bytes) -> list[metrics_pb2.MetricFamily]:
@@ -291,6 +326,7 @@ async def test_a_run_serves_its_histograms_to_a_protobuf_scrape_and_a_reload_add
         async with aiohttp.ClientSession() as session:
             async with session.get(url, headers={"Accept": PROTOBUF_ACCEPT}) as resp:
                 assert resp.headers["Content-Type"] == exposition_proto.CONTENT_TYPE
+                assert resp.headers["Vary"] == "Accept, Accept-Encoding"  # for caches between
                 proto = _families(await resp.read())
             async with session.get(url) as resp:
                 assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hfsampler.consumers.identity import Consumer, Kind, label_value, sanitize_label_name
+from hfsampler.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ LIST_CONTAINERS = f"/{SERVICE}/ListContainers"
 POD_LABEL = "pod"
 NAMESPACE_LABEL = "namespace"
 CONTAINER_LABEL = "container"
+ALLOWLIST_KEY = "consumers.pod_label_allowlist"  # the config key it will come from
 MAX_MESSAGE_BYTES = 64 << 20  # a node's worth of pods with their labels and annotations
 _SANDBOX_READY = 0
 
@@ -51,6 +53,18 @@ class RuntimeNames:
 
     pods: Mapping[str, PodNames]
     containers: Mapping[str, tuple[str, str]]  # container id -> (name, pod uid)
+
+
+def allowlist(pattern: str | None) -> re.Pattern[str] | None:
+    """The pod-label allowlist compiled; a pattern that is not a regex is the user's mistake."""
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(
+            ALLOWLIST_KEY, f"{pattern!r} is not a regex: {exc}", "a Python regex over label keys"
+        ) from None
 
 
 def pod_labels(
@@ -133,7 +147,7 @@ class CriNames:
         self.timeout_s = timeout_s
         self.refresh_s = refresh_s
         self._clock = clock
-        self._allow = re.compile(pod_label_allowlist) if pod_label_allowlist else None
+        self._allow = allowlist(pod_label_allowlist)
         self._pb = pb
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         self._channel = grpc.insecure_channel(f"unix://{os.path.abspath(socket_path)}", options)

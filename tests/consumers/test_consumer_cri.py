@@ -21,6 +21,7 @@ from hfsampler.consumers import cri  # noqa: E402
 from hfsampler.consumers.cri import CriNames  # noqa: E402
 from hfsampler.consumers.cri_pb import cri_pb2 as pb  # noqa: E402
 from hfsampler.consumers.identity import Consumer, Kind, sanitize_label_name  # noqa: E402
+from hfsampler.errors import ConfigError  # noqa: E402
 
 __all__ = ["cri_dir", "fake_runtime"]  # fixtures
 
@@ -148,6 +149,11 @@ def test_missing_socket(cri_dir: Path, caplog: pytest.LogCaptureFixture) -> None
         finally:
             names.close()
     assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_allowlist_that_is_not_a_regex() -> None:
+    with pytest.raises(ConfigError, match="not a regex"):
+        cri.allowlist("team(")
 
 
 @pytest.mark.parametrize(

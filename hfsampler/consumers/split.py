@@ -104,15 +104,21 @@ class WindowSplit:
 def split(use: WindowUse, consumers: Mapping[int, Consumer]) -> WindowSplit:
     """Each consumer's SM ratio, memory and energy in the window; a pid without a consumer in
     ``consumers`` is ``Consumer.unknown()``."""
-    order: dict[Consumer, int] = {}
-    for pid in np.concatenate([use.mem_pid, use.util_pid]).tolist():
-        order.setdefault(consumers.get(pid, Consumer.unknown()), len(order))
-    if not order:
+    # Each distinct pid is looked up once (a consumer hashes slowly); consumers are numbered in
+    # the order their first process appears, and every array maps to them through its pids.
+    pids, first = np.unique(np.concatenate([use.mem_pid, use.util_pid]), return_index=True)
+    if not len(pids):
         return WindowSplit((), use.energy_j)
+    unknown = Consumer.unknown()
+    order: dict[Consumer, int] = {}
+    number = {pid: order.setdefault(consumers.get(pid, unknown), len(order))
+              for pid in pids[np.argsort(first, kind="stable")].tolist()}  # fmt: skip
+    of_pid = _ints([number[pid] for pid in pids.tolist()])
     n = len(order)
 
-    def index(pids: IntArray) -> IntArray:
-        return _ints([order[consumers.get(p, Consumer.unknown())] for p in pids.tolist()])
+    def index(some: IntArray) -> IntArray:
+        found: IntArray = of_pid[np.searchsorted(pids, some)]
+        return found
 
     sm = np.zeros(n)
     if len(use.util_pid):
@@ -125,14 +131,15 @@ def split(use: WindowUse, consumers: Mapping[int, Consumer]) -> WindowSplit:
     memory = np.full(n, np.nan)
     if len(use.mem_pid):
         # one number per (read, pid), then summed per (read, consumer), then the highest read
-        keys = np.stack([use.mem_read, use.mem_pid], axis=1)
-        uniq, where = np.unique(keys, axis=0, return_inverse=True)
+        # (read, pid) as one key: a pid is below 2**32 (the kernel's pid_max is 2**22)
+        keys = (use.mem_read << 32) | (use.mem_pid & 0xFFFFFFFF)
+        uniq, where = np.unique(keys, return_inverse=True)
         per_proc = np.full(len(uniq), np.nan)
         np.fmax.at(per_proc, where.reshape(-1), use.mem_used_bytes)
-        reads, read_of = np.unique(uniq[:, 0], return_inverse=True)
+        reads, read_of = np.unique(uniq >> 32, return_inverse=True)
         per_read = np.zeros((len(reads), n))
         known = np.zeros((len(reads), n), dtype=bool)
-        who = index(uniq[:, 1])
+        who = index(uniq & 0xFFFFFFFF)
         np.add.at(per_read, (read_of.reshape(-1), who), np.nan_to_num(per_proc, nan=0.0))
         np.logical_or.at(known, (read_of.reshape(-1), who), ~np.isnan(per_proc))
         memory = np.where(known.any(axis=0), np.where(known, per_read, -np.inf).max(axis=0),

@@ -4,6 +4,7 @@ among consumers found in a made-up procfs: memory and SM ratio exact, energy by 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from hfsampler.consumers.identity import Consumer, Kind
 from hfsampler.consumers.procfs import ProcfsReader
 from hfsampler.consumers.split import WindowUse, split
 from hfsampler.sources.nvml import calls
+from hfsampler.sources.nvml.consumer_reads import ConsumerReads
 
 GIB = 1 << 30
 PERIOD_US = 100_000
@@ -137,3 +139,66 @@ def test_one_window_split_among_consumers(fake: FakeNvml, tmp_path: Path) -> Non
     assert by[job].energy_j == pytest.approx(60.0)
     assert by[idle].energy_j == 0.0
     assert got.total_j == pytest.approx(300.0, rel=1e-12)
+
+
+def test_consumer_reads_gather_a_window_per_device(fake: FakeNvml, tmp_path: Path) -> None:
+    clock = fake.clock_us
+    assert isinstance(clock, Clock)
+    start = clock.now_us
+    gpu = fake.gpus[0]
+    gpu.process_util_history = 10
+    gpu.processes = [
+        FakeProcess(100, 3 * GIB, 40.0, lists=(COMPUTE, GRAPHICS)),
+        FakeProcess(200, 2 * GIB, 30.0, start_us=start + 500_000, end_us=start + 1_500_000),
+    ]
+    reads = ConsumerReads([(calls.device_handle(0), "GPU 0")])
+    clock.now_us = start - PERIOD_US + 1
+    reads.read()  # before the window: the driver's older samples are not the window's
+    reads.take([0.0])
+    for k in range(10):
+        clock.now_us = start + k * PERIOD_US + 1
+        reads.read()
+    (first,) = reads.take([100.0])
+    for k in range(10, 20):
+        clock.now_us = start + k * PERIOD_US + 1
+        reads.read()
+    (second,) = reads.take([100.0])
+    root = t.host_procfs(tmp_path)
+    t.add_process(root, 100, t.K8S_CGROUPFS)
+    t.add_process(root, 200, t.SLURM_V1)
+    consumers = ProcfsReader(str(root)).consumers([100, 200])
+    pod, job = consumers[100], consumers[200]
+    by = {s.consumer: s for s in split(first, consumers).shares}
+    assert by[pod].sm_ratio == pytest.approx(0.4)
+    assert by[job].sm_ratio == pytest.approx(0.15)
+    assert by[pod].memory_used_bytes == 3 * GIB  # in two lists, counted once
+    assert by[pod].energy_j + by[job].energy_j == pytest.approx(100.0)
+    later = {s.consumer: s for s in split(second, consumers).shares}
+    assert later[job].sm_ratio == pytest.approx(0.15)  # left halfway through the second window
+    assert set(second.util_timestamp_us.tolist()) == {start + k * PERIOD_US for k in range(10, 20)}
+
+
+def test_consumer_reads_degrade(fake: FakeNvml, caplog: pytest.LogCaptureFixture) -> None:
+    gpu = fake.gpus[0]
+    gpu.processes = [FakeProcess(100, GIB, 40.0)]
+    fake.missing |= {"nvmlDeviceGetMPSComputeRunningProcesses_v3"}
+    gpu.errors["nvmlDeviceGetProcessUtilization"] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    reads = ConsumerReads([(calls.device_handle(0), "GPU 0")])
+    with caplog.at_level(logging.INFO, "hfsampler.sources.nvml.consumer_reads"):
+        reads.read()
+        reads.read()
+        gpu.errors["nvmlDeviceGetComputeRunningProcesses_v3"] = pynvml.NVML_ERROR_UNKNOWN
+        reads.read()
+        reads.read()
+        del gpu.errors["nvmlDeviceGetComputeRunningProcesses_v3"]
+        reads.read()
+    (use,) = reads.take([10.0])
+    assert len(use.mem_pid) == 3  # three good reads of one process; the failed ones skipped
+    assert len(use.util_pid) == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("no mps process list" in m for m in said) == 1
+    assert sum("no per-process utilisation" in m for m in said) == 1
+    assert sum("cannot list" in m for m in said) == 1
+    assert sum("listed again" in m for m in said) == 1
+    got = split(use, {100: Consumer(Kind.HPC_JOB, hpc_job="1")})
+    assert got.unattributed_j == 10.0  # no utilisation: nobody is charged

@@ -272,8 +272,9 @@ class ProcfsReader:
             return parse_stat(_read(base / "stat", MAX_STAT_BYTES))
         except (FileNotFoundError, ProcessLookupError):
             if not quiet:
-                self._fault("hidden", "pid %d is not in procfs %s: gone, or in a PID namespace "
-                            "this procfs does not show (procfs: should be the host's)",
+                self._fault("hidden", "pid %d is not in procfs %s: gone, in a PID namespace "
+                            "this procfs does not show, or hidden by hidepid (procfs: should be "
+                            "the host's, readable by hfsampler's user)",
                             pid, label_value(str(self.root)))  # fmt: skip
         except OSError as exc:
             if not quiet:

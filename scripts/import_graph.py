@@ -31,7 +31,17 @@ LEAVES = {
 }
 # Entry points and the package's own __init__ sit at the top too.
 ENTRY = {"__init__", "__main__"}
-STAGES = ("config", "sources", "sampling", "remote_write", "export", "profiling", "monitor", "cli")
+STAGES = (
+    "config",
+    "consumers",
+    "sources",
+    "sampling",
+    "remote_write",
+    "export",
+    "profiling",
+    "monitor",
+    "cli",
+)
 
 
 def module_name(path: Path) -> str:

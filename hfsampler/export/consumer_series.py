@@ -41,6 +41,12 @@ FAMILIES = (
 )  # fmt: skip
 OTHER = "other"
 DEFAULT_MAX_PER_GPU = 16
+# dcgm-exporter's --kubernetes-virtual-gpus: these two per pod sharing a GPU, with the pod's
+# pod, namespace and container labels (percent, and MiB, as its device series have them)
+VIRTUAL_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+VIRTUAL_FB_USED = "DCGM_FI_DEV_FB_USED"
+VIRTUAL_LABELS = ("pod", "namespace", "container")
+_MIB = float(1 << 20)
 
 Names = Callable[[Consumer], Mapping[str, str]]  # a consumer's labels (CriNames.labels adds names)
 
@@ -54,6 +60,9 @@ class _Place:
     energy: Series
     energy_j: float = 0.0
     memory_sent: bool = False  # a series never sent gets no stale marker either
+    util: Series | None = None  # dcgm-exporter's per-pod series (virtual_gpus), where a pod
+    fb: Series | None = None
+    fb_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -72,23 +81,36 @@ class ConsumerSeries:
         registry: SeriesRegistry,
         external: Mapping[str, str] | None = None,
         max_per_gpu: int = DEFAULT_MAX_PER_GPU,
+        *,
+        virtual_gpus: bool = False,
     ) -> None:
+        """``virtual_gpus``: also dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` and
+        ``DCGM_FI_DEV_FB_USED`` per named pod (its ``--kubernetes-virtual-gpus``)."""
         if max_per_gpu < 1:
             raise ValueError(f"max_per_gpu must be at least 1, not {max_per_gpu}")
         self.registry = registry
         self.external = dict(external or {})
         self.max_per_gpu = max_per_gpu
+        self.virtual_gpus = virtual_gpus
         self._rows: dict[tuple[tuple[str, str], ...], _Row] = {}
         for name, help_text, type_ in FAMILIES:
             registry.family(name, help_text, type_)
+        if virtual_gpus:  # the model's own, where the field is sampled: the first one stays
+            registry.family(VIRTUAL_GPU_UTIL, "GPU utilization (in %).", "gauge")
+            registry.family(VIRTUAL_FB_USED, "Framebuffer memory used (in MiB).", "gauge")
 
     def _series(self, name: str, labels: Mapping[str, str]) -> Series:
         return self.registry.series(name, with_external_labels(labels, self.external))
 
     def _place(self, row_labels: Mapping[str, str], consumer_labels: Mapping[str, str]) -> _Place:
         labels = {**consumer_labels, **row_labels}  # the GPU's own labels are never replaced
-        return _Place(self._series(SM_RATIO, labels), self._series(MEMORY_USED, labels),
-                      self._series(ENERGY, labels))  # fmt: skip
+        place = _Place(self._series(SM_RATIO, labels), self._series(MEMORY_USED, labels),
+                       self._series(ENERGY, labels))  # fmt: skip
+        if self.virtual_gpus and consumer_labels.get(VIRTUAL_LABELS[0]):
+            pod = {k: consumer_labels[k] for k in VIRTUAL_LABELS if consumer_labels.get(k)}
+            place.util = self._series(VIRTUAL_GPU_UTIL, {**pod, **row_labels})
+            place.fb = self._series(VIRTUAL_FB_USED, {**pod, **row_labels})
+        return place
 
     def window(
         self, rows: Sequence[tuple[Mapping[str, str], WindowSplit]], names: Names
@@ -165,10 +187,20 @@ class ConsumerSeries:
             place.memory_sent = True
             series.append(place.memory)
             values.append(memory_bytes)
+        if place.util is not None and place.fb is not None:
+            series.append(place.util)
+            values.append(sm_ratio * 100.0)
+            if not math.isnan(memory_bytes):
+                place.fb_sent = True
+                series.append(place.fb)
+                values.append(memory_bytes / _MIB)
 
     def _end_place(self, place: _Place, series: list[Series], values: list[float]) -> None:
         ended = [place.sm, place.energy] + ([place.memory] if place.memory_sent else [])
-        self.registry.forget([place.sm, place.memory, place.energy])
+        ended += [place.util] if place.util is not None else []
+        ended += [place.fb] if place.fb is not None and place.fb_sent else []
+        self.registry.forget([place.sm, place.memory, place.energy]
+                             + [s for s in (place.util, place.fb) if s is not None])  # fmt: skip
         series += ended
         values += [STALE_NAN] * len(ended)
 

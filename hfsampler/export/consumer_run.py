@@ -258,6 +258,7 @@ def open_consumers(
                     spec.kind)  # fmt: skip
         return None
     run = ConsumerRun(config, lists, model.registry, model.host, plan.inventory.devices, metrics)
+    run.refresh_names()  # the first names before the first window (bounded by the timeout)
     if not isinstance(clock, VirtualClock):
         run.start(config.window_s)
     return run

@@ -112,6 +112,7 @@ class ConsumerRun:
         self._energy = GpuEnergy()
         self._devices: tuple[DeviceInfo, ...] = ()
         self._naming: asyncio.Future[None] | None = None  # the runtime's names, being asked
+        self._faults_counted: dict[str, int] = {}  # procfs faults already in the self-metric
         self.attribution = self._attribution(config)
         self.set_devices(devices)
 
@@ -218,11 +219,12 @@ class ConsumerRun:
                 gpus.append(GpuWindow(labels, energy.get(r, 0.0), instances=instances))
             else:
                 gpus.append(GpuWindow(labels, energy.get(r, 0.0), uses.get(r)))
-        before = dict(self.attribution.procfs.faults)
         out = self.attribution.gpus(gpus)
-        for kind, n in self.attribution.procfs.faults.items():
-            if n > before.get(kind, 0):
-                self._metrics.inc(PROCFS_FAULTS, n - before.get(kind, 0), {"kind": kind})
+        for kind, n in self.attribution.procfs.faults.items():  # the reader's own count, since
+            if n > self._faults_counted.get(kind, 0):  # it was made (a root refused at once too)
+                self._metrics.inc(PROCFS_FAULTS, n - self._faults_counted.get(kind, 0),
+                                  {"kind": kind})  # fmt: skip
+                self._faults_counted[kind] = n
         return out
 
     def end(self) -> tuple[list[Series], list[float]]:

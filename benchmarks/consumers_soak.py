@@ -4,7 +4,10 @@ the parent's memory stays flat.
 
 One ``hfsampler run`` (the sim's made-up consumers: ``per_gpu`` processes per GPU, each living 4
 to 7 s, a second's gap between them, a new job, pod, unit or command each time; its procfs tree
-in a temporary directory) pushes to the tests' conformance receiver and serves /metrics. Every
+in a temporary directory) pushes to the tests' conformance receiver and serves /metrics. Its
+queue spools to disk (``--queue-dir``): on this shared machine the receiver, in this script's
+process, falls behind at times, and a memory queue would drop the oldest samples (stale markers
+among them) where a spool keeps every one, so the accounting below is of what hfsampler sent. Every
 ``--every`` seconds: the parent's and the sampler's ``VmRSS`` and the consumer series on the
 page. At the end, from what the receiver stored: every consumer series, how many ended with a
 stale marker before shutdown (the consumer left), how many at shutdown, and any that did not;
@@ -109,7 +112,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus",
                str(args.gpus), "--consumers", "on", "--procfs", f"{tmp}/proc", "--duration",
                f"{duration_s}s", "--listen", f"127.0.0.1:{port}", "--remote-write", rx.url,
-               "--log-level", "warning"]  # fmt: skip
+               "--queue-dir", f"{tmp}/queue", "--log-level", "warning"]  # fmt: skip
         started = time.monotonic()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         sampler = None
@@ -134,11 +137,13 @@ def main() -> int:
         ended_at_ms = int(time.time() * 1000)
         energy = rx.series_named("hfsampler_consumer_energy_joules_total")
         left, at_shutdown, open_ = 0, 0, 0
+        unended: list[dict[str, Any]] = []
         last_ts = max((s[-1][0] for s in energy.values() if s), default=0)
-        for samples in energy.values():
+        for labels, samples in energy.items():
             ts, value = samples[-1]
             if not is_stale(value):
                 open_ += 1
+                unended.append({"labels": dict(labels), "last": samples[-3:]})
             elif ts < last_ts:
                 left += 1
             else:
@@ -158,6 +163,7 @@ def main() -> int:
         "ended_when_they_left": left,
         "ended_at_shutdown": at_shutdown,
         "never_ended": open_,
+        "never_ended_examples": unended[:5],
         "consumer_series_on_page_max": max((r["consumer_series_on_page"] for r in rows), default=0),
         "consumer_series_on_page_min": min((r["consumer_series_on_page"] for r in rows), default=0),
         "parent_rss_mib_first_after_warmup": warm[0][1] if warm else math.nan,

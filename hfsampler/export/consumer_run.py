@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from hfsampler import selfmetrics as sm
 from hfsampler.config import consumer_keys
 from hfsampler.config.settings import Config
+from hfsampler.consumers.procfs import ProcfsReader
 from hfsampler.consumers.split import WindowUse
 from hfsampler.export.consumer_attribution import ConsumerAttribution, GpuWindow
 from hfsampler.export.metrics import MetricModel, gpu_labels
@@ -34,7 +35,7 @@ from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.stepping import VirtualClock
 from hfsampler.sampling.window import LAST, MEAN, MIN
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Series, SeriesRegistry
+from hfsampler.series import STALE_NAN, Series, SeriesRegistry
 from hfsampler.sources.base import ConsumerLists, DeviceInfo
 from hfsampler.sources.registry import open_consumer_lists
 
@@ -113,11 +114,14 @@ class ConsumerRun:
         self._devices: tuple[DeviceInfo, ...] = ()
         self._naming: asyncio.Future[None] | None = None  # the runtime's names, being asked
         self._faults_counted: dict[str, int] = {}  # procfs faults already in the self-metric
+        self._ended: list[Series] = []  # a reload's old series, ended in the next window
         self.attribution = self._attribution(config)
         self.set_devices(devices)
 
-    def _attribution(self, config: Config) -> ConsumerAttribution:
-        return ConsumerAttribution(
+    def _attribution(
+        self, config: Config, procfs: ProcfsReader | None = None
+    ) -> ConsumerAttribution:
+        made = ConsumerAttribution(
             self._registry,
             config.external_labels,
             procfs=config.procfs,
@@ -126,6 +130,9 @@ class ConsumerRun:
             max_per_gpu=config.consumers_max_per_gpu,
             virtual_gpus=config.consumers_dcgm_exporter_virtual_gpus,
         )
+        if procfs is not None:  # its cache and the faults it said carry over
+            made.procfs = procfs
+        return made
 
     def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
         """The rows now: a MIG slot's new instance is read on its own handle from here on."""
@@ -136,23 +143,25 @@ class ConsumerRun:
             self._devices = devices
             self._guarded(lambda: self._lists.set_devices(devices), "find the GPUs' devices")
 
-    def reconfigure(
-        self, config: Config, host: Mapping[str, str]
-    ) -> tuple[list[Series], list[float]]:
-        """A reload changed the labels: the old series end (returned, stale) and the next
-        window starts the new ones; the procfs reader and the runtime's names carry over."""
-        ended = self.attribution.end()
-        old = self.attribution
-        self._host = dict(host)
-        self.attribution = self._attribution(config)
-        self.attribution.procfs = old.procfs
-        if old.names is not None and config.container_runtime_socket == old.names.socket_path:
-            if self.attribution.names is not None:
-                self.attribution.names.close()
-            self.attribution.names = old.names
-        elif old.names is not None:
-            old.names.close()
-        return ended
+    def reconfigure(self, config: Config, host: Mapping[str, str]) -> None:
+        """A reload changed the labels: from the next window the series are the new config's.
+        A label set both have goes on as the same series, its counter from where it stood; the
+        others end with stale markers in that window. The procfs reader and the runtime's names
+        carry over."""
+        with self._lock:
+            old = self.attribution
+            counters = old.series.counters()
+            ended, _ = old.series.end_all(forget=False)
+            self._ended += ended
+            self._host = dict(host)
+            self.attribution = self._attribution(config, old.procfs)
+            self.attribution.series.take_over(counters)
+            if old.names is not None and config.container_runtime_socket == old.names.socket_path:
+                if self.attribution.names is not None:
+                    self.attribution.names.close()
+                self.attribution.names = old.names
+            elif old.names is not None:
+                old.names.close()
 
     def start(self, window_s: float) -> None:
         """Read the lists on a thread of their own, ``READS_PER_WINDOW`` times per window."""
@@ -219,7 +228,14 @@ class ConsumerRun:
                 gpus.append(GpuWindow(labels, energy.get(r, 0.0), instances=instances))
             else:
                 gpus.append(GpuWindow(labels, energy.get(r, 0.0), uses.get(r)))
-        out = self.attribution.gpus(gpus)
+        with self._lock:
+            out = self.attribution.gpus(gpus)
+            ended, self._ended = self._ended, []
+        if ended:  # a reload's: those the new config did not take on end now
+            taken = {s.id for s in out[0]}
+            gone = [s for s in ended if s.id not in taken]
+            self._registry.forget(gone)
+            out = (gone + out[0], [STALE_NAN] * len(gone) + out[1])
         for kind, n in self.attribution.procfs.faults.items():  # the reader's own count, since
             if n > self._faults_counted.get(kind, 0):  # it was made (a root refused at once too)
                 self._metrics.inc(PROCFS_FAULTS, n - self._faults_counted.get(kind, 0),

@@ -96,7 +96,6 @@ class Service:
             inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
         )
         self.consumers: ConsumerRun | None = None  # opened in ``run``, when the config says so
-        self._consumers_ended: tuple[list[Series], list[float]] = ([], [])  # a reload's
 
     def stop(self) -> None:
         self._stop.set()
@@ -187,8 +186,8 @@ class Service:
                     for w in removed:
                         w.push(ended)
                 self.model = self._build_model(plan.config, previous=self.model)
-                if self.consumers is not None:  # ended now, stale in the next window
-                    self._consumers_ended = self.consumers.reconfigure(plan.config, self.model.host)
+                if self.consumers is not None:  # the new series from the next window
+                    self.consumers.reconfigure(plan.config, self.model.host)
                 if self.pipeline is not None:  # changed histograms restart, the others go on
                     self.pipeline.choose_histograms(choice_of(plan.config))
             left = await asyncio.gather(
@@ -347,8 +346,7 @@ class Service:
         stats = window.stats
         histograms = {g.plan.name: g.histograms for g in window.groups}
         snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns, histograms)
-        ended, self._consumers_ended = self._consumers_ended, ([], [])
-        snapshot = _with(_with(snapshot, ended), consumed)
+        snapshot = _with(snapshot, consumed)
         self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:

@@ -5,7 +5,9 @@ energy counter's increase split by SM share, and a real push of them is conforma
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import math
 import re
 from pathlib import Path
@@ -237,3 +239,56 @@ async def test_consumers_off_leaves_the_run_as_it_was(tmp_path: Path, fake: Fake
     names = {dict(k)["__name__"] for k in rx.samples}
     assert not {n for n in names if n.startswith(("hfsampler_consumer_", "hfsampler_gpu_un"))}
     assert not math.isnan(rx.report()["samples"])
+
+
+async def test_a_reload_of_max_per_gpu_ends_the_series_and_folds_the_rest(
+    tmp_path: Path, fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    root = t.host_procfs(tmp_path / "proc")
+    t.add_process(root, 10, t.SLURM_V2)
+    t.add_process(root, 20, t.SYSTEMD_SERVICE)
+    fake.gpus[0].processes = [FakeProcess(10, 2 * GIB, 60.0), FakeProcess(20, GIB, 30.0)]
+    started = start_ns()
+    clock = VirtualClock(started)
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    path = tmp_path / "hfsampler.yml"
+    parser, _ = build_parser()
+    argv = ["run", "--source", "nvml", "--config", str(path), "--duration", "6s"]
+    async with ConformanceReceiver() as rx:
+        config: dict[str, object] = {"intervals": {"fast": "10ms"}, "procfs": str(root),
+                                     "listen": "", "remote_write": [{"url": rx.url}]}  # fmt: skip
+        path.write_text(yaml.safe_dump(config))
+        service = Service(build_run(config_from_args(parser.parse_args(argv))), clock=clock,
+                          loader=lambda: config_from_args(parser.parse_args(argv)))  # fmt: skip
+
+        def change() -> None:
+            path.write_text(yaml.safe_dump({**config, "consumers": {"max_per_gpu": 1}}))
+            service.request_reload()
+
+        async def reloaded() -> None:
+            for _ in range(3000):
+                if "configuration reloaded" in caplog.text:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("not reloaded in 30 s")
+
+        clock.at(started + 2 * S + S // 2, change)
+        clock.at(started + 3 * S + S // 2, reloaded)
+        assert await service.run() == 0
+    rx.assert_conformant()
+    assert service.windows == 6
+    energy = rx.series_named(cs.ENERGY, gpu="0")
+    job = [s for lb, s in energy.items() if dict(lb).get("hpc_job") == t.JOB]
+    assert len(job) == 1
+    (other,) = [s for lb, s in energy.items() if dict(lb).get("consumer") == "other"]
+    unit = [s for lb, s in energy.items() if "systemd_unit" in dict(lb)]
+    # before: both their own; after, the job goes on as the same series, its counter from where
+    # it stood, and the unit's series ends in the window where "other" starts
+    assert [is_stale_marker(v) for _, v in job[0]].count(True) == 1  # at shutdown only
+    counts = [v for _, v in job[0][:-1]]
+    assert all(b > a for a, b in itertools.pairwise(counts[1:])), counts  # no reset
+    assert is_stale_marker(unit[0][-1][1])
+    assert unit[0][-1][0] == other[0][0]
+    folded = _last(rx.series_named(cs.FOLDED, gpu="0"))
+    assert list(folded.values()) == [1.0]

@@ -48,6 +48,19 @@ PROCFS_FAULTS = sm.CONSUMER_PROCFS_FAULTS
 NAMES_WAIT_S = 5.0  # at shutdown, for an ask of the runtime in flight
 
 
+def planned_series(config: Config, source_kind: str, devices: Sequence[DeviceInfo]) -> int:
+    """The most consumer series a window has by the config (what Remote-Write queues are sized
+    from, beside the model's): per GPU without MIG and per MIG slot, ``max_per_gpu`` consumers
+    and ``other``, each with its three series (five with dcgm-exporter's virtual GPUs), and the
+    row's unattributed and folded series; a MIG GPU's own row the last two only."""
+    if not consumer_keys.enabled(config.consumers, source_kind):
+        return 0
+    per_consumer = 5 if config.consumers_dcgm_exporter_virtual_gpus else 3
+    per_row = (config.consumers_max_per_gpu + 1) * per_consumer + 2
+    mig = {d.index for d in devices if not d.is_gpu}
+    return sum(2 if d.is_gpu and d.index in mig else per_row for d in devices)
+
+
 class GpuEnergy:
     """Each GPU's energy over a window, in joules: the increase of its energy counter
     (``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, mJ) since the window before where it is sampled,

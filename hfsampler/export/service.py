@@ -31,6 +31,7 @@ from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
 from hfsampler.export.consumer_run import ConsumerRun, open_consumers
+from hfsampler.export.consumer_run import planned_series as consumers_planned
 from hfsampler.export.exposition_proto import wants_protobuf
 from hfsampler.export.metrics import MetricModel, build_model
 from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
@@ -123,8 +124,12 @@ class Service:
         configuration it is in, the running one by default)."""
         # the model's families from the start: a spool replayed before the first window goes
         # out as 2.0 with its series' metadata
+        # the consumers' series too, where they are on (at most max_per_gpu per GPU)
+        planned = self.model.planned_series() + consumers_planned(
+            config or self.config, self.spec.kind, self.inventory.devices
+        )
         writer = RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families,
-                              window_samples=self.model.planned_series())  # fmt: skip
+                              window_samples=planned)  # fmt: skip
         if writer.bound.raised_from is not None:
             names = [ep.remote_name for ep in (config or self.config).remote_write]
             i = names.index(endpoint.remote_name) if endpoint.remote_name in names else 0

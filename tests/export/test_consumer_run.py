@@ -292,3 +292,15 @@ async def test_a_reload_of_max_per_gpu_ends_the_series_and_folds_the_rest(
     assert unit[0][-1][0] == other[0][0]
     folded = _last(rx.series_named(cs.FOLDED, gpu="0"))
     assert list(folded.values()) == [1.0]
+
+
+def test_the_queues_are_sized_for_the_consumers_series_too(tmp_path: Path, fake: FakeNvml) -> None:
+    clock = VirtualClock(start_ns())
+    url = "http://127.0.0.1:9/api/v1/write"
+    bounds = {}
+    for mode, extra in (("off", {"consumers": False}), ("on", {"consumers": {"max_per_gpu": 4}})):
+        service = _service(tmp_path, {"remote_write": [{"url": url}], **extra}, "1s", clock)
+        (writer,) = service._writers
+        bounds[mode] = writer.bound.window_samples
+    # per GPU: 4 consumers and "other", three series each, and unattributed and folded
+    assert bounds["on"] - bounds["off"] == 2 * ((4 + 1) * 3 + 2)

@@ -15,6 +15,7 @@ the receiver's violations; the RSS's growth from the first sample after ``--warm
 and a least-squares slope in MiB per minute over the same span.
 
     python benchmarks/consumers_soak.py [--minutes 10] [--gpus 4] [--every 10] [--out FILE]
+    python benchmarks/consumers_soak.py --consumers off --out PEER   (alongside: the peer)
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=4)
     ap.add_argument("--every", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=60.0)
+    ap.add_argument(
+        "--consumers",
+        choices=("on", "off"),
+        default="on",
+        help="off: the peer, the same run without consumers (run it alongside)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "out" / "consumers_soak.json"))
     args = ap.parse_args()
     duration_s = int(args.minutes * 60)
@@ -110,9 +117,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, ConformanceReceiver() as rx:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus",
-               str(args.gpus), "--consumers", "on", "--procfs", f"{tmp}/proc", "--duration",
-               f"{duration_s}s", "--listen", f"127.0.0.1:{port}", "--remote-write", rx.url,
-               "--queue-dir", f"{tmp}/queue", "--log-level", "warning"]  # fmt: skip
+               str(args.gpus), "--consumers", args.consumers, "--procfs", f"{tmp}/proc",
+               "--duration", f"{duration_s}s", "--listen", f"127.0.0.1:{port}",
+               "--remote-write", rx.url, "--queue-dir", f"{tmp}/queue",
+               "--log-level", "warning"]  # fmt: skip
         started = time.monotonic()
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         sampler = None
@@ -156,6 +164,7 @@ def main() -> int:
         "exit": proc.returncode,
         "stderr_tail": err.decode(errors="replace")[-2000:],
         "minutes": args.minutes,
+        "consumers": args.consumers,
         "gpus": args.gpus,
         "machine": platform.platform(),
         "ended_at_ms": ended_at_ms,

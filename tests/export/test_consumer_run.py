@@ -12,12 +12,13 @@ import math
 import re
 from pathlib import Path
 
+import aiohttp
 import procfs_trees as t
 import pytest
 import yaml
 from conformance import ConformanceReceiver, is_stale_marker
 from fake_nvml import COMPUTE, GRAPHICS, MPS, FakeNvml, FakeProcess, enable_mig, install, make_fake
-from inprocess import start_ns
+from inprocess import free_port, start_ns
 
 from hfsampler.cli.main import build_parser
 from hfsampler.config.flags import config_from_args
@@ -114,18 +115,33 @@ async def test_consumers_of_two_shared_gpus_exact_and_their_energy_is_the_counte
     started = start_ns()
     clock = VirtualClock(started)
     fake.clock_us = lambda: clock.now_ns() // 1000
+    port = free_port()
+    pages: list[str] = []
+
+    async def scrape() -> None:
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as resp:
+            pages.append(await resp.text())
+
+    clock.at(started + 4 * S + S // 2, scrape)
     async with ConformanceReceiver() as rx:
         config = {
             "procfs": str(root),
             "container_runtime_socket": str(fake_runtime.path),
             "consumers": {"pod_label_allowlist": "team"},
-            "listen": "",
+            "listen": f"127.0.0.1:{port}",
             "remote_write": [{"url": rx.url, "name": "rx"}],
         }
         service = _service(tmp_path, config, "6s", clock)
         assert await service.run() == 0
     rx.assert_conformant()
     assert service.windows == 6
+    # on /metrics too, each family once with its type, beside the GPU's own
+    (page,) = pages
+    assert f"# TYPE {cs.ENERGY} counter" in page
+    assert f"# TYPE {cs.SM_RATIO} gauge" in page
+    assert re.search(rf'^{cs.SM_RATIO}{{.*hpc_job="{t.JOB}".*}} 0.2$', page, re.M)
+    assert re.search(r"^DCGM_FI_DEV_POWER_USAGE\{", page, re.M)
     sm = rx.series_named(cs.SM_RATIO)
     mem = rx.series_named(cs.MEMORY_USED)
     pod = {"pod": "trainer-0", "namespace": "ml", "container": "train", "team": "cv",

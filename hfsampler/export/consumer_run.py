@@ -85,8 +85,9 @@ class GpuEnergy:
                 last = float(stats[g][LAST][r, j])
             if math.isfinite(last):
                 before = self._last_mj.get(r, float(stats[g][MIN][r, j]))
-                # a GPU reset starts the counter again: this window's from there
-                out[r] = max(last - before, 0.0) / 1e3 if last >= before else 0.0
+                # a GPU reset starts the counter again: this window counts nothing, the next
+                # from where it starts
+                out[r] = (last - before) / 1e3 if last >= before else 0.0
                 self._last_mj[r] = last
                 continue
             self._last_mj.pop(r, None)

@@ -320,3 +320,26 @@ def test_the_queues_are_sized_for_the_consumers_series_too(tmp_path: Path, fake:
         bounds[mode] = writer.bound.window_samples
     # per GPU: 4 consumers and "other", three series each, and unattributed and folded
     assert bounds["on"] - bounds["off"] == 2 * ((4 + 1) * 3 + 2)
+
+
+async def test_without_the_energy_counter_a_window_is_its_mean_power_times_its_length(
+    tmp_path: Path, fake: FakeNvml
+) -> None:
+    root = t.host_procfs(tmp_path / "proc")
+    t.add_process(root, 10, t.SLURM_V2)
+    fake.gpus[0].processes = [FakeProcess(10, GIB, 40.0)]
+    clock = VirtualClock(start_ns())
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    async with ConformanceReceiver() as rx:
+        config = {"fields": ["DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_GPU_UTIL"],
+                  "procfs": str(root), "listen": "", "remote_write": [{"url": rx.url}]}  # fmt: skip
+        assert await _service(tmp_path, config, "4s", clock).run() == 0
+    rx.assert_conformant()
+    (power,) = rx.series_named("DCGM_FI_DEV_POWER_USAGE", gpu="0").values()
+    mean_w = {ts: v for ts, v in power if math.isfinite(v)}
+    energy = _energy_by_window(rx, "0")
+    stamps = sorted(set(mean_w) & set(energy))
+    assert len(stamps) >= 3
+    for a, b in itertools.pairwise(stamps):  # the whole windows: 1 s each
+        assert energy[b] - energy[a] == pytest.approx(mean_w[b] * (b - a) / 1e3, rel=1e-9)
+        assert mean_w[b] > 100  # watts, not the fake counter's 1 W

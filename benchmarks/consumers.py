@@ -143,6 +143,7 @@ def fast_lane(gpus: int, rounds: int, segment_s: float) -> dict[str, Any]:
     plan = build_run(config)
     pipeline = Pipeline(plan, RUN)
     results: dict[str, list[dict[str, float]]] = {"none": [], "32/GPU": []}
+    segments: dict[str, list[float]] = {"none": [], "32/GPU": []}  # late per 1000 ticks each
     with pytest.MonkeyPatch.context() as mp, tempfile.TemporaryDirectory() as tmp:
         fake = fake_nvml.install(mp, fake_nvml.make_fake(gpus))
         work = ConsumerWork(gpus, 32, trees.host_procfs(Path(tmp) / "proc"), fake)
@@ -158,6 +159,7 @@ def fast_lane(gpus: int, rounds: int, segment_s: float) -> dict[str, Any]:
                         worker.start()
                     end = time.monotonic() + segment_s
                     first = True
+                    begun = len(results[mode])
                     while time.monotonic() < end:
                         time.sleep(max(pipeline.due_ns - time.time_ns(), 0) / 1e9)
                         window = pipeline.window()
@@ -175,6 +177,9 @@ def fast_lane(gpus: int, rounds: int, segment_s: float) -> dict[str, Any]:
                     stop.set()
                     if worker is not None:
                         worker.join()
+                    part = results[mode][begun:]
+                    ticks = sum(x["ticks"] for x in part)
+                    segments[mode].append(1000 * sum(x["late"] for x in part) / max(ticks, 1))
         finally:
             pipeline.close()
             work.close()
@@ -188,6 +193,7 @@ def fast_lane(gpus: int, rounds: int, segment_s: float) -> dict[str, Any]:
             "p99_us_median": statistics.median(x["p99_us"] for x in rows) if rows else None,
             "max_us_median": statistics.median(x["max_us"] for x in rows) if rows else None,
             "max_us_worst": max((x["max_us"] for x in rows), default=None),
+            "late_per_1000_by_segment": segments[mode],
         }
     return out
 
@@ -223,14 +229,15 @@ def main() -> int:
               f"{row.get('read_us_per_consumer', 0):>10.1f} "
               f"{row.get('attribute_us_per_consumer', 0):>12.1f}")  # fmt: skip
     print(f"\nfast lane ({lane['fast_group']}, 1 ms) while this process does the consumer work")
-    print(f"{'mode':>8} {'windows':>8} {'late/1000':>10} {'missed':>7} {'p99 us':>8} "
-          f"{'max us':>8} {'worst us':>9}")  # fmt: skip
+    print(f"{'mode':>8} {'windows':>8} {'late/1000':>10} {'by segment':>22} {'missed':>7} "
+          f"{'p99 us':>8} {'max us':>8} {'worst us':>9}")  # fmt: skip
     for mode in ("none", "32/GPU"):
         m = lane[mode]
-        print(
-            f"{mode:>8} {m['windows']:>8} {m['late_per_1000_ticks']:>10.2f} {m['missed']:>7} "
-            f"{m['p99_us_median']:>8.1f} {m['max_us_median']:>8.1f} {m['max_us_worst']:>9.1f}"
-        )
+        seg = m["late_per_1000_by_segment"]
+        spread = f"{min(seg):.0f}-{max(seg):.0f} (med {statistics.median(seg):.0f})" if seg else "-"
+        print(f"{mode:>8} {m['windows']:>8} {m['late_per_1000_ticks']:>10.2f} {spread:>22} "
+              f"{m['missed']:>7} {m['p99_us_median']:>8.1f} {m['max_us_median']:>8.1f} "
+              f"{m['max_us_worst']:>9.1f}")  # fmt: skip
     result = {"args": vars(args), "machine": platform.platform(), "cost": cost, "fast_lane": lane}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -5,7 +5,8 @@ whole request (each string once, ``symbols[0]`` empty), each series' label refer
 metadata (type, help, unit, from the catalogue's families as they are at send time, so a spool
 replayed before the first window gets them once they are known) and, for counters whose start
 is known, ``start_timestamp`` on every sample at or after it. Samples are written all at once
-(``arrays.sample_bytes``: a 2.0 ``Sample`` has the 1.0 one's fields and tags).
+(``arrays.sample_bytes``: a 2.0 ``Sample`` has the 1.0 one's fields and tags); a histogram series'
+as ``TimeSeries.histograms`` entries (``histwrite``), its metadata type HISTOGRAM.
 
 What a series needs in every request (its strings, metadata and start) is kept by its labels;
 a request's symbol table and each series' references are kept by the request's series (the
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from hfsampler.remote_write.arrays import Template, sample_bytes, uniform_rows
 from hfsampler.remote_write.blocks import Block, Labels
+from hfsampler.remote_write.histwrite import TAG_V2_TIMESERIES_HISTOGRAMS, entries
 from hfsampler.remote_write.protowrite import METRIC_TYPES, SMALL_LIMIT, SMALL_VARINTS, varint
 from hfsampler.series import Family
 
@@ -111,7 +113,7 @@ class RequestEncoderV2:
         ):
             table = self._table(block.series)
         # a start timestamp makes a sample's bytes its own: no template for those
-        if block.samples == len(block.series) and not table.any_start:
+        if block.samples == len(block.series) and not table.any_start and block.hist is None:
             rows = uniform_rows(block.timestamps_ms, block.values)
             if rows is not None:
                 template = table.templates.get(rows.width)
@@ -126,11 +128,14 @@ class RequestEncoderV2:
         lo = 0
         for i, hi in enumerate(byte_ends):
             refs, meta, start = table.refs[i], table.metas[i], table.starts[i]
-            if start is None:
+            a, b = int(block.ends[i - 1]) if i else 0, int(block.ends[i])
+            if block.hist is not None and block.hist[b - 1] != b"":
+                stamps = block.timestamps_ms[a:b].tolist()
+                samples = entries(TAG_V2_TIMESERIES_HISTOGRAMS, block.hist[a:b], stamps)
+            elif start is None:
                 samples = data[lo:hi]
             else:
-                a = int(block.ends[i - 1]) if i else 0
-                samples = _with_start(data, encoded.ends, a, int(block.ends[i]), start, block)
+                samples = _with_start(data, encoded.ends, a, b, start, block)
             body = len(refs) + len(samples) + len(meta)
             out += (
                 heads[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body),

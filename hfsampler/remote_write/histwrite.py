@@ -5,11 +5,19 @@
 and their numbers; 2.0 adds ``start_timestamp = 17``. Integer histograms only: counts go in the
 ``*_int`` oneof members and ``*_deltas``, never the float ones. As protowrite.py does, the bytes
 are what the protobuf library writes for the same message (tests hold them to it).
+
+A queued histogram sample is its message ``histogram_body`` (every field but the timestamps, which
+come last in number order): blocks keep it, and at send time ``entries`` adds each sample's
+timestamp and frames it for either protocol; ``entry_sizes`` is the same in bytes, for sizing.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
 
 from hfsampler.histograms import NativeHistogram
 from hfsampler.remote_write.protowrite import field, varint
@@ -91,3 +99,35 @@ def histogram_entry_v2(h: NativeHistogram, timestamp_ms: int, start_timestamp_ms
     return field(
         TAG_V2_TIMESERIES_HISTOGRAMS, histogram_message(h, timestamp_ms, start_timestamp_ms)
     )
+
+
+def histogram_body(h: NativeHistogram) -> bytes:
+    """The message without its timestamps: what a block keeps of a histogram sample."""
+    return histogram_message(h, 0)
+
+
+def entries(tag: bytes, bodies: Iterable[bytes], timestamps_ms: Iterable[int]) -> bytes:
+    """The ``TimeSeries.histograms`` entries (``tag``: 1.0's or 2.0's) of one series' samples."""
+    out = []
+    for body, ts in zip(bodies, timestamps_ms, strict=True):
+        message = body + _TAG_TIMESTAMP + varint(ts) if ts else body
+        out.append(field(tag, message))
+    return b"".join(out)
+
+
+def entry_sizes(
+    timestamps_ms: npt.NDArray[np.int64], bodies: npt.NDArray[np.object_]
+) -> npt.NDArray[np.int64]:
+    """Each sample's bytes in a 1.0 ``TimeSeries``: a ``Sample`` for a float (empty body), a
+    ``histograms`` entry for a histogram."""
+    u = timestamps_ms.view(np.uint64)
+    vlen = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 10):
+        vlen += u >= np.uint64(1 << (7 * k))
+    lengths = np.fromiter(map(len, bodies), np.int64, len(bodies))
+    message = lengths + np.where(timestamps_ms != 0, 1 + vlen, 0)
+    head = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 5):
+        head += message >= (1 << (7 * k))
+    float_sample = 12 + vlen  # tag, length, value's tag and 8 bytes, timestamp's tag and varint
+    return np.where(lengths == 0, float_sample, 1 + head + message)

@@ -17,6 +17,10 @@ or a 2xx without ``X-Prometheus-Remote-Write-Samples-Written`` (a 1.x receiver t
 empty message and stored nothing) sends the same request again as 1.0 and keeps the endpoint on
 1.0 for ``REPROBE_S``, logged once and counted. Blocks are neutral in every queue, so a
 fallback needs nothing but the blocks, spooled ones included.
+
+A receiver that refuses native histograms (``_refuses_histograms``) has the request sent again
+without its histogram series, and the endpoint's histograms dropped from then on, counted as
+``histograms_refused`` and said once: its float series lose nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ EXECUTOR_THRESHOLD_BYTES = 1 << 20
 REPROBE_S = 600.0
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
+# How a receiver refuses native histograms: a 400 or 422 that names them (Prometheus 2 without
+# the feature flag: "native histograms are disabled"), or that same text with a 500 (Prometheus
+# 3 up to 3.5, prometheus/prometheus#17181), which would otherwise be retried for ever.
+_HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
+_HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 
 
 @dataclass(slots=True)
@@ -97,6 +106,12 @@ class _Request:
         raw_v2 = v2.encode(block)[0]
         size = sum(piece_sizes(block)) if size is None else size
         return cls(block, size, compress(raw_v2), len(raw_v2))
+
+    def become(self, other: _Request) -> None:
+        """Take ``other``'s block and bodies: a refusal left part of this request to send (the
+        caller's references, such as a 413's split, then see that part)."""
+        self.block, self.size, self._body = other.block, other.size, other._body
+        self.body_v2, self.raw_v2_len = other.body_v2, other.raw_v2_len
 
     def encode_v2(self, v2: RequestEncoderV2) -> None:
         """Make the 2.0 body now (a request built while the endpoint was on 1.0)."""
@@ -180,6 +195,9 @@ class Delivery:
         self._v1 = RequestEncoderV1()
         self._sizes = Sizer()
         self._v2 = v2
+        # the receiver refused native histograms: none is sent to it again (intake stops
+        # queueing them; queued ones are dropped before sending)
+        self.histograms_refused = False
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
         self.posting = [False] * len(queues)
@@ -266,6 +284,8 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
+        if self.histograms_refused:
+            parts = [self._without_histograms(p, flight) for p in parts]
         # several blocks are merged first; a 2.0 request is made whole: never on the event loop
         large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
         requests = await self._off_loop(partial(self._requests, parts), large)
@@ -365,6 +385,11 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
+            if self.histograms_refused and request.block.hist is not None:
+                # refused while this request waited (another shard's, or a piece of this one)
+                if not await self._floats_of(request, flight, "", None, v2):
+                    return
+                continue
             if v2 and not request.body_v2 and self._v2 is not None:
                 await self._off_loop(partial(request.encode_v2, self._v2), True)
             if v2 and not request.samples:
@@ -373,6 +398,10 @@ class Delivery:
             try:
                 written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
+                if request.block.hist is not None and _HISTOGRAMS_DISABLED.search(str(err)):
+                    if await self._floats_of(request, flight, str(err), None, v2):
+                        continue
+                    return
                 delay = backoff.next_delay(
                     err.retry_after_s,
                     slowest=isinstance(err, TLSSendError),
@@ -415,6 +444,11 @@ class Delivery:
                         self.config.display_url,
                     )
                     continue
+                if _refuses_histograms(request, err):
+                    why = f"HTTP {err.status}: {err.text}"
+                    if await self._floats_of(request, flight, why, err.written, v2):
+                        continue
+                    return
                 self._refused(request, err, v2)
                 flight.settled += request.samples
                 return
@@ -485,6 +519,47 @@ class Delivery:
             self._metrics.inc(sm.RW_PARTIAL_WRITES, 1, self._labels)
         self._drop(request.samples - written, "rejected")
 
+    def _without_histograms(self, block: Block, flight: _Flight) -> Block:
+        """``block`` without its histogram series, dropped and counted (``histograms_refused``)."""
+        if block.hist is None:
+            return block
+        floats = block.without_histograms()
+        dropped = block.samples - floats.samples
+        flight.settled += dropped
+        self._drop(dropped, "histograms_refused")
+        return floats
+
+    async def _floats_of(
+        self, request: _Request, flight: _Flight, why: str, written: int | None, v2: bool
+    ) -> bool:
+        """The receiver refused native histograms: the request's are dropped, and all of this
+        endpoint's from now on (said once), and the request becomes its float series alone, to
+        send again (True); False when nothing is left to send (a 2.0 receiver said it wrote
+        them, or there are none)."""
+        if not self.histograms_refused:
+            self.histograms_refused = True
+            log.error(
+                "remote write %s (%s) refuses native histograms (%s): this endpoint's histogram "
+                "series are dropped from now on, counted as histograms_refused, and its other "
+                "series still sent; enable native histograms on the receiver (Prometheus 2: "
+                "--enable-feature=native-histograms) or set send_native_histograms: false",
+                self.config.remote_name,
+                self.config.display_url,
+                why[:300],
+            )
+        floats = self._without_histograms(request.block, flight)
+        if v2 and written is not None and written >= floats.samples > 0:
+            # a partial write: the receiver stored the floats already
+            self._metrics.inc(sm.RW_SAMPLES, floats.samples, self._labels)
+            flight.settled += floats.samples
+            return False
+        if not floats.samples and not floats.families:
+            return False
+        v2_encoder = self._v2 if self._negotiation.v2 else None
+        again = await self._off_loop(partial(_Request.of, floats, self._v1, v2_encoder), True)
+        request.become(again)
+        return True
+
     def _fall_back(self, why: str) -> None:
         """The receiver does not take 2.0: 1.0 for a while, logged once, counted."""
         if not self._negotiation.v2:
@@ -499,3 +574,12 @@ class Delivery:
             why,
             REPROBE_S,
         )
+
+
+def _refuses_histograms(request: _Request, err: NonRecoverableSendError) -> bool:
+    """A refusal of a request with histograms that names them (400 or 422)."""
+    return (
+        request.block.hist is not None
+        and err.status in (400, 422)
+        and bool(_HISTOGRAM_WORDS.search(err.text))
+    )

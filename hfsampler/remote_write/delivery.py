@@ -67,9 +67,10 @@ EXECUTOR_THRESHOLD_BYTES = 1 << 20
 REPROBE_S = 600.0
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
-# How a receiver refuses native histograms: a 400 or 422 that names them (Prometheus 2 without
-# the feature flag: "native histograms are disabled"), or that same text with a 500 (Prometheus
-# 3 up to 3.5, prometheus/prometheus#17181), which would otherwise be retried for ever.
+# How a receiver refuses native histograms: a 400 or 422 that names them, or a 500 saying
+# "native histograms are disabled", which Prometheus 2.42 and 3.5 without the feature flag answer
+# (tests/integration/test_native_histograms.py; prometheus/prometheus#17181 makes it a 422 later)
+# and which would otherwise be retried for ever.
 _HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
 _HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 

@@ -84,8 +84,9 @@ async def test_histograms_go_only_where_asked_and_are_conformant(
 @pytest.mark.parametrize(
     ("protocol", "refusal"),
     [
-        (PROTOBUF_V1, (400, "native histograms are disabled")),  # Prometheus 2 without the flag
-        (PROTOBUF_V2, (500, "native histograms are disabled")),  # Prometheus 3 up to 3.5
+        (PROTOBUF_V1, (500, "native histograms are disabled")),  # Prometheus 2.42 and 3.5
+        (PROTOBUF_V2, (500, "native histograms are disabled")),  # without the feature flag
+        (PROTOBUF_V1, (400, "native histograms are disabled")),
         (PROTOBUF_V1, (422, "native histogram ingestion is disabled")),
     ],
 )

@@ -26,10 +26,15 @@ class PowerWindows:
     busy and spikes), the histograms cumulative from the first window (reset hint YES)."""
 
     def __init__(
-        self, gpus: int = 2, samples_per_window: int = 1000, seed: int = 26, schema: int = 3
+        self,
+        gpus: int = 2,
+        samples_per_window: int = 1000,
+        seed: int = 26,
+        schema: int = 3,
+        extra_labels: dict[str, str] | None = None,
     ) -> None:
         self.registry = SeriesRegistry()
-        labels = [{"gpu": str(g), "UUID": f"GPU-{g}"} for g in range(gpus)]
+        labels = [{"gpu": str(g), "UUID": f"GPU-{g}", **(extra_labels or {})} for g in range(gpus)]
         self.floats: list[Series] = [self.registry.series(POWER, lb) for lb in labels]
         self.hist_series: list[Series] = [self.registry.series(HISTOGRAM, lb) for lb in labels]
         self.accumulators = [HistogramAccumulator(schema) for _ in range(gpus)]
@@ -60,6 +65,6 @@ class PowerWindows:
         for i in range(count):
             yield self.window(first_ms + i * step_ms)
 
-    def all_samples(self) -> npt.NDArray[np.float64]:
-        """Every sample of every GPU so far."""
-        return np.concatenate([p for per_gpu in self.every for p in per_gpu])
+    def all_samples(self, from_window: int = 0) -> npt.NDArray[np.float64]:
+        """Every sample of every GPU so far, from window ``from_window`` (0: the first) on."""
+        return np.concatenate([p for per_gpu in self.every for p in per_gpu[from_window:]])

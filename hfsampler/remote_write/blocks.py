@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -168,6 +168,20 @@ class Block:
             families,
             None if self.hist is None else self.hist[lo:hi],
         )
+
+    def floats_then_histograms(self) -> tuple[Block, Block] | None:
+        """The block as its float series (a block without histograms) and its histogram series,
+        when those come after all the floats (as intake queues them, and merged windows keep
+        them): the encoders write the floats from their templates. None otherwise."""
+        if self.hist is None:
+            return None
+        is_hist = self.hist[self.ends - 1] != b""
+        k = int(np.argmax(is_hist))
+        if not is_hist[k] or not bool(is_hist[k:].all()):
+            return None
+        n = len(self.series)
+        head = self.take(0, k)
+        return replace(head, hist=None), self.take(k, n)
 
     def without_histograms(self) -> Block:
         """The block with its histogram series left out (and its families kept)."""
@@ -314,6 +328,10 @@ class Sizer:
         self._windows: dict[tuple[Labels, ...], tuple[int, list[int]]] = {}
 
     def __call__(self, block: Block) -> list[int]:
+        if block.hist is not None and not block.families:
+            split = block.floats_then_histograms()  # the floats' sizes as a window's, kept
+            if split is not None and split[0].series:
+                return self(split[0]) + piece_sizes(split[1])
         series = block.series
         ts = block.timestamps_ms
         width = 0

@@ -129,7 +129,18 @@ class RequestEncoderV1:
 
     def encode(self, block: Block) -> bytes:
         n = len(block.series)
-        if not n or block.samples % n or block.hist is not None:
+        if block.hist is not None:
+            split = block.floats_then_histograms()
+            if split is None or not split[0].series:
+                return write_request(block)
+            # the float series from their template, then the histogram series
+            floats, histograms = split
+            return (
+                self.encode(floats)
+                + _write_histograms(histograms, _NO_SAMPLES)
+                + b"".join(map(metadata_entry, block.families))
+            )
+        if not n or block.samples % n:
             return write_request(block)
         per_series = block.samples // n  # several windows merged (a backlog): as many each
         if per_series > 1 and not np.array_equal(block.ends, np.arange(1, n + 1) * per_series):
@@ -148,6 +159,9 @@ class RequestEncoderV1:
                 self._templates.clear()
             self._templates[key] = template
         return template.fill(rows) + b"".join(map(metadata_entry, block.families))
+
+
+_NO_SAMPLES = SampleBytes(b"", np.zeros(0, np.int64))
 
 
 def write_request(block: Block) -> bytes:

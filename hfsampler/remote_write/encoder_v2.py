@@ -78,7 +78,8 @@ class _Table:
     # -1 when every family was known; else how many families there were (once there are more,
     # one may be a family unknown here: the table is made again)
     families_seen: int
-    templates: dict[int, Template] = field(default_factory=dict)
+    # by (width, how many of the first series: all, or the floats before histogram series)
+    templates: dict[tuple[int, int], Template] = field(default_factory=dict)
 
 
 def _ref(ref: int) -> bytes:
@@ -113,13 +114,21 @@ class RequestEncoderV2:
         ):
             table = self._table(block.series)
         # a start timestamp makes a sample's bytes its own: no template for those
-        if block.samples == len(block.series) and not table.any_start and block.hist is None:
-            rows = uniform_rows(block.timestamps_ms, block.values)
+        floats, histograms = block, None
+        if block.hist is not None and (split := block.floats_then_histograms()) is not None:
+            floats, histograms = split  # the floats from a template, the histograms after
+        k = len(floats.series)
+        if k and floats.samples == k and not table.any_start and floats.hist is None:
+            rows = uniform_rows(floats.timestamps_ms, floats.values)
             if rows is not None:
-                template = table.templates.get(rows.width)
+                template = table.templates.get((rows.width, k))
                 if template is None:
-                    template = table.templates[rows.width] = self._template(table, rows.width)
-                return template.fill(rows), block.samples
+                    template = self._template(table, rows.width, k)
+                    table.templates[rows.width, k] = template
+                request = template.fill(rows)
+                if histograms is not None:
+                    request += self._histogram_series(table, histograms, k)
+                return request, block.samples
         encoded = sample_bytes(block.timestamps_ms, block.values)
         data = encoded.data
         byte_ends = encoded.ends[block.ends - 1].tolist()
@@ -189,10 +198,28 @@ class RequestEncoderV2:
         return table
 
     @staticmethod
-    def _template(table: _Table, width: int) -> Template:
-        """The request of ``table``'s series with one sample each, ``width`` bytes wide."""
+    def _histogram_series(table: _Table, block: Block, first: int) -> bytes:
+        """The ``TimeSeries`` of ``block``'s series (histogram ones), which are ``table``'s from
+        ``first`` on."""
+        assert block.hist is not None
+        out: list[bytes] = []
+        lo = 0
+        for i, hi in enumerate(block.ends.tolist()):
+            refs, meta = table.refs[first + i], table.metas[first + i]
+            stamps = block.timestamps_ms[lo:hi].tolist()
+            samples = entries(TAG_V2_TIMESERIES_HISTOGRAMS, block.hist[lo:hi], stamps)
+            body = len(refs) + len(samples) + len(meta)
+            head = _HEADS[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body)
+            out += (head, refs, samples, meta)
+            lo = hi
+        return b"".join(out)
+
+    @staticmethod
+    def _template(table: _Table, width: int, count: int) -> Template:
+        """The request of ``table``'s first ``count`` series with one sample each, ``width``
+        bytes wide (the request's whole symbol table before them)."""
         parts = [table.symbols]
-        for refs, meta in zip(table.refs, table.metas, strict=True):
+        for refs, meta in zip(table.refs[:count], table.metas[:count], strict=True):
             body = len(refs) + width + len(meta)
             head = _HEADS[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body)
             parts[-1] += head + refs

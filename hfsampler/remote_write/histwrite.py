@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hfsampler.histograms import NativeHistogram
-from hfsampler.remote_write.protowrite import field, varint
+from hfsampler.remote_write.protowrite import SMALL_LIMIT, SMALL_VARINTS, field, varint
 
 # Tags: (field_number << 3) | wire_type (0 varint, 1 64-bit, 2 length-delimited).
 TAG_V1_TIMESERIES_HISTOGRAMS = b"\x22"  # prometheus.TimeSeries.histograms = 4
@@ -66,7 +66,9 @@ def _spans(tag: bytes, spans: tuple[tuple[int, int], ...]) -> bytes:
 def _deltas(tag: bytes, deltas: tuple[int, ...]) -> bytes:
     if not deltas:
         return b""
-    return field(tag, b"".join(varint(zigzag(d)) for d in deltas))
+    small = SMALL_VARINTS  # a bucket's delta is mostly a few hundred at most: a table look-up
+    encoded = [small[z] if (z := zigzag(d)) < SMALL_LIMIT else varint(z) for d in deltas]
+    return field(tag, b"".join(encoded))
 
 
 def histogram_message(h: NativeHistogram, timestamp_ms: int, start_timestamp_ms: int = 0) -> bytes:

@@ -15,6 +15,7 @@ from hfsampler.histograms import HistogramAccumulator, NativeHistogram
 from hfsampler.remote_write.blocks import (
     Block,
     Labels,
+    Sizer,
     Unpacker,
     halve,
     merge,
@@ -128,6 +129,16 @@ def test_v2_bytes_are_the_librarys() -> None:
     assert raw == req.SerializeToString(deterministic=True)
     parsed = writev2_pb2.Request.FromString(raw)
     assert parsed.timeseries[3].metadata.type == writev2_pb2.Metadata.METRIC_TYPE_HISTOGRAM
+
+
+def test_a_windows_sizes_are_kept_for_its_floats_and_counted_for_its_histograms() -> None:
+    sizer = Sizer()
+    for i, hists in enumerate(snapshots(3)):
+        block = Block.of([*FLOATS, *HISTS], T0 + i, [1.0, 2.0, 3.0, 4.0, 5.0],
+                         hist=[b"", b"", b"", *(histogram_body(h) for h in hists)])  # fmt: skip
+        assert sizer(block) == piece_sizes(block)
+        assert sum(sizer(block)) == len(write_request(block))
+        assert RequestEncoderV1().encode(block) == write_request(block)
 
 
 def test_split_and_halve_keep_histograms_with_their_series() -> None:

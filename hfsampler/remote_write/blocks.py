@@ -175,13 +175,16 @@ class Block:
         them): the encoders write the floats from their templates. None otherwise."""
         if self.hist is None:
             return None
-        is_hist = self.hist[self.ends - 1] != b""
-        k = int(np.argmax(is_hist))
-        if not is_hist[k] or not bool(is_hist[k:].all()):
+        # the histogram series at the end, walked back from it; they are all there when they
+        # hold every non-empty body (a count in C, not a comparison per sample in Python)
+        ends = self.ends
+        n = k = len(ends)
+        while k and self.hist[int(ends[k - 1]) - 1]:
+            k -= 1
+        tail = int(ends[-1]) - (int(ends[k - 1]) if k else 0)
+        if k == n or np.count_nonzero(self.hist) != tail:
             return None
-        n = len(self.series)
-        head = self.take(0, k)
-        return replace(head, hist=None), self.take(k, n)
+        return replace(self.take(0, k), hist=None), self.take(k, n)
 
     def without_histograms(self) -> Block:
         """The block with its histogram series left out (and its families kept)."""

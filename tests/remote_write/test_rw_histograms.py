@@ -15,7 +15,7 @@ from histograms_check import histogram_problems
 from test_rw_sender import FAST, eventually, labels_of
 
 from hfsampler import selfmetrics as sm
-from hfsampler.remote_write.config import PROTOBUF_V1, PROTOBUF_V2, EndpointConfig
+from hfsampler.remote_write.config import PROTOBUF_V1, PROTOBUF_V2, EndpointConfig, QueueConfig
 from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.prompb import writev2_pb2
 from hfsampler.selfmetrics import SelfMetrics
@@ -133,3 +133,20 @@ async def test_a_400_that_does_not_name_histograms_is_an_ordinary_refusal() -> N
         await writer.close(5)
     assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2 * GPUS
     assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == 0
+
+
+async def test_a_full_memory_queue_drops_whole_windows_histograms_counted() -> None:
+    windows = PowerWindows(GPUS, 20)
+    window = 2 * GPUS  # a float and a histogram series per GPU
+    queue = QueueConfig(capacity=10 * window + 1, capacity_set=True)
+    cfg = EndpointConfig("http://127.0.0.1:9/api/v1/write", "q", queue=queue,
+                         send_native_histograms=True)  # fmt: skip
+    metrics = SelfMetrics()
+    writer = RemoteWriter(cfg, metrics, window_samples=window)  # never started: nothing sent
+    pushes = 12
+    for snapshot in windows.windows(now_ms(), pushes):
+        writer.push(snapshot)
+    assert writer.queued() == 10 * window  # whole windows, histograms and floats alike
+    dropped = metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="queue_full"))
+    assert dropped == pushes * window - writer.queued()
+    await writer.close(0)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from hfsampler.remote_write.histwrite import entry_sizes
+from hfsampler.remote_write.histwrite import entry_size, entry_sizes
 from hfsampler.remote_write.protowrite import encode_labels, metadata_entry, varint_len
 from hfsampler.series import Family
 
@@ -46,6 +46,7 @@ Bodies = npt.NDArray[np.object_]  # per sample: a histogram's message body, b"" 
 # Labels kept by a reader of packed blocks; past this many the cache starts over.
 MAX_CACHED_LABELS = 1 << 17
 MAX_CACHED_SERIES_SETS = 32  # the series of a request: a few per shard
+_FEW_SAMPLES = 32  # a block with histograms this small is sized without numpy
 
 
 def _pack_strings(strings: Iterable[str]) -> bytes:
@@ -297,7 +298,9 @@ def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> li
     if block.series:
         ts = block.timestamps_ms
         labels = label_lengths(block.series) if labels is None else labels
-        if block.hist is not None:
+        if block.hist is not None and block.samples <= _FEW_SAMPLES:
+            sizes = _few_sizes(block, labels.tolist())
+        elif block.hist is not None:
             upto = np.cumsum(entry_sizes(ts, block.hist))[block.ends - 1]
             body = np.diff(upto, prepend=0) + labels
         elif block.samples == len(block.series) and ts[0] == ts[-1] and bool((ts == ts[0]).all()):
@@ -310,11 +313,27 @@ def piece_sizes(block: Block, labels: npt.NDArray[np.int64] | None = None) -> li
                 vlen += u >= np.uint64(1 << (7 * k))
             upto = np.cumsum(vlen + _SAMPLE_FIXED)[block.ends - 1]
             body = np.diff(upto, prepend=0) + labels
-        head = np.ones(len(body), dtype=np.int64)
-        for k in range(1, 5):
-            head += body >= (1 << (7 * k))
-        sizes = (1 + head + body).tolist()
+        if not sizes:
+            head = np.ones(len(body), dtype=np.int64)
+            for k in range(1, 5):
+                head += body >= (1 << (7 * k))
+            sizes = (1 + head + body).tolist()
     return sizes + [len(metadata_entry(f)) for f in block.families]
+
+
+def _few_sizes(block: Block, labels: list[int]) -> list[int]:
+    """``piece_sizes``' series for a block of few samples with histograms (a window's histogram
+    series, which the ``Sizer`` adds to its floats' kept sizes): numpy's cost per call would be
+    most of it."""
+    assert block.hist is not None
+    stamps = block.timestamps_ms.tolist()
+    out = []
+    lo = 0
+    for length, hi in zip(labels, block.ends.tolist(), strict=True):
+        body = length + sum(entry_size(block.hist[k], stamps[k]) for k in range(lo, hi))
+        out.append(1 + varint_len(body) + body)
+        lo = hi
+    return out
 
 
 class Sizer:

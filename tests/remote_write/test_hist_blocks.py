@@ -27,7 +27,7 @@ from hfsampler.remote_write.encoder import RequestEncoderV1, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.histwrite import histogram_body
 from hfsampler.remote_write.prompb import remote_pb2, types_pb2, writev2_pb2
-from hfsampler.remote_write.protowrite import METRIC_TYPES
+from hfsampler.remote_write.protowrite import METRIC_TYPES, metadata_entry
 from hfsampler.remote_write.spool import SpoolQueue
 from hfsampler.series import Family
 
@@ -139,6 +139,13 @@ def test_a_windows_sizes_are_kept_for_its_floats_and_counted_for_its_histograms(
         assert sizer(block) == piece_sizes(block)
         assert sum(sizer(block)) == len(write_request(block))
         assert RequestEncoderV1().encode(block) == write_request(block)
+
+
+@pytest.mark.parametrize("windows", [1, 4, 10])  # few samples are sized without numpy
+def test_sizes_are_the_bytes_written(windows: int) -> None:
+    merged = merge([window(T0 + 1000 * i, h) for i, h in enumerate(snapshots(windows))])
+    series = [len(write_request(merged.take(i, i + 1))) for i in range(5)]
+    assert piece_sizes(merged) == series + [len(metadata_entry(f)) for f in merged.families]
 
 
 def test_split_and_halve_keep_histograms_with_their_series() -> None:

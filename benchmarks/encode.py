@@ -63,7 +63,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hist_sides import SUFFIX, hist_sides, histogram_series, histogram_windows, without_histograms
+from hist_sides import (
+    SUFFIX,
+    hist_sides,
+    histogram_series,
+    histogram_windows,
+    print_window_table,
+    without_histograms,
+)
 from rw_peer import PEER_PATH, Side, load_peer, peer_sides  # beside this script
 
 from hfsampler.export.metrics import gpu_labels, host_labels
@@ -399,41 +406,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def print_window_table(rows: list[dict[str, Any]]) -> None:
-    """Per window and GPU, the bytes of the sides with a power histogram and without (the 1k
-    set), and the CPU per window: the median turn's, and the per-round ratio."""
-    cases = [r["case"] for r in rows if r["side"].endswith(SUFFIX)]
-    by_side = {r["side"]: r for r in rows if cases and r["case"] == cases[0]}
-    pairs = [(f"hfsampler {v}", f"hfsampler {v}{SUFFIX}") for v in ("1.0", "2.0")]
-    if not all(a in by_side and b in by_side for a, b in pairs):
-        return
-    header = (
-        f"{'side':18} {'raw B/window/GPU':>16} {'snappy B/window/GPU':>19} {'CPU/window':>11}"
-        "  per-round CPU ratio: median (lowest-highest)"
-    )
-    print(f"\n{by_side[pairs[0][0]]['case']}, with a power histogram per GPU\n{header}")
-    print("-" * len(header))
-    for plain, hist in pairs:
-        for side in (plain, hist):
-            r = by_side[side]
-            n = r["series"]
-            per_window_s = [n / rate for rate in r["rates"]]
-            ratio = ""
-            if side == hist:
-                base = by_side[plain]
-                base_s = [base["series"] / rate for rate in base["rates"]]
-                per_round = [a / b for a, b in zip(per_window_s, base_s, strict=True)]
-                ratio = (
-                    f"{statistics.median(per_round):.2f}x ({min(per_round):.2f}-"
-                    f"{max(per_round):.2f}) vs {plain}"
-                )
-            print(
-                f"{side:18} {r['raw_bytes_per_sample'] * n / GPUS:>16,.0f}"
-                f" {r['compressed_bytes_per_sample'] * n / GPUS:>19,.0f}"
-                f" {statistics.median(per_window_s) * 1e6:>9,.0f}us  {ratio}"
-            )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/out/encode.json", help="JSON result path")
@@ -469,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {n: GPUS for n in work if n.endswith(SUFFIX)}
         rows += measure(label, work, len(series), args.rounds, args.turn, raw_bytes, extra)
     print_table(rows)
-    print_window_table(rows)
+    print_window_table(rows, GPUS)
     print(
         f"\nmedian of {args.rounds} alternating rounds, one turn of whole windows (about"
         f" {args.turn} s, at least one window) per side each; requests of at"

@@ -7,10 +7,13 @@ The histograms are steady-state ones: ``WARM_WINDOWS`` windows of ``SAMPLES_PER_
 samples each (a seeded mix of idle, busy and spikes, as a training job draws) are counted before
 the timed windows, so their buckets span what a running GPU's do; each timed window adds one more
 (outside the timed region: counting is the sampling half's work, not the encoder's).
+``print_window_table`` gives their bytes per window per GPU and CPU per window beside the same
+protocol's without histograms.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -106,3 +109,38 @@ def without_histograms(read: list[Any]) -> tuple[list[Any], int]:
     that carry no float sample (the histogram ones), and how many those were."""
     kept = [entry for entry in read if entry[1]]
     return kept, len(read) - len(kept)
+
+
+def print_window_table(rows: list[dict[str, Any]], gpus: int) -> None:
+    """Per window and GPU, the bytes of the sides with a power histogram and without (the 1k
+    set), and the CPU per window: the median turn's, and the per-round ratio."""
+    cases = [r["case"] for r in rows if r["side"].endswith(SUFFIX)]
+    by_side = {r["side"]: r for r in rows if cases and r["case"] == cases[0]}
+    pairs = [(f"hfsampler {v}", f"hfsampler {v}{SUFFIX}") for v in ("1.0", "2.0")]
+    if not all(a in by_side and b in by_side for a, b in pairs):
+        return
+    header = (
+        f"{'side':18} {'raw B/window/GPU':>16} {'snappy B/window/GPU':>19} {'CPU/window':>11}"
+        "  per-round CPU ratio: median (lowest-highest)"
+    )
+    print(f"\n{by_side[pairs[0][0]]['case']}, with a power histogram per GPU\n{header}")
+    print("-" * len(header))
+    for plain, hist in pairs:
+        for side in (plain, hist):
+            r = by_side[side]
+            n = r["series"]
+            per_window_s = [n / rate for rate in r["rates"]]
+            ratio = ""
+            if side == hist:
+                base = by_side[plain]
+                base_s = [base["series"] / rate for rate in base["rates"]]
+                per_round = [a / b for a, b in zip(per_window_s, base_s, strict=True)]
+                ratio = (
+                    f"{statistics.median(per_round):.2f}x ({min(per_round):.2f}-"
+                    f"{max(per_round):.2f}) vs {plain}"
+                )
+            print(
+                f"{side:18} {r['raw_bytes_per_sample'] * n / gpus:>16,.0f}"
+                f" {r['compressed_bytes_per_sample'] * n / gpus:>19,.0f}"
+                f" {statistics.median(per_window_s) * 1e6:>9,.0f}us  {ratio}"
+            )

@@ -18,9 +18,9 @@ empty message and stored nothing) sends the same request again as 1.0 and keeps 
 1.0 for ``REPROBE_S``, logged once and counted. Blocks are neutral in every queue, so a
 fallback needs nothing but the blocks, spooled ones included.
 
-A receiver that refuses native histograms (``_refuses_histograms``) has the request sent again
-without its histogram series, and the endpoint's histograms dropped from then on, counted as
-``histograms_refused`` and said once: its float series lose nothing.
+A receiver that refuses native histograms (``histogram_refusal``) has the request sent again
+without its histogram series, and the endpoint's histograms dropped from then on: its float
+series lose nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
 from hfsampler.remote_write.encoder import RequestEncoderV1, compress, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.histogram_refusal import HistogramRefusal, refusal
 from hfsampler.remote_write.queue import Batch, ShardQueue
 from hfsampler.remote_write.retry import Backoff
 from hfsampler.remote_write.security import TLSSendError
@@ -67,12 +68,6 @@ EXECUTOR_THRESHOLD_BYTES = 1 << 20
 REPROBE_S = 600.0
 # Words by which a 400 says the receiver does not take the 2.0 message (Prometheus, Mimir).
 _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remote write", re.I)
-# How a receiver refuses native histograms: a 400 or 422 that names them, or a 500 saying
-# "native histograms are disabled", which Prometheus 2.42 and 3.5 without the feature flag answer
-# (tests/integration/test_native_histograms.py; prometheus/prometheus#17181 makes it a 422 later)
-# and which would otherwise be retried for ever.
-_HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
-_HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 
 
 @dataclass(slots=True)
@@ -196,9 +191,9 @@ class Delivery:
         self._v1 = RequestEncoderV1()
         self._sizes = Sizer()
         self._v2 = v2
-        # the receiver refused native histograms: none is sent to it again (intake stops
+        # once the receiver refused native histograms none is sent to it again (intake stops
         # queueing them; queued ones are dropped before sending)
-        self.histograms_refused = False
+        self.histograms = HistogramRefusal(config, drop)
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
         self.posting = [False] * len(queues)
@@ -285,7 +280,7 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
-        if self.histograms_refused:
+        if self.histograms.refused:
             parts = [self._without_histograms(p, flight) for p in parts]
         # several blocks are merged first; a 2.0 request is made whole: never on the event loop
         large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
@@ -386,9 +381,9 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
-            if self.histograms_refused and request.block.hist is not None:
+            if self.histograms.refused and request.block.hist is not None:
                 # refused while this request waited (another shard's, or a piece of this one)
-                if not await self._floats_of(request, flight, "", None, v2):
+                if not await self._floats_of(request, flight, None, v2):
                     return
                 continue
             if v2 and not request.body_v2 and self._v2 is not None:
@@ -399,8 +394,9 @@ class Delivery:
             try:
                 written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
-                if request.block.hist is not None and _HISTOGRAMS_DISABLED.search(str(err)):
-                    if await self._floats_of(request, flight, str(err), None, v2):
+                if (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, None, v2):
                         continue
                     return
                 delay = backoff.next_delay(
@@ -445,9 +441,9 @@ class Delivery:
                         self.config.display_url,
                     )
                     continue
-                if _refuses_histograms(request, err):
-                    why = f"HTTP {err.status}: {err.text}"
-                    if await self._floats_of(request, flight, why, err.written, v2):
+                if (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, err.written, v2):
                         continue
                     return
                 self._refused(request, err, v2)
@@ -521,33 +517,17 @@ class Delivery:
         self._drop(request.samples - written, "rejected")
 
     def _without_histograms(self, block: Block, flight: _Flight) -> Block:
-        """``block`` without its histogram series, dropped and counted (``histograms_refused``)."""
-        if block.hist is None:
-            return block
-        floats = block.without_histograms()
-        dropped = block.samples - floats.samples
+        """``block`` without its histogram series, dropped, counted and settled."""
+        floats, dropped = self.histograms.strip(block)
         flight.settled += dropped
-        self._drop(dropped, "histograms_refused")
         return floats
 
     async def _floats_of(
-        self, request: _Request, flight: _Flight, why: str, written: int | None, v2: bool
+        self, request: _Request, flight: _Flight, written: int | None, v2: bool
     ) -> bool:
-        """The receiver refused native histograms: the request's are dropped, and all of this
-        endpoint's from now on (said once), and the request becomes its float series alone, to
-        send again (True); False when nothing is left to send (a 2.0 receiver said it wrote
-        them, or there are none)."""
-        if not self.histograms_refused:
-            self.histograms_refused = True
-            log.error(
-                "remote write %s (%s) refuses native histograms (%s): this endpoint's histogram "
-                "series are dropped from now on, counted as histograms_refused, and its other "
-                "series still sent; enable native histograms on the receiver (Prometheus 2: "
-                "--enable-feature=native-histograms) or set send_native_histograms: false",
-                self.config.remote_name,
-                self.config.display_url,
-                why[:300],
-            )
+        """The receiver refused native histograms: the request's are dropped, and the request
+        becomes its float series alone, to send again (True); False when nothing is left to
+        send (a 2.0 receiver said it wrote them, or there are none)."""
         floats = self._without_histograms(request.block, flight)
         if v2 and written is not None and written >= floats.samples > 0:
             # a partial write: the receiver stored the floats already
@@ -575,12 +555,3 @@ class Delivery:
             why,
             REPROBE_S,
         )
-
-
-def _refuses_histograms(request: _Request, err: NonRecoverableSendError) -> bool:
-    """A refusal of a request with histograms that names them (400 or 422)."""
-    return (
-        request.block.hist is not None
-        and err.status in (400, 422)
-        and bool(_HISTOGRAM_WORDS.search(err.text))
-    )

@@ -38,6 +38,7 @@ from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.episode import REMINDER_S, Episode
 from hfsampler.remote_write.handover import hand_over
+from hfsampler.remote_write.histogram_refusal import REASON
 from hfsampler.remote_write.histwrite import histogram_body
 from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
@@ -169,8 +170,8 @@ class RemoteWriter:
         if not self.config.send_native_histograms:
             histograms = ()
             all_families = _float_families(all_families)
-        elif histograms and self.delivery.histograms_refused:
-            self._drop(len(histograms), "histograms_refused")
+        elif histograms and self.delivery.histograms.refused:
+            self._drop(len(histograms), REASON)
             histograms = ()
         if self._v2 is not None and len(all_families) != len(self._families):
             self._families.update(all_families)

@@ -200,12 +200,12 @@ class RemoteWriter:
                 shard_values[k].append(value)
                 if stale:
                     ended.append(out.id)
+        shard_bodies = self._place_histograms(histograms, shard_labels, shard_values, ended)
         # a series that got its stale marker is over (a pod left, a GPU was lost): without this
         # the encoder's cache would grow with every pod that ever ran on the node
         self._encoder.forget(ended)
         for sid in ended:
             placed.pop(sid, None)
-        shard_bodies = self._place_histograms(histograms, shard_labels, shard_values)
         step = self.config.queue.max_samples_per_send
         ts = snapshot.timestamp_ms
         dropped = 0
@@ -232,17 +232,25 @@ class RemoteWriter:
         histograms: Sequence[tuple[Series, NativeHistogram]],
         shard_labels: list[list[Labels]],
         shard_values: list[list[float]],
+        ended: list[int],
     ) -> list[list[bytes]] | None:
         """Add the histogram series to their shards (after the floats, relabelled as they are);
-        per shard, each sample's histogram body (b"" for a float), None without histograms."""
+        per shard, each sample's histogram body (b"" for a float), None without histograms.
+        A series whose histogram is a stale marker (its sum the staleness NaN, as Prometheus's
+        TSDB marks a histogram series) is added to ``ended``."""
         if not histograms:
             return None
         bodies: list[list[bytes]] = [[b""] * len(labels) for labels in shard_labels]
         relabeller = self._relabeller
         for series, h in histograms:
             out = series if relabeller is None else relabeller.series(series)
+            stale = h.sum != h.sum and is_stale(h.sum)
+            if stale and relabeller is not None:
+                relabeller.forget(series)
             if out is None:
                 continue
+            if stale:
+                ended.append(out.id)
             if out.name != series.name and out.name not in self._renamed:
                 self._learn_rename(series.name, out.name)
             if (where := self._placed.get(out.id)) is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,12 @@ from histograms_check import histogram_problems
 from test_rw_sender import FAST, eventually, labels_of
 
 from hfsampler import selfmetrics as sm
+from hfsampler.histograms import ResetHint
 from hfsampler.remote_write.config import PROTOBUF_V1, PROTOBUF_V2, EndpointConfig, QueueConfig
 from hfsampler.remote_write.intake import RemoteWriter
 from hfsampler.remote_write.prompb import writev2_pb2
 from hfsampler.selfmetrics import SelfMetrics
+from hfsampler.series import STALE_NAN
 
 pytestmark = pytest.mark.both_loops
 WINDOWS = 3
@@ -150,3 +153,24 @@ async def test_a_full_memory_queue_drops_whole_windows_histograms_counted() -> N
     dropped = metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="queue_full"))
     assert dropped == pushes * window - writer.queued()
     await writer.close(0)
+
+
+async def test_a_stale_histogram_ends_its_series() -> None:
+    windows = PowerWindows(GPUS, 10)
+    snapshot = windows.window(now_ms())
+    series, h = snapshot.histograms[0]
+    stale = replace(h, sum=STALE_NAN, reset_hint=ResetHint.NO)
+    last = replace(
+        snapshot, timestamp_ms=snapshot.timestamp_ms + 1000, histograms=[(series, stale)]
+    )
+    async with ConformanceReceiver() as rx:
+        cfg = EndpointConfig(rx.url, "st", queue=FAST, send_native_histograms=True)
+        writer = RemoteWriter(cfg, SelfMetrics())
+        await writer.start()
+        writer.push(snapshot)
+        cached = writer._encoder.cached_series  # the label cache a stale marker must empty
+        writer.push(last)
+        assert writer._encoder.cached_series == cached - 1
+        await eventually(lambda: sum(len(v) for v in rx.histograms.values()) == GPUS + 1)
+        await writer.close(5)
+    assert rx.violations == []

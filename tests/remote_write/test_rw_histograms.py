@@ -174,3 +174,27 @@ async def test_a_stale_histogram_ends_its_series() -> None:
         await eventually(lambda: sum(len(v) for v in rx.histograms.values()) == GPUS + 1)
         await writer.close(5)
     assert rx.violations == []
+
+
+@pytest.mark.parametrize("protocol", [PROTOBUF_V1, PROTOBUF_V2])
+async def test_spooled_histograms_are_sent_by_the_next_writer(
+    protocol: str, tmp_path: Path
+) -> None:
+    windows = PowerWindows(GPUS, 30)
+    snaps = list(windows.windows(now_ms(), WINDOWS))
+    async with ConformanceReceiver() as rx:
+        cfg = EndpointConfig(rx.url, "sp", queue=FAST, protobuf_message=protocol,
+                             send_native_histograms=True)  # fmt: skip
+        first = RemoteWriter(cfg, SelfMetrics(), tmp_path)  # never started: all stays spooled
+        for snapshot in snaps:
+            first.push(snapshot)
+        await first.close(0)
+        metrics = SelfMetrics()
+        second = RemoteWriter(cfg, metrics, tmp_path, families=snaps[0].families)
+        assert second.queued() == 2 * GPUS * WINDOWS
+        await second.start()
+        await eventually(lambda: sum(names(rx.histograms).values()) == GPUS * WINDOWS)
+        await second.close(5)
+    assert rx.violations == []
+    assert names(rx.samples) == {POWER: GPUS * WINDOWS}
+    assert metrics.total(sm.RW_DROPPED) == 0

@@ -163,7 +163,8 @@ class RemoteWriter:
     def push(self, snapshot: Snapshot) -> None:
         """Queue a snapshot's samples; never blocks. Full queues drop their oldest samples."""
         if self._closed:
-            self._drop(len(snapshot), "shutdown")
+            sent = len(snapshot.histograms) if self.config.send_native_histograms else 0
+            self._drop(len(snapshot) + sent, "shutdown")
             return
         histograms = snapshot.histograms
         all_families = snapshot.families

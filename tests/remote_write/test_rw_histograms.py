@@ -10,7 +10,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conformance import ConformanceReceiver
+from conformance import (
+    HISTOGRAMS_WRITTEN_HEADER,
+    SAMPLES_WRITTEN_HEADER,
+    ConformanceReceiver,
+    Reply,
+)
 from hist_snapshots import HISTOGRAM, POWER, PowerWindows
 from histograms_check import histogram_problems
 from test_rw_sender import FAST, eventually, labels_of
@@ -198,3 +203,23 @@ async def test_spooled_histograms_are_sent_by_the_next_writer(
     assert rx.violations == []
     assert names(rx.samples) == {POWER: GPUS * WINDOWS}
     assert metrics.total(sm.RW_DROPPED) == 0
+
+
+async def test_a_2_0_partial_write_of_the_floats_is_not_sent_again() -> None:
+    """A 2.0 receiver that stored the floats and refused the histograms (Prometheus after
+    prometheus/prometheus#17181: 422 with the Written headers) gets nothing again."""
+    windows = PowerWindows(GPUS, 20)
+    headers = {SAMPLES_WRITTEN_HEADER: str(GPUS), HISTOGRAMS_WRITTEN_HEADER: "0"}
+    reply = Reply(422, "native histograms are disabled", headers)
+    async with ConformanceReceiver(script=[reply]) as rx:
+        cfg = EndpointConfig(rx.url, "pw", queue=FAST, protobuf_message=PROTOBUF_V2,
+                             send_native_histograms=True)  # fmt: skip
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        writer.push(windows.window(now_ms()))
+        await writer.close(5)
+    assert rx.requests == 1
+    assert metrics.get(sm.RW_SAMPLES, labels_of(cfg)) == GPUS
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == GPUS
+    assert metrics.total(sm.RW_DROPPED) == GPUS

@@ -57,7 +57,26 @@ def test_field_numbers_match_prometheus() -> None:
         return {f.name: f.number for f in msg.DESCRIPTOR.fields}  # type: ignore[attr-defined]
 
     assert numbers(remote_pb2.WriteRequest) == {"timeseries": 1, "metadata": 3}
-    assert numbers(types_pb2.TimeSeries) == {"labels": 1, "samples": 2}
+    assert numbers(types_pb2.TimeSeries) == {"labels": 1, "samples": 2, "histograms": 4}
+    assert numbers(types_pb2.Histogram) == {
+        "count_int": 1,
+        "count_float": 2,
+        "sum": 3,
+        "schema": 4,
+        "zero_threshold": 5,
+        "zero_count_int": 6,
+        "zero_count_float": 7,
+        "negative_spans": 8,
+        "negative_deltas": 9,
+        "negative_counts": 10,
+        "positive_spans": 11,
+        "positive_deltas": 12,
+        "positive_counts": 13,
+        "reset_hint": 14,
+        "timestamp": 15,
+        "custom_values": 16,
+    }
+    assert numbers(types_pb2.BucketSpan) == {"offset": 1, "length": 2}
     assert numbers(types_pb2.Label) == {"name": 1, "value": 2}
     assert numbers(types_pb2.Sample) == {"value": 1, "timestamp": 2}
     assert numbers(types_pb2.MetricMetadata) == {

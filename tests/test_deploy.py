@@ -303,8 +303,8 @@ def test_dashboards_json_matches_the_builder(tmp_path: Path) -> None:
     committed = {p.name: p.read_text() for p in (DEPLOY / "grafana" / "dashboards").glob("*.json")}
     fresh = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
     assert sorted(fresh) == sorted(committed) == [
-        "hfsampler-alerts.json", "hfsampler-fleet.json", "hfsampler-history.json",
-        "hfsampler-mig.json", "hfsampler-realtime.json",
+        "hfsampler-alerts.json", "hfsampler-chargeback.json", "hfsampler-fleet.json",
+        "hfsampler-history.json", "hfsampler-mig.json", "hfsampler-realtime.json",
     ]  # fmt: skip
     for name, text in fresh.items():
         assert text == committed[name], f"{name} is stale: run python deploy/grafana/build.py"

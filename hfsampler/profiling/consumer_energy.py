@@ -33,7 +33,7 @@ IntArray = npt.NDArray[np.int64]
 def consumer_edges_us(rec: Recording, phase_edges_ns: IntArray) -> IntArray:
     """The times a consumer energy readout needs: every consumer window's edges and every
     phase's, µs, sorted and distinct (empty where the recording has no consumer window)."""
-    times = [t for w in rec.consumer_windows() for t in (w.t0_ns, w.t1_ns)]
+    times = [t for span in rec.consumer_spans_ns() for t in span]
     if not times:
         return np.empty(0, np.int64)
     out: IntArray = np.unique(np.concatenate([np.array(times, np.int64), phase_edges_ns]) // 1000)

@@ -59,8 +59,9 @@ EXIT_USAGE = 2
 # sampler gone): sysexits' EX_IOERR. A job's own failure is passed on as it is.
 EXIT_INCOMPLETE = 74
 EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND = 126, 127  # as a shell says of a command it cannot run
-# the GPUs' processes, their memory and SM utilisation: once a second, and at every window's end
-# (so that each window holds a look at them for its consumers' split)
+# the GPUs' processes, their memory and SM utilisation: once a second (a PROC snapshot, when it
+# says something new), and at every window's end (so that each window holds a look for its
+# consumers' split; a snapshot only if one is due)
 PROCESS_POLL_S = 1.0
 PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
@@ -438,7 +439,8 @@ class Recorder:
                 self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
         if self._side is not None and self._looks is not None:
             # a look at the window's end: every window has one, whatever the poll's phase
-            self._processes(writer, self._side, self.clock.now_ns())
+            due = self.clock.monotonic_s() >= self._next_poll_s
+            self._processes(writer, self._side, self.clock.now_ns(), snapshot=due)
             consumers = self._looks.take(window.t0_ns, window.t1_ns)
             if consumers is not None:
                 writer.add_consumers(consumers)
@@ -452,11 +454,15 @@ class Recorder:
             log.warning("cannot list GPU processes: %s", exc)
             return None
 
-    def _processes(self, writer: RecordingWriter, reader: ProcessReader, now: int) -> None:
-        """One look at the recorded GPUs' processes at ``now``; the job's own (the child's
-        descendants) are marked ``in_job``, each with its consumer. The next is due
-        ``PROCESS_POLL_S`` later (or at the window's end, if sooner)."""
-        self._next_poll_s = self.clock.monotonic_s() + PROCESS_POLL_S
+    def _processes(
+        self, writer: RecordingWriter, reader: ProcessReader, now: int, snapshot: bool = True
+    ) -> None:
+        """One look at the recorded GPUs' processes at ``now``, for the window's consumers and
+        (``snapshot``) the ``PROC`` snapshot, whose next look is due ``PROCESS_POLL_S`` later;
+        the job's own processes (the child's descendants) are marked ``in_job``, each with its
+        consumer."""
+        if snapshot:
+            self._next_poll_s = self.clock.monotonic_s() + PROCESS_POLL_S
         job = descendants(self.child.pid) if self.child is not None else set()
         try:
             found = reader.read_processes(job, now)
@@ -466,23 +472,25 @@ class Recorder:
         kept = {self.inventory.devices[p].index for p in self.keep}
         found = {gpu: procs for gpu, procs in found.items() if gpu in kept}
         consumers = self._looks.look(found, now) if self._looks is not None else {}
-        snapshot = {
+        if not snapshot:
+            return
+        taken = {
             gpu: [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
                    "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job,
                    **({"consumer": consumer_to_json(consumers[p.pid])}
                       if p.pid in consumers else {})} for p in procs]
             for gpu, procs in found.items()
         }  # fmt: skip
-        seen = any(snapshot.values())
+        seen = any(taken.values())
         # a snapshot goes to the file when it says something new (the first empty one says
         # that they have gone), and every PROCESS_KEEP_S while there are processes, so a long
         # steady job does not grow the file and the report by a chunk a second
-        changed = snapshot != self._last_processes
+        changed = taken != self._last_processes
         due = seen and now - self._processes_written_ns >= PROCESS_KEEP_S * 1e9
         if (seen or self._last_processes) and (changed or due):
-            writer.add_processes(now, snapshot)
+            writer.add_processes(now, taken)
             self._processes_written_ns = now
-        self._last_processes = snapshot if seen else {}
+        self._last_processes = taken if seen else {}
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:

@@ -341,6 +341,11 @@ class Recording:
         """Every process snapshot (see ``process_snapshots``)."""
         return list(self.process_snapshots())
 
+    def consumer_spans_ns(self) -> Iterator[tuple[int, int]]:
+        """Each consumer window's ``(t0_ns, t1_ns)``, in time order, without its contents."""
+        for _, meta, _ in self._payloads((fmt.CONS,)):
+            yield int(meta["t0_ns"]), int(meta["t1_ns"])
+
     def consumer_windows(self) -> Iterator[ConsumerWindow]:
         """Each window's consumers (``CONS``), in time order; none in a recording made before
         `record` kept them, or of a source without process lists."""

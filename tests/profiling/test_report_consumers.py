@@ -230,3 +230,16 @@ def test_the_page_tables_each_gpus_consumers(
     section = text[text.index("<h2>Consumers</h2>") : text.index("<h2>GPU processes</h2>")]
     for said in ("hpc_job=4242", f"pod_uid={t.POD_UID}", "75.0 %", "25.0 %", "unattributed"):
         assert said in section
+
+
+def test_a_procfs_that_cannot_be_read_leaves_the_consumers_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--procfs` naming no procfs: said once, both processes one unknown consumer that drew
+    the energy, never a failed recording."""
+    found = _record(tmp_path / "run.hfs", tmp_path / "no-proc", monkeypatch, pod_sm_pct=20.0)
+    (gpu,) = found["consumers"]["gpus"]
+    assert [c["consumer"] for c in gpu["consumers"]] == ["consumer=unknown"]
+    assert gpu["consumers"][0]["mean_sm_ratio"] == pytest.approx(0.8)
+    _adds_up(gpu)
+    assert "not a procfs" in caplog.text

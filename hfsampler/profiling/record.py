@@ -424,6 +424,7 @@ class Recorder:
                 self._status(writer, start_ns, pipeline.t1_ns)
                 pipeline.advance()
             if side is not None and clock.monotonic_s() >= self._next_poll_s:
+                self._next_poll_s = clock.monotonic_s() + PROCESS_POLL_S
                 self._processes(writer, side, clock.now_ns())
             self._collect_markers()
             clock.sleep(0.005)
@@ -440,6 +441,8 @@ class Recorder:
         if self._side is not None and self._looks is not None:
             # a look at the window's end: every window has one, whatever the poll's phase
             due = self.clock.monotonic_s() >= self._next_poll_s
+            if due:
+                self._next_poll_s = self.clock.monotonic_s() + PROCESS_POLL_S
             self._processes(writer, self._side, self.clock.now_ns(), snapshot=due)
             consumers = self._looks.take(window.t0_ns, window.t1_ns)
             if consumers is not None:
@@ -458,12 +461,11 @@ class Recorder:
         self, writer: RecordingWriter, reader: ProcessReader, now: int, snapshot: bool = True
     ) -> None:
         """One look at the recorded GPUs' processes at ``now``, for the window's consumers and
-        (``snapshot``) the ``PROC`` snapshot, whose next look is due ``PROCESS_POLL_S`` later;
-        the job's own processes (the child's descendants) are marked ``in_job``, each with its
-        consumer."""
-        if snapshot:
-            self._next_poll_s = self.clock.monotonic_s() + PROCESS_POLL_S
-        job = descendants(self.child.pid) if self.child is not None else set()
+        (``snapshot``) the ``PROC`` snapshot; the job's own processes (the child's descendants)
+        are marked ``in_job``, each with its consumer."""
+        # the job has no process once the child has exited (the last window's look)
+        running = self.child is not None and self.child.returncode is None
+        job = descendants(self.child.pid) if running and self.child is not None else set()
         try:
             found = reader.read_processes(job, now)
         except Exception as exc:

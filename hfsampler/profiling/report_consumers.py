@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hfsampler.consumers.identity import CONTAINER_ID_LABEL
 from hfsampler.profiling.consumer_energy import ConsumerUse, consumer_key
 from hfsampler.profiling.pages import fmt, html_table
 from hfsampler.profiling.summary import Summary
@@ -99,12 +100,12 @@ def _gpu_rows(gpu: Mapping[str, Any], per_gpu: bool = True) -> list[tuple[str, l
             memory = c.get("memory_high_water_bytes")
             cells += [fmt(None if sm is None else sm * 100, " %"),
                       fmt(None if memory is None else memory / 2**20, " MiB", 0)]  # fmt: skip
-        rows.append((html.escape(c["consumer"]), cells))
+        rows.append((html.escape(_display(c["labels"])), cells))
     rest = [f"{fmt(gpu['unattributed_j'], ' J', 1)} ({fmt(gpu['unattributed_wh'], ' Wh', 4)})",
             _share(gpu["unattributed_j"], gpu["energy_j"]), "-"]  # fmt: skip
     if per_gpu:
         rest += ["-", "-"]
-    rows.append(("unattributed (no consumer using the SMs)", rest))
+    rows.append(("unattributed (no process, or none using the SMs)", rest))
     return rows
 
 
@@ -124,13 +125,26 @@ def consumers_html(d: Mapping[str, Any] | None) -> str:
         title = f"GPU {gpu['gpu']}: {_energy(whole)}"
         out.append(f"<h3>{html.escape(title)}</h3>")
         out.append(html_table(_gpu_rows(gpu), [*HEAD, "mean SM share", "memory high-water"]))
+    if len(d["gpus"]) > 1:
+        rows = [(html.escape(_display(c["labels"])), [_energy(c), fmt(c["peak_power_w"], " W")])
+                for c in d["consumers"]]  # fmt: skip
+        out.append("<h3>All GPUs</h3>")
+        out.append(html_table(rows, ["consumer", "energy", "peak power (window mean, summed)"]))
     for phase in d["phases"]:
         out.append(f"<h3 class='phase'>Consumers in {html.escape(phase['label'])}</h3>")
         for gpu in phase["gpus"]:
             if gpu["consumers"]:
                 out.append(f"<p>GPU {gpu['gpu']}</p>")
                 out.append(html_table(_gpu_rows(gpu, per_gpu=False), HEAD))
+        if not any(gpu["consumers"] for gpu in phase["gpus"]):
+            out.append("<p>No consumer: all its energy is unattributed.</p>")
     return "".join(out)
+
+
+def _display(labels: Mapping[str, str]) -> str:
+    """A consumer's labels for the page: a container id cut to 12 characters, as ``docker ps``
+    shows it (the JSON keeps it whole)."""
+    return " ".join(f"{k}={v[:12] if k == CONTAINER_ID_LABEL else v}" for k, v in labels.items())
 
 
 def _wh(joules: float | None) -> float | None:

@@ -69,7 +69,9 @@ def _windows(t0: int, t1: int) -> ConsumerWindow | None:
 
 
 @pytest.fixture(scope="module")
-def split_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def split_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two sim GPUs for 6 s, consumers in seconds 0-4 (``_windows``), phases train (1.5 s to
+    4.5 s) and idle (second 5)."""
     path = tmp_path_factory.mktemp("consumers") / "split.hfs"
     ms = 10**6
     markers = [Marker(START_NS + 1500 * ms, "begin", "train"),
@@ -77,7 +79,12 @@ def split_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                Marker(START_NS + 5000 * ms, "begin", "idle"),
                Marker(START_NS + 6000 * ms, "end", "idle")]  # fmt: skip
     synthesize(path, 2, 6, quantize=True, start_ns=START_NS, markers=markers, consumers=_windows)
-    return _report(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def split_run(split_path: Path) -> dict[str, Any]:
+    return _report(str(split_path))
 
 
 def test_each_gpus_energy_is_split_by_sm_share_and_adds_up(split_run: dict[str, Any]) -> None:
@@ -228,8 +235,10 @@ def test_the_page_tables_each_gpus_consumers(
     assert done.returncode == 0, done.stderr
     text = page.read_text()
     section = text[text.index("<h2>Consumers</h2>") : text.index("<h2>GPU processes</h2>")]
-    for said in ("hpc_job=4242", f"pod_uid={t.POD_UID}", "75.0 %", "25.0 %", "unattributed"):
+    pod = f"pod_uid={t.POD_UID} container_id={t.CONTAINER_ID[:12]}"
+    for said in ("hpc_job=4242", pod, "75.0 %", "25.0 %", "unattributed"):
         assert said in section
+    assert t.CONTAINER_ID not in section  # cut as docker ps shows it: the JSON keeps it whole
 
 
 def test_a_procfs_that_cannot_be_read_leaves_the_consumers_unknown(
@@ -243,3 +252,16 @@ def test_a_procfs_that_cannot_be_read_leaves_the_consumers_unknown(
     assert gpu["consumers"][0]["mean_sm_ratio"] == pytest.approx(0.8)
     _adds_up(gpu)
     assert "not a procfs" in caplog.text
+
+
+def test_the_page_tables_all_gpus_and_each_phase(split_path: Path, tmp_path: Path) -> None:
+    """Two GPUs: a table of both together; and a table per phase with consumers in it."""
+    page = tmp_path / "split.html"
+    done = hfsampler("report", str(split_path), "-o", str(page))
+    assert done.returncode == 0, done.stderr
+    text = page.read_text()
+    section = text[text.index("<h2>Consumers</h2>") : text.index("<h2>GPU processes</h2>")]
+    assert "<h3>All GPUs</h3>" in section
+    assert "Consumers in train" in section
+    idle = section[section.index("Consumers in idle") :]
+    assert "No consumer: all its energy is unattributed" in idle

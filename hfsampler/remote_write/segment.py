@@ -206,13 +206,14 @@ def _scan_v3(data: bytes, pos: int) -> tuple[list[tuple[int, int, int]], list[Da
     return records, damage
 
 
-def payload_at(buf: bytes, pos: int, seq: int) -> bytes | None:
-    """The payload of record ``seq`` at ``pos`` in ``buf`` if it is intact there."""
+def payload_at(buf: bytes, pos: int, seq: int) -> memoryview | None:
+    """The payload of record ``seq`` at ``pos`` in ``buf`` if it is intact there (a view of
+    ``buf``: a drain copies a stored request once, into the request it joins)."""
     head = _head_v3(buf, pos)
     if head is None or head[2] != seq:
         return None
     end = pos + _HEAD.size + head[0]
-    payload = buf[pos + _HEAD.size : end]
+    payload = memoryview(buf)[pos + _HEAD.size : end]
     return payload if len(payload) == head[0] and zlib.crc32(payload) == head[3] else None
 
 
@@ -422,7 +423,16 @@ class SpoolFiles:
             out.append((seq, count, block))
         return out
 
-    def _block(self, payload: bytes, count: int) -> Block | Wire | None:
+    def written(self, framed: bytes, count: int) -> Wire | None:
+        """A record just written (``framed``, as ``frame`` made it), as the request it holds:
+        kept in memory instead of its block, so that a record sent from memory after it was
+        written is not written and compressed again. None for a packed block."""
+        if self._wire is None:
+            return None
+        found = self._block(memoryview(framed)[_HEAD.size :], count)
+        return found if isinstance(found, Wire) else None
+
+    def _block(self, payload: bytes | memoryview, count: int) -> Block | Wire | None:
         """A stored record as a block or request again; None when it cannot be read, or its
         header and its bytes disagree (it is dropped). A request is not decompressed: its
         length varint must say the raw length the header does (a receiver refuses the rest)."""
@@ -431,7 +441,7 @@ class SpoolFiles:
             if len(payload) <= _WIRE_HEAD.size:
                 return None
             raw_len = _WIRE_HEAD.unpack_from(payload)[1]
-            body = payload[_WIRE_HEAD.size :]
+            body = bytes(payload[_WIRE_HEAD.size :])
             head = preamble(body)
             if head is None or head[0] != raw_len:
                 return None

@@ -322,8 +322,12 @@ class SpoolQueue:
                 self._segments.append(seg)
             self._disk_bytes += a.end - seg.size
             seg.size = a.end
-            for rec, offset in zip(a.entries, a.offsets, strict=True):
+            for rec, offset, framed in zip(a.entries, a.offsets, a.chunks, strict=True):
                 seg.add(rec.seq, rec.count, offset)
+                if isinstance(rec.block, Block) and (
+                    wire := self._files.written(framed, rec.count)
+                ):
+                    rec.block = wire  # still in memory: sent as written, not encoded again
 
     @property
     def _refusing(self) -> bool:

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import snappy
-from test_rw_sender import FAST, Receiver, eventually, labels_of, make_series, snap
-from test_rw_spool import Drops, take_all, window
+from test_rw_sender import FAST, Receiver, labels_of, make_series, snap
+from test_rw_spool import Drops, eventually, take_all, window
 
 from hfsampler import selfmetrics as sm
 from hfsampler.remote_write.blocks import Block, Labels, merge
@@ -107,6 +107,22 @@ async def test_records_read_back_are_the_requests_as_stored(tmp_path: Path) -> N
     batch = await q.get_batch(25, 0.0)
     assert all(isinstance(p, Wire) for p in batch.blocks)  # no decoding on the way out
     assert batch.count == 30  # whole records, as block records
+    got = snappy.uncompress(join([p for p in batch.blocks if isinstance(p, Wire)]).body)
+    assert got == b"".join(write_request(window(1000 * t)) for t in (1, 2, 3))
+    await q.close()
+
+
+async def test_a_record_sent_from_memory_once_written_is_the_request_written(
+    tmp_path: Path,
+) -> None:
+    q = wire_spool(tmp_path)
+    for t in (1, 2, 3):
+        q.put(window(1000 * t))
+    await eventually(lambda: q.disk_bytes > 0 and q.memory_samples == 30)
+    q.start_flush()
+    batch = await q.get_batch(30, 0.0)
+    assert batch.count == 30
+    assert all(isinstance(p, Wire) for p in batch.blocks)  # not written and compressed again
     got = snappy.uncompress(join([p for p in batch.blocks if isinstance(p, Wire)]).body)
     assert got == b"".join(write_request(window(1000 * t)) for t in (1, 2, 3))
     await q.close()

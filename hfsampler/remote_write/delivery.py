@@ -95,8 +95,9 @@ class _Request:
 
     @classmethod
     def of_wire(cls, wire: Wire) -> _Request:
-        """Spooled 1.0 bytes as they are: the body is the wire's own."""
-        return cls(None, wire.raw_len, _body=wire.body, wire=wire)
+        """Spooled 1.0 bytes as they are: the body is the wire's own (``join``'s)."""
+        body = wire.body if isinstance(wire.body, bytes) else bytes(wire.body)
+        return cls(None, wire.raw_len, _body=body, wire=wire)
 
     @classmethod
     def of(

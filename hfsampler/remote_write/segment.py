@@ -441,7 +441,7 @@ class SpoolFiles:
             if len(payload) <= _WIRE_HEAD.size:
                 return None
             raw_len = _WIRE_HEAD.unpack_from(payload)[1]
-            body = bytes(payload[_WIRE_HEAD.size :])
+            body = payload[_WIRE_HEAD.size :]  # a view: copied once, into the request
             head = preamble(body)
             if head is None or head[0] != raw_len:
                 return None

@@ -37,9 +37,12 @@ _TYPE_NAMES = {number: name for name, number in METRIC_TYPES.items()}
 
 @dataclass(frozen=True, slots=True)
 class Wire:
-    """A 1.0 ``WriteRequest``, snappy-compressed (block format, its length varint first)."""
+    """A 1.0 ``WriteRequest``, snappy-compressed (block format, its length varint first).
 
-    body: bytes
+    ``body`` is a view into the bytes a spool read back (or wrote) where it comes from one:
+    copied once, by ``join``, into the request's body."""
+
+    body: bytes | memoryview
     raw_len: int  # its uncompressed bytes: what max_request_bytes and a 413 measure
     samples: int
 
@@ -49,7 +52,7 @@ class Wire:
         return cls(compress(raw), len(raw), block.samples)
 
 
-def preamble(body: bytes) -> tuple[int, int] | None:
+def preamble(body: bytes | memoryview) -> tuple[int, int] | None:
     """The uncompressed length a snappy block says it holds, and the varint's bytes; None
     where the varint is cut short or longer than 32 bits allow."""
     value = shift = 0
@@ -63,9 +66,14 @@ def preamble(body: bytes) -> tuple[int, int] | None:
 
 def join(wires: Sequence[Wire]) -> Wire:
     """One request of several, in order: their snappy element streams back to back behind the
-    varint of the total length (see the module's docstring)."""
+    varint of the total length (see the module's docstring); its body is ``bytes``."""
     if len(wires) == 1:
-        return wires[0]
+        only = wires[0]
+        return (
+            only
+            if isinstance(only.body, bytes)
+            else Wire(bytes(only.body), only.raw_len, only.samples)
+        )
     parts = []
     raw = samples = 0
     for w in wires:

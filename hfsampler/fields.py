@@ -474,7 +474,7 @@ def locate(role: Role, groups: Sequence[Sequence[Field]]) -> tuple[int, int] | N
     return next(at, None)
 
 
-def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
+def select(selectors: Iterable[str] | None, key: str = "fields") -> tuple[Field, ...]:
     """The catalogue entries named by ``selectors``: field names, groups (fast, slow, gpm), ``all``.
 
     Names may omit the ``DCGM_FI_DEV_`` (or ``DCGM_FI_PROF_``) prefix and are case-insensitive.
@@ -483,7 +483,7 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
     together, so a fleet upgrading gets them when it asks, as with dcgm-exporter's defaults;
     and the fields new to hfsampler that dcgm-exporter's counters files leave commented out);
     a group leaves them out too, ``all`` and their names select them. A field counted from
-    others (``requires``) brings them along.
+    others (``requires``) brings them along. ``key``: the config key a mistake names.
     """
     if selectors is None:
         return DEFAULT_SELECTION
@@ -502,14 +502,14 @@ def select(selectors: Iterable[str] | None) -> tuple[Field, ...]:
                           "dcgm_fi_prof_" + low) if c in _BY_LOWER), None)  # fmt: skip
             if found is None:
                 raise ConfigError(
-                    "fields",
+                    key,
                     f"unknown field {token!r}",
                     "use a catalogue name such as DCGM_FI_DEV_POWER_USAGE, a group "
                     "(fast, slow, gpm) or all; `hfsampler fields` lists them",
                 )
             wanted.add(found)
     if not wanted:
-        raise ConfigError("fields", "selects no field", "name at least one field or group")
+        raise ConfigError(key, "selects no field", "name at least one field or group")
     wanted.update(r for name in list(wanted) for r in BY_NAME[name].requires)
     return tuple(f for f in CATALOGUE if f.name in wanted)
 

@@ -15,10 +15,27 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hfsampler.errors import InvalidLabelError
+from hfsampler.histograms import NativeHistogram, ResetHint
 
 # Prometheus's staleness marker: a NaN with this exact bit pattern ends a series.
 STALE_NAN_BITS = 0x7FF0000000000002
 STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+
+# A histogram series' staleness marker: Prometheus's is a histogram whose sum is the stale NaN
+# (model/value.IsStaleNaN on FloatHistogram.Sum); the rest is the empty histogram. Every stage
+# that ends a histogram series sends this one; ``is_stale(h.sum)`` tells it apart.
+STALE_HISTOGRAM = NativeHistogram(
+    schema=0,
+    zero_threshold=0.0,
+    zero_count=0,
+    count=0,
+    sum=STALE_NAN,
+    positive_spans=(),
+    positive_deltas=(),
+    negative_spans=(),
+    negative_deltas=(),
+    reset_hint=ResetHint.UNKNOWN,
+)
 
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
@@ -83,7 +100,7 @@ class Family:
 
     name: str
     help: str
-    type: str  # "gauge" or "counter"
+    type: str  # "gauge", "counter" or "histogram" (a native histogram: no _bucket series)
     unit: str = ""
 
 
@@ -124,12 +141,18 @@ class SeriesRegistry:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Every series' value at one timestamp (ms since the epoch): one window's export."""
+    """Every series' value at one timestamp (ms since the epoch): one window's export.
+
+    ``histograms``: the native-histogram series (issue 26), each with its cumulative histogram at
+    the same timestamp; their families are in ``families`` with type "histogram". Float series
+    and histogram series never share a name.
+    """
 
     timestamp_ms: int
     series: Sequence[Series]
     values: Sequence[float]
     families: Mapping[str, Family] = field(default_factory=dict)
+    histograms: Sequence[tuple[Series, NativeHistogram]] = ()
 
     def __len__(self) -> int:
         return len(self.series)

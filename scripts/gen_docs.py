@@ -168,6 +168,7 @@ def _dcgm_exporter(f: Any) -> str:
 
 def metrics_reference() -> str:
     from hfsampler import fields as catalogue
+    from hfsampler.export.metrics import HISTOGRAM_SUFFIX
 
     out = []
     gauge_note = "`_min`, `_max`, `_p99`"
@@ -205,6 +206,12 @@ def metrics_reference() -> str:
     out.append("")
     codes = ", ".join(catalogue.XID_LABELS)
     out.append(f"`hfsampler_xid_events_total` has a series from the start for `xid` = {codes}.")
+    out.append("")
+    out.append(
+        f"Every gauge named in `histograms:` also has `<name>{HISTOGRAM_SUFFIX}`, a native "
+        "histogram of its every distinct sample ([above](#native-histograms)): on the protobuf "
+        "/metrics page and in Remote-Write, never on the text page."
+    )
     return "\n".join(out)
 
 

@@ -19,10 +19,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "hfsampler"
 # The loose top-level modules: leaves, which every stage may read and which read no stage.
-LEAVES = {"fields", "series", "errors", "durations", "logs", "selfmetrics", "markers"}
+LEAVES = {
+    "fields",
+    "series",
+    "errors",
+    "durations",
+    "logs",
+    "selfmetrics",
+    "markers",
+    "histograms",
+}
 # Entry points and the package's own __init__ sit at the top too.
 ENTRY = {"__init__", "__main__"}
-STAGES = ("config", "sources", "sampling", "remote_write", "export", "profiling", "monitor", "cli")
+STAGES = (
+    "config",
+    "consumers",
+    "sources",
+    "sampling",
+    "remote_write",
+    "export",
+    "profiling",
+    "monitor",
+    "cli",
+)
 
 
 def module_name(path: Path) -> str:

@@ -268,9 +268,11 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 def test_rules_use_only_exported_series() -> None:
     """Every metric a rule reads is one hfsampler exports (or a recording rule / ALERTS)."""
     from hfsampler import fields, selfmetrics
+    from hfsampler.export.metrics import HISTOGRAM_SUFFIX
     from hfsampler.sampling.window import exported_names
 
     exported = {n for f in fields.CATALOGUE for n in exported_names(f)}
+    exported |= {f.name + HISTOGRAM_SUFFIX for f in fields.CATALOGUE if f.kind is fields.Kind.GAUGE}
     exported |= {d.name for d in selfmetrics.ALL}
     recorded: set[str] = set()
     used: set[str] = set()
@@ -281,7 +283,8 @@ def test_rules_use_only_exported_series() -> None:
                     recorded.add(rule["record"])
                 used |= set(
                     re.findall(
-                        r"\b(DCGM_FI_[A-Z_]+|hfsampler_[a-z_]+|[a-z]+:[a-z_]+:[a-z0-9_]+)\b",
+                        r"\b(DCGM_FI_[A-Z_]+(?:_histogram)?|hfsampler_[a-z_]+|"
+                        r"[a-z]+:[a-z_]+:[a-z0-9_]+)\b",
                         rule["expr"],
                     )
                 )

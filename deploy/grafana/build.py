@@ -3,10 +3,13 @@
 Five dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
 window siblings) and the recording rules in deploy/rules/: real-time status, history with the
 min-max band, firing alerts, fleet distribution, and MIG instances (memory and activity per
-``GPU_I_ID`` / ``GPU_I_PROFILE``). ``python deploy/grafana/build.py`` writes them to
-deploy/grafana/dashboards/*.json; tests/test_deploy_grafana.py fails when the committed JSON and
-this file disagree, and tests/integration/test_dashboards.py runs every panel's query against a real
-Prometheus fed by hfsampler.
+``GPU_I_ID`` / ``GPU_I_PROFILE``). The power distribution heatmaps (one GPU's on the history
+dashboard, each cluster's on the fleet one) read ``DCGM_FI_DEV_POWER_USAGE_histogram``, the
+native histogram of every distinct sample (``histograms: [DCGM_FI_DEV_POWER_USAGE]``).
+``python deploy/grafana/build.py`` writes them to deploy/grafana/dashboards/*.json;
+tests/test_deploy_grafana.py fails when the committed JSON and this file disagree, and
+tests/integration/test_dashboards.py runs every panel's query against a real Prometheus fed by
+hfsampler.
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ HOST_SEL = 'cluster=~"$cluster", hostname=~"$hostname", gpu=~"$gpu"'
 GPU_SEL = HOST_SEL + ', GPU_I_ID=""'
 GPU_LEGEND = "{{hostname}} gpu {{gpu}}"
 MEM_TOTAL = "(DCGM_FI_DEV_FB_USED{%s} + DCGM_FI_DEV_FB_FREE{%s} + DCGM_FI_DEV_FB_RESERVED{%s})"
+POWER_HISTOGRAM = "DCGM_FI_DEV_POWER_USAGE_histogram"
+HISTOGRAM_HELP = (
+    "Every distinct sample of the driver's power reading, counted into Prometheus native "
+    "histograms by hfsampler (histograms: [DCGM_FI_DEV_POWER_USAGE]; scraped in the protobuf "
+    "format or pushed with send_native_histograms). Each cell is how many samples per second "
+    "fell in that power bucket; buckets are about 9 % wide at the default 5 % error."
+)
 
 
 def query(
@@ -185,6 +195,24 @@ def band(title: str, name: str, unit: str, span: str) -> timeseries.Panel:
     )
 
 
+def distribution_heatmap(title: str, expr: str, desc: str) -> heatmap.Panel:
+    """A native histogram's buckets over time: Grafana draws each bucket of the query's
+    histogram as a cell (no bucketing of its own)."""
+    return (
+        heatmap.Panel()
+        .title(title)
+        .description(desc)
+        .datasource(DS)
+        .with_target(query(expr).format(pm.PromQueryFormat.HEATMAP))
+        .calculate(False)
+        .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME)
+               .scheme("Oranges").steps(64))
+        .unit("watt")
+        .height(9)
+        .span(24)
+    )  # fmt: skip
+
+
 def history() -> db.Dashboard:
     d = base(
         "hfsampler-history",
@@ -195,6 +223,13 @@ def history() -> db.Dashboard:
         "1m",
     )
     d = variables(d, multi=False)
+    d = d.with_panel(
+        distribution_heatmap(
+            "Power distribution, every sample",
+            f"sum(rate({POWER_HISTOGRAM}{{{GPU_SEL}}}[$__rate_interval]))",
+            HISTOGRAM_HELP,
+        )
+    )
     metrics = [
         ("Power", "DCGM_FI_DEV_POWER_USAGE_INSTANT", "watt"),
         ("Temperature", "DCGM_FI_DEV_GPU_TEMP", "celsius"),
@@ -380,6 +415,32 @@ def fleet() -> db.Dashboard:
             timeseries.Panel().title(title).datasource(DS).targets(quantiles(name)).unit(unit)
             .height(8).span(12)
         )  # fmt: skip
+    d = d.with_panel(
+        distribution_heatmap(
+            "Power distribution of $cluster, every sample of every GPU",
+            f'sum(rate({POWER_HISTOGRAM}{{cluster=~"$cluster", GPU_I_ID=""}}[$__rate_interval]))',
+            HISTOGRAM_HELP,
+        ).repeat("cluster")
+    )
+    power_quantiles = [
+        query(f'cluster:gpu_power_usage_watts:{name}{{cluster=~"$cluster"}}',
+              f"{{{{cluster}}}} {label}", ref)
+        for name, label, ref in (("p50_5m", "p50", "A"), ("p99_5m", "p99", "B"),
+                                 ("p999_5m", "p99.9", "C"))
+    ]  # fmt: skip
+    d = d.with_panel(
+        timeseries.Panel()
+        .title("Fleet power quantiles, every sample over 5 m")
+        .description(
+            "From the recording rules on the power histograms: quantiles over every GPU's every "
+            "distinct sample (a window's _p99 cannot be added up across GPUs or time)."
+        )
+        .datasource(DS)
+        .targets(power_quantiles)
+        .unit("watt")
+        .height(8)
+        .span(12)
+    )
     d = d.with_panel(
         timeseries.Panel()
         .title("Throttled fraction, fleet mean")

@@ -128,6 +128,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         raise ConfigError(
             "check-config", "nothing to check", "give FILE, --fields-csv or --web-config-file"
         )
+    from hfsampler.config.histogram_keys import describe as describe_error
     from hfsampler.export.queue_fit import queue_warnings
 
     config = config_from_args(args, load_file(args.file) if args.file else None)
@@ -157,6 +158,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         )
     if jetson and any(f.per for f in fields):
         print("  (a per-rail or per-zone field becomes one field per rail or zone found)")
+    histograms = config.histogram_fields()
+    if histograms:
+        names = ", ".join(f.name for f in histograms)
+        print(f"  histograms: {names}; {describe_error(config.histogram_relative_error)}")
     if config.external_labels:
         labels = one_line(", ".join(f"{k}={v}" for k, v in sorted(config.external_labels.items())))
         print(f"  external labels: {labels}")

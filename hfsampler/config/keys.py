@@ -142,6 +142,10 @@ def as_bool(value: object, key: str, example: str) -> bool:
     return flag
 
 
+def as_number(value: object, key: str, example: str) -> float:
+    return float(expect(value, (int, float), key, example))
+
+
 def as_wholes(value: object, key: str, example: str) -> tuple[int, ...]:
     items = expect(value, list, key, example)
     return tuple(as_whole(i, f"{key}[]", "0") for i in items)

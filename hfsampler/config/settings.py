@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hfsampler import fields as catalogue
 from hfsampler.config.counters_csv import CountersFile, counters_file_flag
+from hfsampler.config.histogram_keys import check_relative_error, select_histograms
 from hfsampler.config.keys import (
     Flag,
     Key,
@@ -27,6 +28,7 @@ from hfsampler.config.keys import (
     as_listen,
     as_lower,
     as_names,
+    as_number,
     as_remote_write,
     as_size,
     as_str_map,
@@ -50,6 +52,7 @@ from hfsampler.config.webconfig import load_web_config
 from hfsampler.durations import parse_duration, to_ns
 from hfsampler.errors import ConfigError, why_not_writable
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, GPU_LABEL_NAMES, realtime_group
+from hfsampler.histograms import DEFAULT_RELATIVE_ERROR, schema_for_error
 from hfsampler.remote_write.config import (
     EndpointConfig,
     QueueConfig,
@@ -190,6 +193,18 @@ class Config:
         doc="a dcgm-exporter counters file: sample the fields it names (with fields: both)",
         flag=Flag("--fields-csv", "dcgm-exporter counters file (FIELD, type, help): sample the "
                   "fields it names; '' for none", metavar="FILE", convert=counters_file_flag),
+    )  # fmt: skip
+    histograms: tuple[str, ...] = key(
+        (), yaml="histograms", type="list of names", example="[DCGM_FI_DEV_POWER_USAGE]",
+        parse=as_names, reload="labels",
+        doc="sampled gauges (names or groups, as fields takes them) whose every distinct sample "
+        "is counted into a native histogram per GPU and MIG instance (<field>_histogram)",
+    )  # fmt: skip
+    histogram_relative_error: float = key(
+        DEFAULT_RELATIVE_ERROR, yaml="histogram_relative_error", type="number", example="0.05",
+        parse=as_number, reload="labels",
+        doc="the histograms' bucket width as a relative error: 0.05 gives schema 3 (buckets "
+        "9% wide; `hfsampler check-config` says which)",
     )  # fmt: skip
     remote_write: tuple[EndpointConfig, ...] = key(
         (), yaml="remote_write", type="list of endpoints", parse=as_remote_write,
@@ -394,6 +409,8 @@ class Config:
         # unknown names fail here, at load time, and so does a field no group samples
         check_unique_names(self.remote_write)  # also across --remote-write URLs
         check_intervals(self.selected_fields(), self.intervals_s)
+        check_relative_error(self.histogram_relative_error)
+        self.histogram_fields()
 
     def warnings(self) -> list[str]:
         """What is accepted but will not do what it might seem to: said at check and at start."""
@@ -474,6 +491,15 @@ class Config:
     def counted_fields(self) -> tuple[catalogue.Field, ...]:
         """The selected fields the export stage counts from others (dcgm-exporter's DCGM_EXP_*)."""
         return tuple(f for f in self._chosen_fields() if f.counted is not None)
+
+    def histogram_fields(self) -> tuple[catalogue.Field, ...]:
+        """The sampled gauges counted into native histograms (``histograms``)."""
+        return select_histograms(self.histograms, self.selected_fields())
+
+    @property
+    def histogram_schema(self) -> int:
+        """The native histograms' bucket schema, from ``histogram_relative_error``."""
+        return schema_for_error(self.histogram_relative_error)
 
     def _chosen_fields(self) -> tuple[catalogue.Field, ...]:
         if self.fields_csv is not None:  # the file's fields and those of `fields` besides

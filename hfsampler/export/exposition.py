@@ -3,7 +3,9 @@
 ``render`` writes a snapshot's page. ``Page`` is what /metrics serves: the latest snapshot's page
 rendered at most once (on the first request after a window), gzipped at most once, the same bytes
 for every request until the next window; a series' text (name and labels) is kept across windows,
-so a render formats only the values.
+so a render formats only the values. The same holds for the protobuf page
+(``exposition_proto``), which a scraper gets when its ``Accept`` asks for it: the text format has
+no native histograms, so the histogram series are on the protobuf page only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import gzip
 import math
 from collections import defaultdict
 
+from hfsampler.export import exposition_proto
 from hfsampler.series import Family, Series, Snapshot, is_stale
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -82,40 +85,58 @@ def render(snapshot: Snapshot | None) -> str:
     return _render(snapshot, {}, {})
 
 
+def content_type(protobuf: bool) -> str:
+    return exposition_proto.CONTENT_TYPE if protobuf else CONTENT_TYPE
+
+
 class Page:
-    """/metrics' body: the latest snapshot's page, rendered and gzipped at most once each.
+    """/metrics' body: the latest snapshot's page in either format, each rendered and gzipped at
+    most once per window (``protobuf``: the delimited protobuf format, else text).
 
     ``renders`` counts the pages rendered (a scrape between windows renders none)."""
 
     def __init__(self) -> None:
         self._snapshot: Snapshot | None = None
-        self._body: bytes | None = None
-        self._gzipped: bytes | None = None
+        self._body: dict[bool, bytes] = {}
+        self._gzipped: dict[bool, bytes] = {}
         self._texts: dict[int, str] = {}  # by Series.id: the live series' text, kept
+        self._labels: dict[int, bytes] = {}  # by Series.id: its protobuf label bytes, kept
         self.renders = 0
 
     def update(self, snapshot: Snapshot) -> None:
         """A new window: the next request renders it (none renders what nobody asks for)."""
         self._snapshot = snapshot
-        self._body = self._gzipped = None
+        self._body, self._gzipped = {}, {}
 
-    def body(self) -> bytes:
-        """The page as text (empty before the first window)."""
-        if self._body is None:
+    def body(self, protobuf: bool = False) -> bytes:
+        """The page (empty before the first window)."""
+        body = self._body.get(protobuf)
+        if body is None:
             if self._snapshot is None:
                 return b""
-            seen: dict[int, str] = {}
-            self._body = _render(self._snapshot, self._texts, seen).encode()
-            self._texts = seen  # an ended series' text goes with it
+            if protobuf:
+                labels: dict[int, bytes] = {}
+                body = exposition_proto.render(
+                    self._snapshot, self._labels, labels, SCRAPE_ADDED_LABELS
+                )
+                self._labels = labels  # an ended series' bytes go with it
+            else:
+                seen: dict[int, str] = {}
+                body = _render(self._snapshot, self._texts, seen).encode()
+                self._texts = seen
+            self._body[protobuf] = body
             self.renders += 1
-        return self._body
+        return body
 
-    def gzipped(self) -> bytes:
+    def gzipped(self, protobuf: bool = False) -> bytes:
         """The page gzipped (``Content-Encoding: gzip``), for a client that accepts it."""
-        if self._gzipped is None:
+        zipped = self._gzipped.get(protobuf)
+        if zipped is None:
             # mtime 0: the same page gives the same bytes
-            self._gzipped = gzip.compress(self.body(), GZIP_LEVEL, mtime=0)
-        return self._gzipped
+            zipped = self._gzipped[protobuf] = gzip.compress(
+                self.body(protobuf), GZIP_LEVEL, mtime=0
+            )
+        return zipped
 
 
 def accepts_gzip(accept_encoding: str) -> bool:

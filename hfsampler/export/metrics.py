@@ -14,12 +14,18 @@ the per-instance fields (``Field.mig_instance``); GPU-level fields stay on the G
 once, unless ``copy_device_fields`` copies them onto every instance as dcgm-exporter does. When
 a slot's instance changes (``set_devices``), its old series end with stale markers and the new
 instance's begin, as when a pod's labels change.
+
+A field in ``histograms`` also has a native-histogram series per GPU and MIG instance,
+``<field>_histogram``, with its float series' labels: each window's cumulative counts from the
+sampling stage (``sampling.histogram_counts``). One exists once its GPU has had a sample of the
+field, goes on while the GPU is up, and ends like a float with ``STALE_HISTOGRAM``. It is never
+copied onto MIG instances: a sum over a GPU's instances would count its samples once per instance.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,9 +35,12 @@ from hfsampler.config.settings import Config
 from hfsampler.export import xid_messages
 from hfsampler.export.event_counts import LAST_XID, EventCounts
 from hfsampler.fields import DEFAULT_INSTANCE_PORT, Field, Kind
+from hfsampler.histograms import NativeHistogram
+from hfsampler.sampling.histogram_counts import CountedHistogram
 from hfsampler.sampling.window import STATS, Stat, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import (
+    STALE_HISTOGRAM,
     STALE_NAN,
     Family,
     Series,
@@ -50,6 +59,8 @@ REFRESH_HELP = (
 )
 
 SELF_PREFIX = "hfsampler_"  # hfsampler's own families, beside dcgm-exporter's DCGM_FI_*
+HISTOGRAM_SUFFIX = "_histogram"  # a field's native histogram: a name of its own beside its floats
+HISTOGRAM_HELP = "native histogram of every distinct sample"
 
 
 def host_labels(
@@ -111,6 +122,7 @@ def build_model(
         instance_port=config.instance_port,
         copy_device_fields=config.mig_copy_device_fields,
         counted=config.counted_fields(),
+        histograms=[f.name for f in config.histogram_fields()],
         xid_count_window_s=config.xid_count_window_s,
         clock_events_count_window_s=config.clock_events_count_window_s,
         previous=previous,
@@ -130,6 +142,11 @@ class _GroupSeries:
     refresh: ObjArray  # [gpu, field]: hfsampler_field_refresh_seconds series
     copied: npt.NDArray[np.int64]  # columns copied from a GPU onto its MIG instances
     coded: npt.NDArray[np.int64]  # columns labelled with their value (the last XID's code)
+    histograms: ObjArray  # [gpu, field]: the native-histogram series (None: not counted)
+
+    def arrays(self) -> list[ObjArray]:
+        """Every ``[gpu, field]`` array of series: what a GPU's new labels change."""
+        return [a for _, a in self.by_stat] + [self.refresh, self.histograms]
 
 
 class MetricModel:
@@ -149,12 +166,14 @@ class MetricModel:
         instance_port: int = DEFAULT_INSTANCE_PORT,
         copy_device_fields: bool = False,
         counted: Sequence[Field] = (),
+        histograms: Collection[str] = (),
         xid_count_window_s: float = 300.0,
         clock_events_count_window_s: float = 300.0,
         previous: MetricModel | None = None,
     ) -> None:
         """``counted``: the selected fields counted from the others' series over a trailing
-        window (``export.event_counts``, dcgm-exporter's DCGM_EXP_*).
+        window (``export.event_counts``, dcgm-exporter's DCGM_EXP_*). ``histograms``: the
+        names of the fields with a native-histogram series.
 
         ``previous``: the model this one replaces (a reload changed the labels). Its series
         that this one has too keep their identity (ids, so a writer's shard and caches); the
@@ -176,7 +195,11 @@ class MetricModel:
         )
         self.stale_after_windows = stale_after_windows
         self._groups: dict[str, _GroupSeries] = {}
+        self._histogram_names = frozenset(histograms)
         self._live: dict[int, Series] = dict(previous._live) if previous is not None else {}
+        self._live_histograms: dict[int, Series] = (
+            dict(previous._live_histograms) if previous is not None else {}
+        )
         self._base_labels = [
             with_external_labels(gpu_labels(d, self.host), self.external) for d in self.devices
         ]
@@ -205,7 +228,7 @@ class MetricModel:
         window whole whatever it holds."""
         n = len(self.devices) + sum(1 for _ in self.self_metrics.samples())
         for group in self._groups.values():
-            for arr in [a for _, a in group.by_stat] + [group.refresh]:
+            for arr in group.arrays():  # a histogram is one sample too
                 n += int(np.count_nonzero(arr != None))  # noqa: E711
         return n
 
@@ -240,7 +263,7 @@ class MetricModel:
             return
         self._base_labels[i] = wanted
         for group in self._groups.values():
-            for arr in [a for _, a in group.by_stat] + [group.refresh]:
+            for arr in group.arrays():
                 for j in range(arr.shape[1]):
                     old = arr[i, j]
                     if old is not None:
@@ -289,6 +312,19 @@ class MetricModel:
             for i in np.flatnonzero(has[:, j]):
                 labels = {**self._base_labels[i], **own[j], "field": f.name}
                 refresh[i, j] = self.registry.series(REFRESH_METRIC, labels)
+        histograms: ObjArray = np.empty((g, len(fields)), dtype=object)
+        for j, f in enumerate(fields):
+            if f.name not in self._histogram_names or f.kind is not Kind.GAUGE:
+                continue
+            name = f.name + HISTOGRAM_SUFFIX
+            self.registry.family(
+                name, f"{f.help.rstrip('.')}; {HISTOGRAM_HELP}.", "histogram", f.unit
+            )
+            for i in np.flatnonzero(has[:, j]):
+                if self.devices[i].is_gpu or f.mig_instance:  # never a copy (see the docstring)
+                    histograms[i, j] = self.registry.series(
+                        name, {**self._base_labels[i], **own[j]}
+                    )
         carried = np.array([f.kind is not Kind.GAUGE for f in fields], dtype=np.bool_)
         return _GroupSeries(
             fields,
@@ -303,6 +339,7 @@ class MetricModel:
                 dtype=np.int64,
             ),
             np.array([j for j, f in enumerate(fields) if f.name == LAST_XID], dtype=np.int64),
+            histograms,
         )
 
     def _label_codes(
@@ -344,8 +381,10 @@ class MetricModel:
         windows: Mapping[str, WindowStats],
         gpu_up: npt.NDArray[np.bool_],
         t1_ns: int,
+        histograms: Mapping[str, Sequence[CountedHistogram]] | None = None,
     ) -> Snapshot:
-        """The snapshot for the window ending at ``t1_ns``."""
+        """The snapshot for the window ending at ``t1_ns``; ``histograms``: per group, the
+        window's cumulative native histograms (``Window``'s, by group name)."""
         series: list[Series] = []
         values: list[float] = []
         alive: dict[int, Series] = {}
@@ -394,15 +433,39 @@ class MetricModel:
         series.extend(ended)
         values.extend([STALE_NAN] * len(ended))
         self._live = alive
-        return Snapshot(t1_ns // 1_000_000, series, values, self.registry.families)
+        counted = self._histograms(histograms or {}, gpu_up)
+        return Snapshot(
+            t1_ns // 1_000_000, series, values, self.registry.families, histograms=counted
+        )
+
+    def _histograms(
+        self, windows: Mapping[str, Sequence[CountedHistogram]], gpu_up: npt.NDArray[np.bool_]
+    ) -> list[tuple[Series, NativeHistogram]]:
+        """The histogram series of the GPUs up; those that went away end with stale markers."""
+        out: list[tuple[Series, NativeHistogram]] = []
+        alive: dict[int, Series] = {}
+        for name, counted in windows.items():
+            arr = self._groups[name].histograms
+            for c in counted:
+                s = arr[c.row, c.column]
+                if s is not None and gpu_up[c.row]:
+                    alive[s.id] = s
+                    out.append((s, c.histogram))
+        ended = [s for sid, s in self._live_histograms.items() if sid not in alive]
+        self.registry.forget(ended)
+        out.extend((s, STALE_HISTOGRAM) for s in ended)
+        self._live_histograms = alive
+        return out
 
     def final_snapshot(self, t_ns: int, *, end: bool = True) -> Snapshot:
         """Stale markers for every live series: the last thing sent at shutdown. ``end=False``
         for an endpoint a reload removes: the series go on for the others."""
         ended = list(self._live.values())
+        histograms = [(s, STALE_HISTOGRAM) for s in self._live_histograms.values()]
         if end:
-            self._live = {}
-        return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families)
+            self._live, self._live_histograms = {}, {}
+        return Snapshot(t_ns // 1_000_000, ended, [STALE_NAN] * len(ended), self.registry.families,
+                        histograms=histograms)  # fmt: skip
 
     def _self_series(
         self, series: list[Series], values: list[float], alive: dict[int, Series]

@@ -29,6 +29,7 @@ from hfsampler.config.settings import Config, parse_listen
 from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
+from hfsampler.export.exposition_proto import wants_protobuf
 from hfsampler.export.metrics import MetricModel, build_model
 from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
 from hfsampler.fields import FB_USED, GPU_TEMP, GPU_UTIL, POWER, Role, locate
@@ -37,6 +38,7 @@ from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.dirlock import DirLock
 from hfsampler.remote_write.intake import RemoteWriter, orphan_spools
 from hfsampler.remote_write.sizing import raised_warning
+from hfsampler.sampling.histogram_counts import choice_of
 from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.window import MAX, MEAN, WindowStats
@@ -181,6 +183,8 @@ class Service:
                     for w in removed:
                         w.push(ended)
                 self.model = self._build_model(plan.config, previous=self.model)
+                if self.pipeline is not None:  # changed histograms restart, the others go on
+                    self.pipeline.choose_histograms(choice_of(plan.config))
             left = await asyncio.gather(
                 *(self._retire(w, successors.get(w.config.remote_name)) for w in leaving)
             )
@@ -324,7 +328,8 @@ class Service:
         gpu_up = window.gpu_up & ~window.mixed
         self._update_self_metrics(window, gpu_up)
         stats = window.stats
-        snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns)
+        histograms = {g.plan.name: g.histograms for g in window.groups}
+        snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns, histograms)
         self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:
@@ -399,11 +404,17 @@ class Service:
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         # one page per window, whoever asks and how often (two Prometheus servers of an HA
         # pair, a scrape interval shorter than the window): the same bytes until the next one
-        headers = {"Content-Type": exposition.CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        # (the format as client_golang negotiates it: protobuf, with the native histograms,
+        # when the Accept header asks for it first; text otherwise)
+        protobuf = wants_protobuf(request.headers.get("Accept", ""))
+        headers = {
+            "Content-Type": exposition.content_type(protobuf),
+            "Vary": "Accept, Accept-Encoding",
+        }
         if exposition.accepts_gzip(request.headers.get("Accept-Encoding", "")):
             headers["Content-Encoding"] = "gzip"
-            return web.Response(body=self.page.gzipped(), headers=headers)
-        return web.Response(body=self.page.body(), headers=headers)
+            return web.Response(body=self.page.gzipped(protobuf), headers=headers)
+        return web.Response(body=self.page.body(protobuf), headers=headers)
 
     async def _handle_health(self, request: web.Request) -> web.Response:
         if self.pipeline is None or not self.pipeline.alive():

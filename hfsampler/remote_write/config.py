@@ -242,6 +242,8 @@ class EndpointConfig:
     # Prometheus's default; a redirect off the configured scheme, host and port is never
     # followed (client.py), so true means "307 and 308 within the endpoint", false "none"
     follow_redirects: bool = True
+    # Prometheus's key and default: native histograms go only to a receiver said to take them
+    send_native_histograms: bool = False
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -338,7 +340,8 @@ class EndpointConfig:
             f"queue={self.queue!r}, send_metadata={self.send_metadata!r}, "
             f"flavor={self.flavor!r}, auth={self.auth!r}, tls={self.tls!r}, "
             f"proxy_url={redact_url(self.proxy_url) if self.proxy_url else ''!r}, "
-            f"relabel_rules={len(self.relabel)}, protobuf_message={self.protobuf_message!r})"
+            f"relabel_rules={len(self.relabel)}, protobuf_message={self.protobuf_message!r}, "
+            f"send_native_histograms={self.send_native_histograms!r})"
         )
 
 
@@ -439,6 +442,10 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
         if not isinstance(raw["follow_redirects"], bool):
             raise ConfigError(f"{path}.follow_redirects", "must be true or false")
         kwargs["follow_redirects"] = raw["follow_redirects"]
+    if "send_native_histograms" in raw:
+        if not isinstance(raw["send_native_histograms"], bool):
+            raise ConfigError(f"{path}.send_native_histograms", "must be true or false")
+        kwargs["send_native_histograms"] = raw["send_native_histograms"]
     if "write_relabel_configs" in raw:
         kwargs["relabel"] = parse_rules(
             raw["write_relabel_configs"], f"{path}.write_relabel_configs"

@@ -17,6 +17,10 @@ or a 2xx without ``X-Prometheus-Remote-Write-Samples-Written`` (a 1.x receiver t
 empty message and stored nothing) sends the same request again as 1.0 and keeps the endpoint on
 1.0 for ``REPROBE_S``, logged once and counted. Blocks are neutral in every queue, so a
 fallback needs nothing but the blocks, spooled ones included.
+
+A receiver that refuses native histograms (``histogram_refusal``) has the request sent again
+without its histogram series, and the endpoint's histograms dropped from then on: its float
+series lose nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
 from hfsampler.remote_write.encoder import RequestEncoderV1, compress, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.histogram_refusal import HistogramRefusal, refusal
 from hfsampler.remote_write.queue import Batch, ShardQueue
 from hfsampler.remote_write.retry import Backoff
 from hfsampler.remote_write.security import TLSSendError
@@ -93,6 +98,12 @@ class _Request:
     def decode(self) -> Block:
         return self.block
 
+    @property
+    def has_histograms(self) -> bool:
+        """Whether the request holds native histograms; a spooled request as stored never does
+        (``SpoolFiles.payload`` keeps a block with histograms packed), so it is not decoded."""
+        return self.wire is None and self.block.hist is not None
+
     @classmethod
     def of_wire(cls, wire: Wire) -> _Request:
         """Spooled 1.0 bytes as they are: the body is the wire's own (``join``'s)."""
@@ -117,6 +128,13 @@ class _Request:
         raw_v2 = v2.encode(block)[0]
         size = sum(piece_sizes(block)) if size is None else size
         return cls(block, size, compress(raw_v2), len(raw_v2))
+
+    def become(self, other: _Request) -> None:
+        """Take ``other``'s block and bodies: a refusal left part of this request to send (the
+        caller's references, such as a 413's split, then see that part)."""
+        self._block, self.size, self._body = other.block, other.size, other._body
+        self.wire = None
+        self.body_v2, self.raw_v2_len = other.body_v2, other.raw_v2_len
 
     def encode_v2(self, v2: RequestEncoderV2) -> None:
         """Make the 2.0 body now (a request built while the endpoint was on 1.0)."""
@@ -200,6 +218,9 @@ class Delivery:
         self._v1 = RequestEncoderV1()
         self._sizes = Sizer()
         self._v2 = v2
+        # once the receiver refused native histograms none is sent to it again (intake stops
+        # queueing them; queued ones are dropped before sending)
+        self.histograms = HistogramRefusal(config, drop)
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
         self.posting = [False] * len(queues)
@@ -286,6 +307,10 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
+        if self.histograms.refused:  # a spooled request (a Wire) holds none
+            parts = [
+                self._without_histograms(p, flight) if isinstance(p, Block) else p for p in parts
+            ]
         wires = [p for p in parts if isinstance(p, Wire)]
         if self._v2 is None and len(wires) == len(parts):
             # spooled requests as stored: joining them copies their bytes, no more
@@ -421,6 +446,11 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
+            if self.histograms.refused and request.has_histograms:
+                # refused while this request waited (another shard's, or a piece of this one)
+                if not await self._floats_of(request, flight, None, v2):
+                    return
+                continue
             if v2 and not request.body_v2 and self._v2 is not None:
                 await self._off_loop(partial(request.encode_v2, self._v2), True)
             if v2 and not request.samples:
@@ -429,6 +459,11 @@ class Delivery:
             try:
                 written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
+                if request.has_histograms and (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, None, v2):
+                        continue
+                    return
                 delay = backoff.next_delay(
                     err.retry_after_s,
                     slowest=isinstance(err, TLSSendError),
@@ -471,6 +506,11 @@ class Delivery:
                         self.config.display_url,
                     )
                     continue
+                if request.has_histograms and (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, err.written, v2):
+                        continue
+                    return
                 self._refused(request, err, v2)
                 flight.settled += request.samples
                 return
@@ -540,6 +580,31 @@ class Delivery:
             self._metrics.inc(sm.RW_SAMPLES, written, self._labels)
             self._metrics.inc(sm.RW_PARTIAL_WRITES, 1, self._labels)
         self._drop(request.samples - written, "rejected")
+
+    def _without_histograms(self, block: Block, flight: _Flight) -> Block:
+        """``block`` without its histogram series, dropped, counted and settled."""
+        floats, dropped = self.histograms.strip(block)
+        flight.settled += dropped
+        return floats
+
+    async def _floats_of(
+        self, request: _Request, flight: _Flight, written: int | None, v2: bool
+    ) -> bool:
+        """The receiver refused native histograms: the request's are dropped, and the request
+        becomes its float series alone, to send again (True); False when nothing is left to
+        send (a 2.0 receiver said it wrote them, or there are none)."""
+        floats = self._without_histograms(request.block, flight)
+        if v2 and written is not None and written >= floats.samples > 0:
+            # a partial write: the receiver stored the floats already
+            self._metrics.inc(sm.RW_SAMPLES, floats.samples, self._labels)
+            flight.settled += floats.samples
+            return False
+        if not floats.samples and not floats.families:
+            return False
+        v2_encoder = self._v2 if self._negotiation.v2 else None
+        again = await self._off_loop(partial(_Request.of, floats, self._v1, v2_encoder), True)
+        request.become(again)
+        return True
 
     def _fall_back(self, why: str) -> None:
         """The receiver does not take 2.0: 1.0 for a while, logged once, counted."""

@@ -74,6 +74,10 @@ ENDPOINT_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
         "follow_redirects": KeyDoc("bool", "true", "follow a 307 or 308 to the same scheme, host "
                                    "and port; any other 3xx is a refusal"),
         "write_relabel_configs": KeyDoc("list of rules", "none", "relabel series before sending"),
+        "send_native_histograms": KeyDoc("bool", "false", "send the native histograms of "
+                                         "`histograms:` here (Prometheus 2.40+ with the feature "
+                                         "flag, 3, Mimir, Thanos); other endpoints get "
+                                         "everything else"),
     }
 )  # fmt: skip
 QUEUE_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
@@ -119,9 +123,6 @@ ENDPOINT_ACCEPTED: Mapping[str, Accepted] = MappingProxyType(
     {
         "send_exemplars": Accepted(
             _is_bool, "true or false: hfsampler has no exemplars to send", "write true or false"
-        ),
-        "send_native_histograms": Accepted(
-            _is_bool, "true or false: hfsampler sends no native histograms", "write true or false"
         ),
         "enable_http2": Accepted(
             _is_bool, "true or false: hfsampler speaks HTTP/1.1, which HTTP/2 receivers take too",

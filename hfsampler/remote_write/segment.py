@@ -396,8 +396,9 @@ class SpoolFiles:
 
     def payload(self, block: Block) -> bytes:
         """The block as a record stores it: its 1.0 request (``Wire``) for a 1.0 endpoint, else
+        (or where it holds native histograms, which a refusal may have to take out of it)
         packed (``blocks.pack``, its series remembered for reading), compressed either way."""
-        if self._wire is not None:
+        if self._wire is not None and block.hist is None:  # a Wire holds floats only
             wire = Wire.of(block, self._wire)
             return _WIRE_HEAD.pack(KIND_WIRE, wire.raw_len) + wire.body
         data = pack(block)

@@ -5,7 +5,8 @@ sampler (its process; or, with a ``VirtualClock``, a ``SteppingSampler`` that re
 this process, for tests), one reader per group's ring, and the window clock. Each ``Window`` holds
 per group its rows, statistics and tick statistics, the rows' devices and which GPUs answer, and
 the sampler's health per group (ticks, late and missed ticks since the window before, rows lost to
-a full ring, a group that stopped ticking).
+a full ring, a group that stopped ticking); with `run`'s policy, also the cumulative native
+histograms of the configured fields (``histogram_counts``).
 
 How a command takes its windows is its ``Policy``: `run` catches up after a stall, since it must
 stay current (``windows``, an async iterator); `record` reads every window however late, since the
@@ -25,6 +26,12 @@ from typing import Protocol
 import numpy as np
 
 from hfsampler.sampling.groups import GroupPlan
+from hfsampler.sampling.histogram_counts import (
+    CountedHistogram,
+    HistogramChoice,
+    HistogramCounter,
+    choice_of,
+)
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.sampler import Sampler
@@ -99,10 +106,13 @@ class Policy:
     # only the rows with a field of the group are reduced (run: a MIG GPU's instance slots have
     # none in most groups); otherwise every row is, as the source wrote it (record's file)
     supported_rows_only: bool
+    # the configured fields' distinct samples are counted into native histograms (run exports
+    # them; a recording keeps the raw samples, from which any histogram can be made later)
+    histograms: bool = False
 
 
 RUN = Policy(catch_up=True, grace_s=WINDOW_GRACE_S, drop_before_start=False,
-             supported_rows_only=True)  # fmt: skip
+             supported_rows_only=True, histograms=True)  # fmt: skip
 RECORD = Policy(catch_up=False, grace_s=RECORD_GRACE_S, drop_before_start=True,
                 supported_rows_only=False)  # fmt: skip
 
@@ -129,6 +139,8 @@ class GroupWindow:
     stats: WindowStats
     ticks: TickStats
     health: GroupHealth
+    # each histogram series' cumulative counts at the window's end (``histogram_counts``)
+    histograms: tuple[CountedHistogram, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,12 +242,22 @@ class Pipeline:
                 max_ring_bytes=cap,
             )
         self._groups: list[_Group] = []
+        self._histograms = (
+            HistogramCounter(plan.groups, plan.inventory.devices, choice_of(plan.config))
+            if policy.histograms
+            else None
+        )
         self._clock: WindowClock | None = None
         self.died = False  # ``windows`` ended because the sampler is gone
 
     @property
     def groups(self) -> tuple[GroupPlan, ...]:
         return self.plan.groups
+
+    def choose_histograms(self, choice: HistogramChoice) -> None:
+        """What to count from the next window on (a reload); unchanged fields keep counting."""
+        if self._histograms is not None:
+            self._histograms.choose(choice)
 
     def start(self) -> None:
         """Start the sampler (it ticks when this returns) and follow its rings from now."""
@@ -291,10 +313,15 @@ class Pipeline:
             parts.append((g, rows, stats, TickStats.of(rows)))
         devices, mixed = sampler.layout(t0, t1)
         gpu_up = sampler.gpu_up()
+        counted: list[list[CountedHistogram]] = [[] for _ in parts]
+        if self._histograms is not None:
+            counted = self._histograms.count(
+                [rows for _, rows, _, _ in parts], [g.rows for g in self._groups], devices, mixed
+            )
         now_ns = self.clock.now_ns()
         groups = tuple(
-            GroupWindow(g.plan, rows, stats, ticks, g.health(sampler, now_ns))
-            for g, rows, stats, ticks in parts
+            GroupWindow(g.plan, rows, stats, ticks, g.health(sampler, now_ns), tuple(hist))
+            for (g, rows, stats, ticks), hist in zip(parts, counted, strict=True)
         )
         return Window(t0, t1, groups, devices, mixed, gpu_up)
 

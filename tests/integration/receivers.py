@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Where .ci/fetch-prometheus3 unpacks Debian sid's prometheus package (3.x).
@@ -55,6 +57,9 @@ class PrometheusBuild:
     major: int
     how_to_get: str
 
+
+# Native histograms stored, and scrapes asking for the protobuf format first (2.42 and 3.x alike).
+NATIVE_HISTOGRAMS_FLAG = "--enable-feature=native-histograms"
 
 # Prometheus 3 takes Remote-Write 1.0 and 2.0 by default (3.5.3); with this flag, 1.0 only.
 ACCEPT_RW1_ONLY_FLAG = (
@@ -442,13 +447,21 @@ class Prometheus(Receiver):
     ready_path: str = "/-/ready"
     binary: str = PROMETHEUS_BIN
     extra_flags: list[str] = field(default_factory=list)
+    rule_files: list[str] = field(default_factory=list)  # evaluated every second
 
     def command(self) -> list[str]:
         config = self.data_dir / "prometheus.yml"
+        settings: dict[str, Any] = {"scrape_interval": "15s"}
+        if self.rule_files:
+            settings["evaluation_interval"] = "1s"
         # JSON is YAML: no dependency needed to write the config.
         config.write_text(
             json.dumps(
-                {"global": {"scrape_interval": "15s"}, "scrape_configs": self.scrape_configs}
+                {
+                    "global": settings,
+                    "rule_files": self.rule_files,
+                    "scrape_configs": self.scrape_configs,
+                }
             )
         )
         return [
@@ -533,6 +546,20 @@ def _start(receiver: Receiver, attempts: int = 3) -> None:
             receiver.port = free_port()
 
 
+def fast_rules(dest: Path) -> list[str]:
+    """deploy/rules/*.rules.yml copied into ``dest`` with every group evaluated each second,
+    for a short test; their paths."""
+    out = []
+    for path in sorted((REPO_ROOT / "deploy" / "rules").glob("*.rules.yml")):
+        doc = yaml.safe_load(path.read_text())
+        for group in doc["groups"]:
+            group["interval"] = "1s"
+        target = dest / path.name
+        target.write_text(yaml.safe_dump(doc))
+        out.append(str(target))
+    return out
+
+
 def start_prometheus(
     root: Path,
     scrape_configs: list[dict[str, Any]] | None = None,
@@ -541,6 +568,7 @@ def start_prometheus(
     name: str = "prometheus",
     binary: str = PROMETHEUS_BIN,
     extra_flags: Sequence[str] = (),
+    rule_files: Sequence[str] = (),
 ) -> Prometheus:
     """Start a Prometheus under ``root`` (its config, data and log live there)."""
     root.mkdir(parents=True, exist_ok=True)
@@ -552,6 +580,7 @@ def start_prometheus(
         scrape_configs=scrape_configs or [],
         binary=binary,
         extra_flags=list(extra_flags),
+        rule_files=list(rule_files),
     )
     _start(prom)
     return prom

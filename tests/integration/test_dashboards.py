@@ -2,11 +2,11 @@
 
 One Prometheus per version (2.x and 3.x: the harness in ``receivers.py``) loads deploy/rules/
 with a 1 s evaluation interval, one short pair of ``hfsampler run --source sim`` pushes into all
-of them at once, and then
-each dashboard's variables are filled from the label values Prometheus holds, as Grafana would,
-and every target runs through the HTTP API (instant or range, as the panel asks). A query error
-or an empty result fails the test: a dashboard whose panels say "No data" on a working setup is
-broken.
+of them at once (and one of them serves its power histograms on /metrics, which they scrape with
+native histograms on: the distribution panels' data), and then each dashboard's variables are
+filled from the label values Prometheus holds, as Grafana would, and every target runs through
+the HTTP API (instant or range, as the panel asks). A query error or an empty result fails the
+test: a dashboard whose panels say "No data" on a working setup is broken.
 """
 
 from __future__ import annotations
@@ -14,64 +14,51 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import receivers as rx
-import yaml
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "deploy" / "grafana" / "dashboards"
-RULES = ROOT / "deploy" / "rules"
 STEP_S = 2
 
 
 @dataclass
 class RulesPrometheus(rx.Prometheus):
-    """The harness's Prometheus, plus rule files evaluated every second."""
+    """The harness's Prometheus with deploy/rules/ evaluated every second, native histograms on,
+    scraping the histograms of the feed's /metrics (the power distribution panels')."""
 
-    rule_files: list[str] = field(default_factory=list)
     # hfsampler ends its series with stale markers on exit: query while they were live
     live_until_s: float = 0.0
 
-    def command(self) -> list[str]:
-        cmd = super().command()
-        config = {
-            "global": {"scrape_interval": "15s", "evaluation_interval": "1s"},
-            "rule_files": self.rule_files,
-            "scrape_configs": [],
-        }
-        (self.data_dir / "prometheus.yml").write_text(json.dumps(config))
-        return cmd
 
-
-def _fast_rules(dest: Path) -> list[str]:
-    """deploy/rules/*.rules.yml with every group evaluated each second, for a short test."""
-    out = []
-    for path in sorted(RULES.glob("*.rules.yml")):
-        doc = yaml.safe_load(path.read_text())
-        for group in doc["groups"]:
-            group["interval"] = "1s"
-        target = dest / path.name
-        target.write_text(yaml.safe_dump(doc))
-        out.append(str(target))
-    return out
-
-
-def _start(receivers_root: Path, build: rx.PrometheusBuild) -> RulesPrometheus:
+def _start(receivers_root: Path, build: rx.PrometheusBuild, feed: str) -> RulesPrometheus:
     root = receivers_root / f"{build.name}-dashboards"
     root.mkdir(parents=True, exist_ok=True)
+    # only the histograms: the floats come pushed, and must not be there twice
+    histograms = {"source_labels": ["__name__"], "regex": ".*_histogram", "action": "keep"}
     prom = RulesPrometheus(
         name=f"{build.name}-dashboards",
         port=rx.free_port(),
         data_dir=root,
         log_path=root / "prometheus.log",
         binary=build.binary,
-        rule_files=_fast_rules(root),
+        rule_files=rx.fast_rules(root),
+        extra_flags=[rx.NATIVE_HISTOGRAMS_FLAG],
+        scrape_configs=[
+            {
+                "job_name": "hfsampler-histograms",
+                "scrape_interval": "1s",
+                "scrape_timeout": "1s",
+                "static_configs": [{"targets": [feed]}],
+                "metric_relabel_configs": [histograms],
+            }
+        ],
     )
     prom.start()
     return prom
@@ -83,20 +70,24 @@ def fed_prometheuses(
 ) -> Iterator[dict[str, RulesPrometheus]]:
     """Every version's Prometheus with the rules, by build name, fed by the same two runs."""
     proms: dict[str, RulesPrometheus] = {}
+    feed = f"127.0.0.1:{rx.free_port()}"
     try:
         for name, build in prometheus_builds_here.items():
-            proms[name] = _start(receivers_root, build)
+            proms[name] = _start(receivers_root, build, feed)
         urls = [prom.write_url for prom in proms.values()]
         logs = receivers_root / "dashboards-feed"
         logs.mkdir(parents=True, exist_ok=True)
+        # the plain run's power histograms, scraped from its /metrics
+        config = logs / "histograms.yml"
+        config.write_text("histograms: [DCGM_FI_DEV_POWER_USAGE]\n")
         # a site's coordinates as external labels place it on the fleet dashboard's map
         site = {"cluster": "ci", "datacenter": "fra1", "latitude": "50.11", "longitude": "8.68"}
         # MIG instances on every sim GPU of one run feed the instance view (and must not disturb
         # the rest); a GPU in MIG mode has no utilization (NVML refuses it), so a second run
         # beside it, without MIG, feeds the GPU panels that show it
         plain = rx.spawn_cli(
-            rx.sim_run_args(urls, listen="", gpus=3, duration="8s",
-                            labels={**site, "feed": "plain"}),
+            rx.sim_run_args(urls, listen=feed, gpus=3, duration="8s",
+                            labels={**site, "feed": "plain"}, extra=["--config", str(config)]),
             logs / "plain.log",
         )  # fmt: skip
         try:
@@ -113,6 +104,7 @@ def fed_prometheuses(
             # the recording rules and the always-firing Watchdog need an evaluation after the data
             at = prom.live_until_s
             prom.wait_for("cluster:gpus:count", timeout_s=15, time_s=at)
+            prom.wait_for("cluster:gpu_power_usage_watts:p99_5m", timeout_s=15, time_s=at)
             prom.wait_for('ALERTS{alertstate="firing"}', timeout_s=15, time_s=at)
         yield proms
     finally:

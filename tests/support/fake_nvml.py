@@ -137,14 +137,27 @@ def _per_s(rate: float, ts_us: int) -> float:
 #   clocks_event_reasons (both the Event and the older Throttle name), fan, pstate.
 
 
+COMPUTE, GRAPHICS, MPS = "compute", "graphics", "mps"  # which of NVML's process lists
+
+
 @dataclass
 class FakeProcess:
-    """A compute process on a fake GPU: the memory it holds, its SM utilisation (percent, a
-    constant or a function of the sample time in µs; None: the driver has no samples of it)."""
+    """A process on a fake GPU (or MIG instance): the memory it holds (None: the driver does not
+    say, as under WDDM), its SM utilisation (percent, a constant or a function of the sample time
+    in µs; None: the driver has no samples of it), the process lists it is in (compute, graphics,
+    MPS compute: a process may be in several at once, as on a real driver), and when it is there
+    on the fake clock: from ``start_us`` until before ``end_us`` (None: until the test removes it).
+    """
 
     pid: int
-    used_memory_bytes: int
+    used_memory_bytes: int | None
     sm_util: Value | None = 0.0
+    lists: tuple[str, ...] = (COMPUTE,)
+    start_us: int = 0
+    end_us: int | None = None
+
+    def present(self, now_us: int) -> bool:
+        return self.start_us <= now_us and (self.end_us is None or now_us < self.end_us)
 
 
 @dataclass
@@ -170,6 +183,9 @@ class FakeGpu:
     field_cost_s: dict[int, float] = field(default_factory=dict)
     processes: list[FakeProcess] = field(default_factory=list)
     process_util_period_us: int = 100_000  # the driver's per-process samples come this often
+    # how many of the latest sampling periods one nvmlDeviceGetProcessUtilization answer covers
+    # (newer than the caller's timestamp), as the driver's buffer of recent samples
+    process_util_history: int = 1
     links: list[FakeLink] = field(default_factory=list)  # NVLink links (none: no NVLink)
     # MIG (A100, H100, H200): a capable GPU answers the MIG calls; with mig_mode on, its
     # instances are MIG devices (in this order for nvmlDeviceGetMigDeviceHandleByIndex). A test
@@ -196,6 +212,11 @@ class FakeMig:
     fields: dict[int, FakeReading] = field(default_factory=dict)
     field_cost_s: dict[int, float] = field(default_factory=dict)
     lost: bool = False
+    # the processes in this instance: listed on its own handle, and on the parent's with their
+    # GPU and compute instance ids; their utilisation samples on this instance's handle
+    processes: list[FakeProcess] = field(default_factory=list)
+    process_util_period_us: int = 100_000
+    process_util_history: int = 1
 
 
 def mig_instance(
@@ -803,43 +824,87 @@ class FakeLib:
 
     # -- events ----------------------------------------------------------------------------
 
-    def _c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any,
-                                                   infos: Any) -> int:  # fmt: skip
-        code, gpu = self._device("nvmlDeviceGetComputeRunningProcesses_v3", handle)
+    def _listed(self, handle: Any, kind: str) -> list[tuple[FakeProcess, int, int]]:
+        """(process, GPU instance id, compute instance id) of one list on a device now: a MIG
+        handle lists its instance's; a GPU its own, and in MIG mode its instances' too."""
+        now = self._fake.clock_us()
+        obj = self._device("", handle)[1]
+        none = 0xFFFFFFFF  # NVML's "not in a MIG instance"
+        if isinstance(obj, FakeMig):
+            found = [(p, obj.gpu_instance_id, obj.compute_instance_id) for p in obj.processes]
+        else:
+            found = [(p, none, none) for p in obj.processes]
+            if obj.mig_mode == pynvml.NVML_DEVICE_MIG_ENABLE:
+                found += [(p, m.gpu_instance_id, m.compute_instance_id)
+                          for m in obj.mig for p in m.processes]  # fmt: skip
+        return [(p, gi, ci) for p, gi, ci in found if kind in p.lists and p.present(now)]
+
+    def _process_list(self, fn: str, kind: str, handle: Any, count: Any, infos: Any) -> int:
+        code, gpu = self._device(fn, handle)
         if gpu is None:
             return code
-        n, room = len(gpu.processes), _obj(count)
+        procs = self._listed(handle, kind)
+        n, room = len(procs), _obj(count)
         if infos is None or room.value < n:
             room.value = n
             return pynvml.NVML_SUCCESS if n == 0 else pynvml.NVML_ERROR_INSUFFICIENT_SIZE
-        for i, p in enumerate(gpu.processes):
+        for i, (p, gi, ci) in enumerate(procs):
             infos[i].pid = p.pid
-            infos[i].usedGpuMemory = p.used_memory_bytes
-            infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFF
+            infos[i].usedGpuMemory = (
+                pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+                if p.used_memory_bytes is None
+                else p.used_memory_bytes
+            )
+            infos[i].gpuInstanceId, infos[i].computeInstanceId = gi, ci
         room.value = n
         return pynvml.NVML_SUCCESS
 
+    def _c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any,
+                                                   infos: Any) -> int:  # fmt: skip
+        fn = "nvmlDeviceGetComputeRunningProcesses_v3"
+        return self._process_list(fn, COMPUTE, handle, count, infos)
+
+    def _c_nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count: Any,
+                                                    infos: Any) -> int:  # fmt: skip
+        fn = "nvmlDeviceGetGraphicsRunningProcesses_v3"
+        return self._process_list(fn, GRAPHICS, handle, count, infos)
+
+    def _c_nvmlDeviceGetMPSComputeRunningProcesses_v3(self, handle: Any, count: Any,
+                                                      infos: Any) -> int:  # fmt: skip
+        fn = "nvmlDeviceGetMPSComputeRunningProcesses_v3"
+        return self._process_list(fn, MPS, handle, count, infos)
+
     def _c_nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count: Any,
                                            last_seen: Any) -> int:  # fmt: skip
-        """One sample per process with samples, at the last period's start, if newer."""
+        """One sample per process with samples per sampling period (the latest
+        ``process_util_history`` periods' starts newer than ``last_seen``), for the processes
+        there at each; a MIG handle answers for its instance's processes, a GPU for its own."""
         code, gpu = self._device("nvmlDeviceGetProcessUtilization", handle)
         if gpu is None:
             return code
         now = self._fake.clock_us()
-        ts = now - now % gpu.process_util_period_us
-        procs = [p for p in gpu.processes if p.sm_util is not None]
+        period = gpu.process_util_period_us
+        latest = now - now % period
+        starts = [latest - k * period for k in reversed(range(gpu.process_util_history))]
+        found = [
+            (p, ts)
+            for ts in starts
+            if ts > _int(last_seen) and ts >= 0
+            for p in gpu.processes
+            if p.sm_util is not None and p.present(ts)
+        ]
         room = _obj(count)
-        if ts <= _int(last_seen) or not procs:
+        if not found:
             room.value = 0
             return pynvml.NVML_ERROR_NOT_FOUND
-        if samples is None or room.value < len(procs):
-            room.value = len(procs)
+        if samples is None or room.value < len(found):
+            room.value = len(found)
             return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
-        for i, p in enumerate(procs):
+        for i, (p, ts) in enumerate(found):
             util = p.sm_util(ts) if callable(p.sm_util) else p.sm_util
             samples[i].pid, samples[i].timeStamp, samples[i].smUtil = p.pid, ts, int(util or 0)
             samples[i].memUtil = samples[i].encUtil = samples[i].decUtil = 0
-        room.value = len(procs)
+        room.value = len(found)
         return pynvml.NVML_SUCCESS
 
     def _c_nvmlEventSetCreate(self, out: Any) -> int:

@@ -150,6 +150,30 @@ def compute_processes(handle: Any) -> list[tuple[int, int | None]]:
             for p in procs]  # fmt: skip
 
 
+# NVML's three process lists; the graphics and MPS ones may be missing from an older driver
+PROCESS_LISTS = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses_v3"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses_v3"),
+    ("mps", "nvmlDeviceGetMPSComputeRunningProcesses_v3"),
+)
+_NO_INSTANCE = 0xFFFFFFFF  # a process's gpuInstanceId outside MIG
+
+
+def running_processes(handle: Any, kind: str) -> list[tuple[int, int | None, int | None]]:
+    """One of the device's process lists (``kind``: compute, graphics or mps): each process's
+    pid, the device memory it holds in bytes (None where the driver does not say) and its MIG
+    GPU instance id (None outside MIG; on a MIG-enabled GPU's handle, the instance it is in)."""
+    procs = getattr(pynvml, dict(PROCESS_LISTS)[kind])(handle)
+    return [
+        (
+            int(p.pid),
+            None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+            None if int(p.gpuInstanceId) == _NO_INSTANCE else int(p.gpuInstanceId),
+        )
+        for p in procs
+    ]
+
+
 def process_utilization(handle: Any, since_us: int) -> list[tuple[int, int, int]]:
     """Per-process samples newer than ``since_us`` (the CPU clock, µs): pid, the sample's
     timestamp, its SM utilisation in percent; [] when the driver has none yet."""

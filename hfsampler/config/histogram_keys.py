@@ -1,0 +1,66 @@
+"""Which sampled gauges get native histograms (``histograms:``), and at which relative error.
+
+``histograms`` takes names and groups as ``fields`` does (the catalogue's ``select``, its mistakes
+naming ``histograms``): a field named must be a sampled gauge, else the key is refused with the
+fix; a group or ``all`` stands for the sampled gauges among its fields, so ``histograms: [fast]``
+means "every fast gauge" and never refuses its counters. ``histogram_relative_error`` picks the
+bucket schema (``histograms.schema_for_error``): the coarsest whose buckets' centres are within
+that fraction of every value in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hfsampler import fields as catalogue
+from hfsampler.errors import ConfigError
+from hfsampler.histograms import bucket_error, growth, schema_for_error
+
+HISTOGRAMS_KEY = "histograms"
+ERROR_KEY = "histogram_relative_error"
+_GROUPS = ("all", *catalogue.DEFAULT_GROUP_INTERVALS_S)
+
+
+def select_histograms(
+    selectors: Sequence[str], sampled: Sequence[catalogue.Field]
+) -> tuple[catalogue.Field, ...]:
+    """The fields of ``sampled`` that ``selectors`` ask histograms of, in catalogue order."""
+    names = {f.name for f in sampled}
+    wanted: set[str] = set()
+    for token in selectors:
+        chosen = catalogue.select([token], HISTOGRAMS_KEY)
+        if token.strip().lower() in _GROUPS:  # a group: its sampled gauges
+            wanted.update(f.name for f in chosen if f.kind is catalogue.Kind.GAUGE)
+            continue
+        f = chosen[0]
+        if f.kind is not catalogue.Kind.GAUGE:
+            raise ConfigError(
+                HISTOGRAMS_KEY,
+                f"{f.name} is a {f.kind.value}, and only a gauge's samples make a distribution",
+                "name gauges only (`hfsampler fields` lists each field's kind)",
+            )
+        if f.name not in names:
+            raise ConfigError(
+                HISTOGRAMS_KEY,
+                f"{f.name} is not sampled",
+                "add it to fields (or fields_csv), or leave it out of histograms",
+            )
+        wanted.add(f.name)
+    return tuple(f for f in catalogue.CATALOGUE if f.name in wanted and f.name in names)
+
+
+def check_relative_error(relative_error: float) -> None:
+    """The error must be a fraction a schema can meet roughly: above 0, below 1."""
+    if not 0 < relative_error < 1:
+        raise ConfigError(
+            ERROR_KEY, f"{relative_error:g} is out of range", "give a fraction, e.g. 0.05 for 5%"
+        )
+
+
+def describe(relative_error: float) -> str:
+    """check-config's line: the schema an error gives and how wide its buckets are."""
+    schema = schema_for_error(relative_error)
+    return (
+        f"schema {schema}: buckets {100 * (growth(schema) - 1):.3g}% wide, a bucket's centre "
+        f"within {100 * bucket_error(schema):.3g}% of its values"
+    )

@@ -1,0 +1,69 @@
+"""Consumer attribution for a window: each GPU row's ``WindowUse`` in, its ``hfsampler_consumer_*``
+series out, through the host's procfs (who each pid is), the container runtime's names when a
+socket is configured, the energy split and the consumer series.
+
+One object per service, built from the config: ``window`` runs once per window off the event loop
+(a procfs read per new process), ``refresh_names`` wherever the caller may block for the
+runtime's timeout (an executor thread), ``end`` at shutdown for the stale markers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hfsampler.consumers.cri import CriNames
+from hfsampler.consumers.identity import Consumer
+from hfsampler.consumers.procfs import ProcfsReader
+from hfsampler.consumers.split import WindowUse, split
+from hfsampler.export.consumer_series import DEFAULT_MAX_PER_GPU, ConsumerSeries
+from hfsampler.series import Series, SeriesRegistry
+
+
+class ConsumerAttribution:
+    """Procfs, runtime names, split and series together; see the module's docstring."""
+
+    def __init__(
+        self,
+        registry: SeriesRegistry,
+        external: Mapping[str, str] | None = None,
+        *,
+        procfs: str = "/proc",
+        runtime_socket: str | None = None,
+        pod_label_allowlist: str | None = None,
+        max_per_gpu: int = DEFAULT_MAX_PER_GPU,
+        runtime_timeout_s: float = 1.0,
+    ) -> None:
+        self.procfs = ProcfsReader(procfs)
+        self.names: CriNames | None = None
+        if runtime_socket:
+            self.names = CriNames(runtime_socket, pod_label_allowlist, runtime_timeout_s)
+        self.series = ConsumerSeries(registry, external, max_per_gpu)
+
+    def refresh_names(self) -> None:
+        """Ask the runtime for names if due; blocks for at most its timeout."""
+        if self.names is not None:
+            self.names.refresh_if_due()
+
+    def _labels(self, consumer: Consumer) -> Mapping[str, str]:
+        return consumer.labels() if self.names is None else self.names.labels(consumer)
+
+    def window(
+        self, rows: Sequence[tuple[Mapping[str, str], WindowUse]]
+    ) -> tuple[list[Series], list[float]]:
+        """One window's consumer series: per row its GPU labels and its ``WindowUse``."""
+        pids: set[int] = set()
+        for _, use in rows:
+            pids.update(use.mem_pid.tolist())
+            pids.update(use.util_pid.tolist())
+        consumers = self.procfs.consumers(sorted(pids))
+        return self.series.window(
+            [(labels, split(use, consumers)) for labels, use in rows], self._labels
+        )
+
+    def end(self) -> tuple[list[Series], list[float]]:
+        """Stale markers for every consumer series."""
+        return self.series.end_all()
+
+    def close(self) -> None:
+        if self.names is not None:
+            self.names.close()

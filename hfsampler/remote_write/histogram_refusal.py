@@ -1,0 +1,78 @@
+"""Histogram refusal: how a receiver says it takes no native histograms, and what the endpoint
+does then. Its histograms are dropped from then on, counted (``histograms_refused``) and said
+once; each request goes on with its float series alone (``delivery``), and intake stops queueing
+histograms for it. Nothing else is lost.
+
+Prometheus 2.42 and 3.5 without ``--enable-feature=native-histograms`` answer a request holding a
+histogram with 500 "native histograms are disabled" (tests/integration/test_native_histograms.py;
+prometheus/prometheus#17181 makes it a 422 later), which would otherwise be retried for ever; a
+400 or 422 that names histograms is taken as the same refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
+from hfsampler.remote_write.blocks import Block
+from hfsampler.remote_write.config import EndpointConfig
+
+log = logging.getLogger(__name__)
+
+_HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
+_HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
+REASON = "histograms_refused"  # the drop counter's reason
+
+
+def refusal(block: Block, err: Exception) -> str | None:
+    """Why ``err``, the answer to a request of ``block``, refuses its native histograms (the
+    answer, for the log); None when it is no such refusal."""
+    if block.hist is None:
+        return None
+    if isinstance(err, RecoverableSendError):
+        return str(err) if _HISTOGRAMS_DISABLED.search(str(err)) else None
+    if (
+        isinstance(err, NonRecoverableSendError)
+        and not isinstance(err, RequestTooLargeError)
+        and err.status in (400, 422)
+        and _HISTOGRAM_WORDS.search(err.text)
+    ):
+        return f"HTTP {err.status}: {err.text}"
+    return None
+
+
+class HistogramRefusal:
+    """Whether an endpoint's receiver refused native histograms, and dropping them if so."""
+
+    def __init__(self, config: EndpointConfig, drop: Callable[[int, str], None]) -> None:
+        self.config = config
+        self._drop = drop
+        self.refused = False
+
+    def refuse(self, why: str) -> None:
+        """The receiver refused them (``why``: its answer, already log-safe): said once."""
+        if self.refused:
+            return
+        self.refused = True
+        log.error(
+            "remote write %s (%s) refuses native histograms (%s): this endpoint's histogram "
+            "series are dropped from now on, counted as %s, and its other series still sent; "
+            "enable native histograms on the receiver (--enable-feature=native-histograms) or "
+            "set send_native_histograms: false",
+            self.config.remote_name,
+            self.config.display_url,
+            why[:300],
+            REASON,
+        )
+
+    def strip(self, block: Block) -> tuple[Block, int]:
+        """``block`` without its histogram series, and how many samples those were (dropped
+        and counted)."""
+        if block.hist is None:
+            return block, 0
+        floats = block.without_histograms()
+        dropped = block.samples - floats.samples
+        self._drop(dropped, REASON)
+        return floats, dropped

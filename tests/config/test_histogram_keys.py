@@ -1,0 +1,78 @@
+"""``histograms`` and ``histogram_relative_error``: what they select, and every mistake one line,
+exit 2, naming the key and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from inprocess import hfsampler
+
+from hfsampler.config.reload import plan_reload
+from hfsampler.config.settings import Config
+from hfsampler.errors import ConfigError
+
+
+def _check(tmp_path: Path, text: str) -> tuple[int, str, str]:
+    path = tmp_path / "c.yml"
+    path.write_text("source: sim\n" + text)
+    done = hfsampler("check-config", str(path))
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_none_by_default_and_a_name_as_fields_takes_it() -> None:
+    assert Config().histogram_fields() == ()
+    picked = Config(histograms=("power_usage", "DCGM_FI_DEV_GPU_TEMP"))
+    assert {f.name for f in picked.histogram_fields()} == {
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_GPU_TEMP",
+    }
+
+
+def test_a_group_is_its_sampled_gauges() -> None:
+    fast = Config(histograms=("fast",)).histogram_fields()
+    assert "DCGM_FI_DEV_POWER_USAGE_INSTANT" in {f.name for f in fast}
+    assert all(f.kind.value == "gauge" for f in fast)  # its counters are left out, not refused
+    narrow = Config(fields=("POWER_USAGE", "TOTAL_ENERGY_CONSUMPTION"), histograms=("all",))
+    assert [f.name for f in narrow.histogram_fields()] == ["DCGM_FI_DEV_POWER_USAGE"]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("histograms: [TOTAL_ENERGY_CONSUMPTION]\n", "is a counter"),
+        ("histograms: [nope]\n", "unknown field 'nope'"),
+        ("fields: [POWER_USAGE]\nhistograms: [GPU_TEMP]\n", "DCGM_FI_DEV_GPU_TEMP is not sampled"),
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: 0\n", "out of range"),
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: 5%\n", "expected a number"),
+    ],
+)
+def test_a_mistake_is_one_line_naming_the_key_exit_2(tmp_path: Path, text: str, says: str) -> None:
+    status, _, err = _check(tmp_path, text)
+    assert status == 2
+    assert err.count("\n") == 1
+    assert "histogram" in err.split(":")[2]  # "hfsampler: error: histograms...: ..."
+    assert says in err
+
+
+def test_check_config_says_the_schema_the_error_gives(tmp_path: Path) -> None:
+    status, out, _ = _check(tmp_path, "histograms: [POWER_USAGE]\n")
+    assert status == 0
+    assert (
+        "histograms: DCGM_FI_DEV_POWER_USAGE; schema 3: buckets 9.05% wide, a bucket's centre "
+        "within 4.33% of its values" in out
+    )
+    _, fine, _ = _check(tmp_path, "histograms: [POWER_USAGE]\nhistogram_relative_error: 0.01\n")
+    assert "schema 6: buckets 1.09% wide" in fine
+    _, none, _ = _check(tmp_path, "")
+    assert "histograms" not in none
+
+
+def test_a_reload_takes_them_and_rebuilds_the_model() -> None:
+    old = Config(histograms=("POWER_USAGE",))
+    plan = plan_reload(old, Config(histograms=("POWER_USAGE", "GPU_TEMP")))
+    assert plan.labels_changed
+    assert not plan.needs_restart
+    assert plan.config.histograms == ("POWER_USAGE", "GPU_TEMP")
+    with pytest.raises(ConfigError, match="histogram_relative_error"):
+        Config(histogram_relative_error=1.5)

@@ -128,6 +128,30 @@ async def test_a_record_sent_from_memory_once_written_is_the_request_written(
     await q.close()
 
 
+async def test_a_block_with_native_histograms_is_spooled_packed_not_as_a_request(
+    tmp_path: Path,
+) -> None:
+    """A refusal of native histograms takes them out of what is queued: a record holding them
+    stays a block, whatever the endpoint's protocol."""
+    floats = window(1000)
+    labels = Labels.of([("__name__", "DCGM_FI_DEV_POWER_USAGE_histogram"), ("gpu", "0")])
+    series = (*floats.series, labels)
+    mixed = Block.of(series, 1000, [*floats.values.tolist(), 3.0], hist=[b""] * 10 + [b"\x08\x03"])
+    q = wire_spool(tmp_path)
+    q.put(mixed)
+    q.put(window(2000))
+    await q.close()
+    q = wire_spool(tmp_path)
+    q.start_flush()
+    batch = await q.get_batch(100, 0.0)
+    await q.close()
+    first, second = batch.blocks
+    assert isinstance(first, Block)
+    assert first.hist is not None
+    assert first.hist.tolist()[-1] == b"\x08\x03"
+    assert isinstance(second, Wire)
+
+
 async def test_a_drain_reads_records_of_up_to_drain_samples(tmp_path: Path) -> None:
     await spooled(tmp_path, 20)
     q = SpoolQueue(tmp_path, 1000, 1 << 30, Drops(), wire=True, drain_samples=60)

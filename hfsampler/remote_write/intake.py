@@ -115,6 +115,9 @@ class RemoteWriter:
                     on_disk_bytes=lambda _: self._metrics.set(
                         sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels
                     ),
+                    # a 1.0 endpoint's records are its requests, sent as stored when drained
+                    wire=config.protobuf_message != PROTOBUF_V2,
+                    drain_samples=config.queue.drain_samples,
                 )
                 for i in range(self._n_shards)
             ]

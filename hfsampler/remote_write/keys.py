@@ -89,6 +89,10 @@ QUEUE_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
                              "reshard"),
         "min_shards": KeyDoc("whole number", "1", "shards (connections) per endpoint"),
         "max_samples_per_send": KeyDoc("whole number", "2000", "samples per request at most"),
+        "max_samples_per_drain_send": KeyDoc("whole number", "10000", "with queue_dir: samples "
+                                             "per request at most while a backlog drains from "
+                                             "the spool's files; default: 10000, or "
+                                             "max_samples_per_send if not 2000 (hfsampler's)"),
         "batch_send_deadline": KeyDoc("duration", "0s", "wait to fill a batch; 0: send each "
                                       "window at once"),
         "min_backoff": KeyDoc("duration", "30ms", "the first retry's delay"),

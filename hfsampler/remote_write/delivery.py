@@ -192,7 +192,7 @@ class Delivery:
         self._sizes = Sizer()
         self._v2 = v2
         # once the receiver refused native histograms none is sent to it again (intake stops
-        # queueing them; queued ones are dropped before sending)
+        # queueing them; queued ones are dropped before sending), nor any it no longer asks for
         self.histograms = HistogramRefusal(config, drop)
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
@@ -280,7 +280,7 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
-        if self.histograms.refused:
+        if self.histograms.dropping:
             parts = [self._without_histograms(p, flight) for p in parts]
         # several blocks are merged first; a 2.0 request is made whole: never on the event loop
         large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
@@ -381,7 +381,7 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
-            if self.histograms.refused and request.block.hist is not None:
+            if self.histograms.dropping and request.block.hist is not None:
                 # refused while this request waited (another shard's, or a piece of this one)
                 if not await self._floats_of(request, flight, None, v2):
                     return

@@ -7,6 +7,11 @@ Prometheus 2.42 and 3.5 without ``--enable-feature=native-histograms`` answer a 
 histogram with 500 "native histograms are disabled" (tests/integration/test_native_histograms.py;
 prometheus/prometheus#17181 makes it a 422 later), which would otherwise be retried for ever; a
 400 or 422 that names histograms is taken as the same refusal.
+
+An endpoint that no longer asks for them (``send_native_histograms`` turned off, or
+``histograms:`` emptied, since the spool or a reload's queue took them) has them dropped the same
+way before sending, counted as ``histograms_not_asked``: never sent where not asked, never lost
+without a count.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ log = logging.getLogger(__name__)
 _HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
 _HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 REASON = "histograms_refused"  # the drop counter's reason
+NOT_ASKED = "histograms_not_asked"  # queued while asked for, to send after it no longer is
 
 
 def refusal(block: Block, err: Exception) -> str | None:
@@ -50,6 +56,13 @@ class HistogramRefusal:
         self.config = config
         self._drop = drop
         self.refused = False
+        self._said_not_asked = False
+
+    @property
+    def dropping(self) -> bool:
+        """Whether this endpoint's queued histograms are dropped before sending: refused, or
+        queued (spooled, handed over) under a config that asked for them and this one not."""
+        return self.refused or not self.config.send_native_histograms
 
     def refuse(self, why: str) -> None:
         """The receiver refused them (``why``: its answer, already log-safe): said once."""
@@ -74,5 +87,16 @@ class HistogramRefusal:
             return block, 0
         floats = block.without_histograms()
         dropped = block.samples - floats.samples
-        self._drop(dropped, REASON)
+        reason = REASON if self.refused else NOT_ASKED
+        if reason == NOT_ASKED and not self._said_not_asked:
+            self._said_not_asked = True
+            log.warning(
+                "remote write %s (%s): its queue holds native histograms from a config that "
+                "sent them, and send_native_histograms is now off: they are dropped, counted "
+                "as %s, and their float series sent",
+                self.config.remote_name,
+                self.config.display_url,
+                NOT_ASKED,
+            )
+        self._drop(dropped, reason)
         return floats, dropped

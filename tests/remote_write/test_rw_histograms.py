@@ -223,3 +223,60 @@ async def test_a_2_0_partial_write_of_the_floats_is_not_sent_again() -> None:
     assert metrics.get(sm.RW_SAMPLES, labels_of(cfg)) == GPUS
     assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == GPUS
     assert metrics.total(sm.RW_DROPPED) == GPUS
+
+
+@pytest.mark.parametrize("protocol", [PROTOBUF_V1, PROTOBUF_V2])
+async def test_spooled_histograms_are_not_sent_once_the_endpoint_no_longer_asks(
+    protocol: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A spool written with ``send_native_histograms: true`` and read back by a writer whose
+    endpoint turned it off (or whose config lost ``histograms:``): the floats go, the
+    histograms are dropped with their own reason and said once, never sent unasked."""
+    windows = PowerWindows(GPUS, 30)
+    snaps = list(windows.windows(now_ms(), WINDOWS))
+    async with ConformanceReceiver() as rx:
+        was = EndpointConfig(rx.url, "sp", queue=FAST, protobuf_message=protocol,
+                             send_native_histograms=True)  # fmt: skip
+        first = RemoteWriter(was, SelfMetrics(), tmp_path)  # never started: all stays spooled
+        for snapshot in snaps:
+            first.push(snapshot)
+        await first.close(0)
+        now = replace(was, send_native_histograms=False)
+        metrics = SelfMetrics()
+        second = RemoteWriter(now, metrics, tmp_path, families=snaps[0].families)
+        await second.start()
+        await eventually(lambda: sum(names(rx.samples).values()) == GPUS * WINDOWS)
+        await second.close(5)
+    assert rx.violations == []
+    assert rx.histograms == {}
+    assert names(rx.samples) == {POWER: GPUS * WINDOWS}
+    dropped = labels_of(now, reason="histograms_not_asked")
+    assert metrics.get(sm.RW_DROPPED, dropped) == GPUS * WINDOWS
+    assert metrics.total(sm.RW_DROPPED) == GPUS * WINDOWS
+    said = [r for r in caplog.records if "send_native_histograms" in r.getMessage()]
+    assert len(said) == 1
+
+
+async def test_histograms_handed_over_to_a_writer_that_no_longer_sends_them_are_counted() -> None:
+    """A SIGHUP turning ``send_native_histograms`` off while a memory queue holds histograms:
+    the next writer sends their floats, and drops and counts the histograms."""
+    windows = PowerWindows(GPUS, 30)
+    async with ConformanceReceiver() as rx:
+        was = EndpointConfig(rx.url, "ho", queue=FAST, send_native_histograms=True)
+        first = RemoteWriter(was, SelfMetrics())  # never started: all stays queued
+        for snapshot in windows.windows(now_ms(), WINDOWS):
+            first.push(snapshot)
+        left = await first.hand_over(1.0)
+        now = replace(was, send_native_histograms=False)
+        metrics = SelfMetrics()
+        second = RemoteWriter(now, metrics)
+        second.take_over(left)
+        await second.start()
+        await eventually(lambda: sum(names(rx.samples).values()) == GPUS * WINDOWS)
+        await second.close(5)
+    assert rx.violations == []
+    assert rx.histograms == {}
+    assert metrics.get(sm.RW_DROPPED, labels_of(now, reason="histograms_not_asked")) == (
+        GPUS * WINDOWS
+    )
+    assert metrics.total(sm.RW_DROPPED) == GPUS * WINDOWS

@@ -45,6 +45,11 @@ def test_a_group_is_its_sampled_gauges() -> None:
         ("fields: [POWER_USAGE]\nhistograms: [GPU_TEMP]\n", "DCGM_FI_DEV_GPU_TEMP is not sampled"),
         ("histograms: [POWER_USAGE]\nhistogram_relative_error: 0\n", "out of range"),
         ("histograms: [POWER_USAGE]\nhistogram_relative_error: 5%\n", "expected a number"),
+        # finer than schema 8 can count: refused, not quietly given 0.135% instead
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: 1.0e-9\n", "give 0.00136 or more"),
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: 0.001\n", "finer than"),
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: 1e308\n", "out of range"),
+        ("histograms: [POWER_USAGE]\nhistogram_relative_error: .nan\n", "out of range"),
     ],
 )
 def test_a_mistake_is_one_line_naming_the_key_exit_2(tmp_path: Path, text: str, says: str) -> None:
@@ -76,3 +81,16 @@ def test_a_reload_takes_them_and_rebuilds_the_model() -> None:
     assert plan.config.histograms == ("POWER_USAGE", "GPU_TEMP")
     with pytest.raises(ConfigError, match="histogram_relative_error"):
         Config(histogram_relative_error=1.5)
+
+
+@pytest.mark.parametrize(("written", "schema"), [("1e-2", 6), ("5e-2", 3), ("2e-1", 1)])
+def test_an_error_in_exponent_form_is_a_number_as_prometheus_reads_it(
+    tmp_path: Path, written: str, schema: int
+) -> None:
+    """PyYAML reads ``1e-2`` as text (YAML 1.1 wants a dot and a signed exponent); Go's YAML,
+    Prometheus's, reads a number, and so does this key."""
+    status, out, err = _check(
+        tmp_path, f"histograms: [POWER_USAGE]\nhistogram_relative_error: {written}\n"
+    )
+    assert (status, err) == (0, "")
+    assert f"schema {schema}:" in out

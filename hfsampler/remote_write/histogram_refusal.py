@@ -26,7 +26,12 @@ from hfsampler.remote_write.config import EndpointConfig
 
 log = logging.getLogger(__name__)
 
-_HISTOGRAM_WORDS = re.compile(r"histogram", re.I)
+# "histogram" as a word of the answer's own, not the tail of a series name (``..._histogram``):
+# Prometheus 3 answers an out-of-order or too-old sample of a 2.0 request with a 400 naming each
+# series ("out of order sample for series {__name__=\"DCGM_FI_DEV_POWER_USAGE_histogram\", ...}"),
+# which is no refusal of histograms; label sets are taken out before looking.
+_HISTOGRAM_WORDS = re.compile(r"(?<![\w:])histogram", re.I)
+_LABEL_SETS = re.compile(r"\{[^{}]*\}")
 _HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 REASON = "histograms_refused"  # the drop counter's reason
 NOT_ASKED = "histograms_not_asked"  # queued while asked for, to send after it no longer is
@@ -43,7 +48,7 @@ def refusal(block: Block, err: Exception) -> str | None:
         isinstance(err, NonRecoverableSendError)
         and not isinstance(err, RequestTooLargeError)
         and err.status in (400, 422)
-        and _HISTOGRAM_WORDS.search(err.text)
+        and _HISTOGRAM_WORDS.search(_LABEL_SETS.sub("", err.text))
     ):
         return f"HTTP {err.status}: {err.text}"
     return None

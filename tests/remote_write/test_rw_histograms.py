@@ -280,3 +280,35 @@ async def test_histograms_handed_over_to_a_writer_that_no_longer_sends_them_are_
         GPUS * WINDOWS
     )
     assert metrics.total(sm.RW_DROPPED) == GPUS * WINDOWS
+
+
+# Prometheus 3.5's answer to a 2.0 request whose samples are older than what it holds (a clock
+# stepped back, a window sent twice): each series named, histogram series among them.
+OUT_OF_ORDER = (
+    'out of order sample for series {UUID="GPU-0", __name__="DCGM_FI_DEV_POWER_USAGE", '
+    'gpu="0"}\nout of order sample for series {UUID="GPU-0", '
+    '__name__="DCGM_FI_DEV_POWER_USAGE_histogram", gpu="0"}\n'
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [OUT_OF_ORDER, "sample too old for series DCGM_FI_DEV_POWER_USAGE_histogram: out of bounds"],
+)
+async def test_a_400_naming_a_histogram_series_is_no_refusal_of_histograms(text: str) -> None:
+    """That window is refused as any other; the next one's histograms still go."""
+    windows = PowerWindows(GPUS, 20)
+    async with ConformanceReceiver(script=[Reply(400, text)]) as rx:
+        cfg = EndpointConfig(rx.url, "oo", queue=FAST, protobuf_message=PROTOBUF_V2,
+                             send_native_histograms=True)  # fmt: skip
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        snaps = iter(windows.windows(now_ms(), 2))
+        writer.push(next(snaps))
+        await eventually(lambda: rx.requests == 1)
+        writer.push(next(snaps))
+        await eventually(lambda: sum(names(rx.histograms).values()) == GPUS)
+        await writer.close(5)
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2 * GPUS
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == 0

@@ -67,6 +67,26 @@ def check_relative_error(relative_error: float) -> None:
         )
 
 
+def histogram_warnings(counted: bool, serving: bool, sends: Sequence[bool]) -> list[str]:
+    """What the histogram keys accepted will not do: histograms counted (``counted``) with no
+    /metrics (``serving``) and no endpoint sending them, or endpoints that would send them (per
+    ``remote_write`` entry, ``sends``) with none counted. Either is silent otherwise."""
+    if counted and not serving and not any(sends):
+        return [
+            f"{HISTOGRAMS_KEY} are counted but go nowhere: listen is empty (no /metrics) and no "
+            "remote_write endpoint has send_native_histograms: true; set it where the receiver "
+            f"takes native histograms, or leave {HISTOGRAMS_KEY} out"
+        ]
+    if counted:
+        return []
+    return [
+        f"remote_write[{i}].send_native_histograms is not used: {HISTOGRAMS_KEY} names no "
+        f"field, so there are none to send; e.g. {HISTOGRAMS_KEY}: [DCGM_FI_DEV_POWER_USAGE]"
+        for i, send in enumerate(sends)
+        if send
+    ]
+
+
 def describe(relative_error: float) -> str:
     """check-config's line: the schema an error gives and how wide its buckets are."""
     schema = schema_for_error(relative_error)

@@ -94,3 +94,38 @@ def test_an_error_in_exponent_form_is_a_number_as_prometheus_reads_it(
     )
     assert (status, err) == (0, "")
     assert f"schema {schema}:" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        # asked to send histograms, none counted: the operator sees no histogram and no word
+        (
+            "remote_write:\n  - url: http://127.0.0.1:9/api/v1/write\n"
+            "    send_native_histograms: true\n",
+            "warning: remote_write[0].send_native_histograms is not used",
+        ),
+        # counted every window for nothing: no /metrics, no endpoint taking them
+        (
+            'listen: ""\nhistograms: [POWER_USAGE]\n'
+            "remote_write:\n  - url: http://127.0.0.1:9/api/v1/write\n",
+            "warning: histograms are counted but go nowhere",
+        ),
+    ],
+)
+def test_histogram_keys_that_would_do_nothing_are_said(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    status, out, _ = _check(tmp_path, text)
+    assert status == 0
+    assert says in out
+
+
+def test_histograms_that_go_somewhere_are_not_warned_of(tmp_path: Path) -> None:
+    served = _check(tmp_path, "histograms: [POWER_USAGE]\n")[1]  # /metrics on the default listen
+    sent = _check(
+        tmp_path,
+        'listen: ""\nhistograms: [POWER_USAGE]\nremote_write:\n'
+        "  - url: http://127.0.0.1:9/api/v1/write\n    send_native_histograms: true\n",
+    )[1]
+    assert "warning" not in served + sent

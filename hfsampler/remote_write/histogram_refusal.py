@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from hfsampler.errors import NonRecoverableSendError, RecoverableSendError, RequestTooLargeError
 from hfsampler.remote_write.blocks import Block
@@ -91,6 +92,10 @@ class HistogramRefusal:
         if block.hist is None:
             return block, 0
         floats = block.without_histograms()
+        # nor their families' metadata: an endpoint that gets no histogram hears of none
+        families = tuple(f for f in floats.families if f.type != "histogram")
+        if families != floats.families:
+            floats = replace(floats, families=families)
         dropped = block.samples - floats.samples
         reason = REASON if self.refused else NOT_ASKED
         if reason == NOT_ASKED and not self._said_not_asked:

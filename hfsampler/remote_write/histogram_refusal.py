@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 # which is no refusal of histograms; label sets are taken out before looking.
 _HISTOGRAM_WORDS = re.compile(r"(?<![\w:])histogram", re.I)
 _LABEL_SETS = re.compile(r"\{[^{}]*\}")
+# A refusal of some samples for their timestamps, histograms among them (Prometheus's and Mimir's
+# "out-of-order native histogram ingestion is disabled", 400): that request's, not a refusal of
+# every histogram to come.
+_PER_SAMPLE = re.compile(r"out[- ]of[- ](?:order|bounds)|too old|duplicate sample", re.I)
 _HISTOGRAMS_DISABLED = re.compile(r"native histograms? (?:are |is )?(?:disabled|not enabled)", re.I)
 REASON = "histograms_refused"  # the drop counter's reason
 NOT_ASKED = "histograms_not_asked"  # queued while asked for, to send after it no longer is
@@ -41,7 +45,7 @@ NOT_ASKED = "histograms_not_asked"  # queued while asked for, to send after it n
 def refusal(block: Block, err: Exception) -> str | None:
     """Why ``err``, the answer to a request of ``block``, refuses its native histograms (the
     answer, for the log); None when it is no such refusal."""
-    if block.hist is None:
+    if block.hist is None or _PER_SAMPLE.search(str(err)):
         return None
     if isinstance(err, RecoverableSendError):
         return str(err) if _HISTOGRAMS_DISABLED.search(str(err)) else None

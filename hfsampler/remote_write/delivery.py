@@ -219,7 +219,7 @@ class Delivery:
         self._sizes = Sizer()
         self._v2 = v2
         # once the receiver refused native histograms none is sent to it again (intake stops
-        # queueing them; queued ones are dropped before sending)
+        # queueing them; queued ones are dropped before sending), nor any it no longer asks for
         self.histograms = HistogramRefusal(config, drop)
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
@@ -307,7 +307,7 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
-        if self.histograms.refused:  # a spooled request (a Wire) holds none
+        if self.histograms.dropping:  # a spooled request (a Wire) holds none
             parts = [
                 self._without_histograms(p, flight) if isinstance(p, Block) else p for p in parts
             ]
@@ -446,7 +446,7 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
-            if self.histograms.refused and request.has_histograms:
+            if self.histograms.dropping and request.has_histograms:
                 # refused while this request waited (another shard's, or a piece of this one)
                 if not await self._floats_of(request, flight, None, v2):
                     return

@@ -223,3 +223,100 @@ async def test_a_2_0_partial_write_of_the_floats_is_not_sent_again() -> None:
     assert metrics.get(sm.RW_SAMPLES, labels_of(cfg)) == GPUS
     assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == GPUS
     assert metrics.total(sm.RW_DROPPED) == GPUS
+
+
+@pytest.mark.parametrize("protocol", [PROTOBUF_V1, PROTOBUF_V2])
+async def test_spooled_histograms_are_not_sent_once_the_endpoint_no_longer_asks(
+    protocol: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A spool written with ``send_native_histograms: true`` and read back by a writer whose
+    endpoint turned it off (or whose config lost ``histograms:``): the floats go, the
+    histograms are dropped with their own reason and said once, never sent unasked."""
+    windows = PowerWindows(GPUS, 30)
+    snaps = list(windows.windows(now_ms(), WINDOWS))
+    async with ConformanceReceiver() as rx:
+        was = EndpointConfig(rx.url, "sp", queue=FAST, protobuf_message=protocol,
+                             send_native_histograms=True)  # fmt: skip
+        first = RemoteWriter(was, SelfMetrics(), tmp_path)  # never started: all stays spooled
+        for snapshot in snaps:
+            first.push(snapshot)
+        await first.close(0)
+        now = replace(was, send_native_histograms=False)
+        metrics = SelfMetrics()
+        second = RemoteWriter(now, metrics, tmp_path, families=snaps[0].families)
+        await second.start()
+        await eventually(lambda: sum(names(rx.samples).values()) == GPUS * WINDOWS)
+        await second.close(5)
+    assert rx.violations == []
+    assert rx.histograms == {}
+    assert names(rx.samples) == {POWER: GPUS * WINDOWS}
+    if protocol == PROTOBUF_V1:
+        assert rx.metadata == 1  # the power family's: none of a histogram family it never gets
+    dropped = labels_of(now, reason="histograms_not_asked")
+    assert metrics.get(sm.RW_DROPPED, dropped) == GPUS * WINDOWS
+    assert metrics.total(sm.RW_DROPPED) == GPUS * WINDOWS
+    said = [r for r in caplog.records if "send_native_histograms" in r.getMessage()]
+    assert len(said) == 1
+
+
+async def test_histograms_handed_over_to_a_writer_that_no_longer_sends_them_are_counted() -> None:
+    """A SIGHUP turning ``send_native_histograms`` off while a memory queue holds histograms:
+    the next writer sends their floats, and drops and counts the histograms."""
+    windows = PowerWindows(GPUS, 30)
+    async with ConformanceReceiver() as rx:
+        was = EndpointConfig(rx.url, "ho", queue=FAST, send_native_histograms=True)
+        first = RemoteWriter(was, SelfMetrics())  # never started: all stays queued
+        for snapshot in windows.windows(now_ms(), WINDOWS):
+            first.push(snapshot)
+        left = await first.hand_over(1.0)
+        now = replace(was, send_native_histograms=False)
+        metrics = SelfMetrics()
+        second = RemoteWriter(now, metrics)
+        second.take_over(left)
+        await second.start()
+        await eventually(lambda: sum(names(rx.samples).values()) == GPUS * WINDOWS)
+        await second.close(5)
+    assert rx.violations == []
+    assert rx.histograms == {}
+    assert metrics.get(sm.RW_DROPPED, labels_of(now, reason="histograms_not_asked")) == (
+        GPUS * WINDOWS
+    )
+    assert metrics.total(sm.RW_DROPPED) == GPUS * WINDOWS
+
+
+# Prometheus 3.5's answer to a 2.0 request whose samples are older than what it holds (a clock
+# stepped back, a window sent twice): each series named, histogram series among them.
+OUT_OF_ORDER = (
+    'out of order sample for series {UUID="GPU-0", __name__="DCGM_FI_DEV_POWER_USAGE", '
+    'gpu="0"}\nout of order sample for series {UUID="GPU-0", '
+    '__name__="DCGM_FI_DEV_POWER_USAGE_histogram", gpu="0"}\n'
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        OUT_OF_ORDER,
+        "sample too old for series DCGM_FI_DEV_POWER_USAGE_histogram: out of bounds",
+        # Prometheus's storage error, which Mimir answers with a 400
+        "out-of-order native histogram ingestion is disabled",
+    ],
+)
+async def test_a_400_refusing_some_samples_is_no_refusal_of_histograms(text: str) -> None:
+    """A 400 that names a histogram series, or refuses histograms for their timestamps: that
+    window is refused as any other; the next one's histograms still go."""
+    windows = PowerWindows(GPUS, 20)
+    async with ConformanceReceiver(script=[Reply(400, text)]) as rx:
+        cfg = EndpointConfig(rx.url, "oo", queue=FAST, protobuf_message=PROTOBUF_V2,
+                             send_native_histograms=True)  # fmt: skip
+        metrics = SelfMetrics()
+        writer = RemoteWriter(cfg, metrics)
+        await writer.start()
+        snaps = iter(windows.windows(now_ms(), 2))
+        writer.push(next(snaps))
+        await eventually(lambda: rx.requests == 1)
+        writer.push(next(snaps))
+        await eventually(lambda: sum(names(rx.histograms).values()) == GPUS)
+        await writer.close(5)
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="rejected")) == 2 * GPUS
+    assert metrics.get(sm.RW_DROPPED, labels_of(cfg, reason="histograms_refused")) == 0

@@ -8,7 +8,8 @@ every sample (its ``prometheus_tsdb_head_samples_appended_total``, read every 50
 VictoriaMetrics's row counters move once a second, too coarse for drains of a second or two):
 
 - hfsampler: a ``RemoteWriter`` with a ``queue_dir`` in a process of its own (this script with
-  ``--hfsampler-side``), fed the windows as the window loop pushes them; its spool holds them.
+  ``--hfsampler-side``, on uvloop as the service runs), fed the windows as the window loop
+  pushes them; its spool holds them.
 - vmagent: Debian sid's (``.ci/fetch-vmagent``), with ``-remoteWrite.tmpDataPath``, fed the same
   windows as Remote-Write 1.0 requests on its own ``/api/v1/write`` (one per window): the same
   samples on both sides, so stored counts compare exactly, where a scrape of ``/metrics`` would
@@ -36,10 +37,10 @@ spread (lowest-highest) over ``--runs``, and hfsampler / vmagent. Writes
     python benchmarks/drain.py [--gpus 8] [--backlogs 60,300] [--runs 5] [--vmagent PATH]
                                [--max-samples-per-send N]
 
-Requests differ in size at the two sides' defaults: hfsampler's ``max_samples_per_send`` is
-Prometheus's 2000, vmagent's ``-remoteWrite.maxRowsPerBlock`` 10000; ``--max-samples-per-send
-10000`` has hfsampler send requests as large as vmagent's, to tell the cost per request from
-the cost per sample.
+Requests: hfsampler's at its defaults, ``max_samples_per_send`` Prometheus's 2000 and a drain's
+``max_samples_per_drain_send`` 10000, as vmagent's ``-remoteWrite.maxRowsPerBlock``;
+``--max-samples-per-send N`` gives hfsampler's ``max_samples_per_send`` (and so, unless N is
+2000, the drain's request size too), to tell the cost per request from the cost per sample.
 
 Without a vmagent (no ``--vmagent``, ``HFSAMPLER_VMAGENT_BIN`` or fetchable one) it says so in
 one line and exits 0; ``--vmagent /usr/bin/vmagent`` runs bookworm's 1.79 (which has no
@@ -71,6 +72,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
 import receivers as rx  # the integration tests' receiver harness
+import uvloop
 
 from hfsampler.config.settings import Config
 from hfsampler.export.metrics import gpu_labels, host_labels
@@ -164,21 +166,16 @@ def stored(receiver: rx.Receiver, t_end_s: float, span_s: int) -> tuple[int, flo
 
 
 async def hfsampler_side(
-    port: int, queue_dir: Path, gpus: int, count: int, t0_ms: int, max_samples_per_send: int
+    port: int, queue_dir: Path, gpus: int, count: int, t0_ms: int, per_send: int | None
 ) -> None:
     """Spool ``count`` windows for a receiver on ``port`` that is down, say ``spooled <bytes>``
-    on stdout, then keep delivering until stdin closes."""
+    on stdout, then keep delivering until stdin closes. ``per_send``: max_samples_per_send
+    (None: the default, and so the default drain request size)."""
+    queue: dict[str, object] = {"max_backoff": "1s"}  # as vmagent's -remoteWrite.retryMaxInterval
+    if per_send is not None:
+        queue["max_samples_per_send"] = per_send
     (ep,) = parse_remote_write(
-        [
-            {
-                "url": f"http://127.0.0.1:{port}/api/v1/write",
-                "name": "bench",
-                "queue_config": {
-                    "max_backoff": "1s",  # as vmagent's -remoteWrite.retryMaxInterval
-                    "max_samples_per_send": max_samples_per_send,
-                },
-            }
-        ]
+        [{"url": f"http://127.0.0.1:{port}/api/v1/write", "name": "bench", "queue_config": queue}]
     )
     logging.basicConfig(level=logging.ERROR)  # not the retries while the receiver is down
     writer = RemoteWriter(ep, SelfMetrics(), queue_dir)
@@ -223,13 +220,14 @@ class HfsamplerSide(Side):
         gpus: int,
         count: int,
         t0_ms: int,
-        per_send: int,
+        per_send: int | None,
         tree: Path | None = None,
     ) -> None:
         self.name = "hfsampler" if tree is None else "baseline"
         cmd = [sys.executable, __file__, "--hfsampler-side", str(port), str(root / "queue")]
         cmd += ["--gpus", str(gpus), "--count", str(count), "--t0-ms", str(t0_ms)]
-        cmd += ["--max-samples-per-send", str(per_send)]
+        if per_send is not None:
+            cmd += ["--max-samples-per-send", str(per_send)]
         env = dict(os.environ)
         if tree is not None:
             env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
@@ -367,7 +365,7 @@ def one_run(
     new_vmagent: bool,
     gpus: int,
     backlog_s: int,
-    per_send: int,
+    per_send: int | None,
     baseline: Path | None,
     root: Path,
 ) -> dict[str, Any]:
@@ -439,9 +437,11 @@ def summary(runs: list[dict[str, Any]], sides: list[str]) -> list[dict[str, Any]
     return out
 
 
-def print_table(rows: list[dict[str, Any]], sides: list[str], peer: str, per_send: int) -> None:
+def print_table(
+    rows: list[dict[str, Any]], sides: list[str], peer: str, per_send: int | None
+) -> None:
     print(f"\nmedian (lowest-highest) over the runs; peer: {peer}")
-    print(f"requests: hfsampler max_samples_per_send {per_send}; vmagent blocks of 10000 rows")
+    print(f"requests: hfsampler {requests(per_send)}; vmagent blocks of 10000 rows")
     ratios = [s for s in sides if s != "vmagent"]
     head = f"{'backlog':>8}  {'measure':<17}" + "".join(f" {s:>22}" for s in sides)
     head += "".join(f" {s[:2] + '/vmagent':>11}" for s in ratios)
@@ -465,6 +465,16 @@ def print_table(rows: list[dict[str, Any]], sides: list[str], peer: str, per_sen
                 f"{'':>8}  {side + ' stored':<17} {r['stored_samples']} of {r['samples']} "
                 f"samples, values' sum {'matches' if r['all_sums_match'] else 'DIFFERS'}"
             )
+
+
+def requests(per_send: int | None) -> str:
+    """How large the hfsampler side's drain requests are."""
+    queue = QueueConfig() if per_send is None else QueueConfig(max_samples_per_send=per_send)
+    given = "default" if per_send is None else "given"
+    return (
+        f"max_samples_per_send {queue.max_samples_per_send} ({given}), a drain's "
+        f"{queue.drain_samples} (baseline: max_samples_per_send, crossed by one record)"
+    )
 
 
 def find_vmagent(given: str | None) -> tuple[str | None, str]:
@@ -492,8 +502,8 @@ def main() -> None:
     parser.add_argument(
         "--max-samples-per-send",
         type=int,
-        default=QueueConfig().max_samples_per_send,
-        help="hfsampler's request size (default: its default; vmagent's blocks: 10000 rows)",
+        help="hfsampler's max_samples_per_send (default: left out, so a drain's requests are "
+        "max_samples_per_drain_send's default; vmagent's blocks: 10000 rows)",
     )
     parser.add_argument(
         "--baseline",
@@ -513,7 +523,8 @@ def main() -> None:
         side = hfsampler_side(
             int(port), Path(queue_dir), args.gpus, args.count, args.t0_ms, args.max_samples_per_send
         )
-        asyncio.run(side)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # as the service runs
+            runner.run(side)
         return
     vmagent, peer = find_vmagent(args.vmagent)
     if vmagent is None:

@@ -20,6 +20,10 @@ Sides, all from the same windows (built outside the timed region, in each side's
 - ``peer 2.0``: that package ships no 2.0 encoder, so this is its ``send`` path written for 2.0
   the same way (message objects from hfsampler's generated ``writev2_pb2`` on the same runtime, a
   symbol table per request, each series' metadata): what a straightforward Python 2.0 writer costs;
+- ``hfsampler 1.0+hist`` and ``hfsampler 2.0+hist`` (the 1k set only; ``hist_sides``): the same
+  window with, per GPU, a native histogram of instant power beside it (issue 26), each one's
+  message body made per window as at push; the table after the main one gives bytes per window
+  per GPU and CPU per window with and without, from the same alternating rounds;
 - with ``--baseline DIR`` (another commit's ``hfsampler/``, e.g. ``git archive COMMIT hfsampler |
   tar -x -C DIR``): ``old 1.0`` and ``old 2.0``, the same work by its encoding modules, imported
   from DIR into this process; a commit from before blocks (``d7da83e``) as its service did it:
@@ -59,6 +63,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from hist_sides import (
+    SUFFIX,
+    hist_sides,
+    histogram_series,
+    histogram_windows,
+    print_window_table,
+    without_histograms,
+)
 from rw_peer import PEER_PATH, Side, load_peer, peer_sides  # beside this script
 
 from hfsampler.export.metrics import gpu_labels, host_labels
@@ -83,6 +95,8 @@ RATIOS = (
     ("hfsampler 2.0", "hfsampler 1.0"),
     ("hfsampler 1.0", "old 1.0"),
     ("hfsampler 2.0", "old 2.0"),
+    (f"hfsampler 1.0{SUFFIX}", "hfsampler 1.0"),
+    (f"hfsampler 2.0{SUFFIX}", "hfsampler 2.0"),
 )
 
 
@@ -219,7 +233,10 @@ def old_sides(old: dict[str, ModuleType], chunks: Chunks, stamps: list[int],
 
 
 def sides(
-    series: list[Series], baseline: dict[str, ModuleType] | None, peer: ModuleType | None
+    series: list[Series],
+    baseline: dict[str, ModuleType] | None,
+    peer: ModuleType | None,
+    hists: list[Series] | None = None,
 ) -> dict[str, Side]:
     """Each side's work for one window: its requests written and compressed."""
     vals = windows(series, N_WINDOWS)
@@ -230,6 +247,9 @@ def sides(
     ]
     families = families_of(series)
     out = block_sides("hfsampler", CURRENT, chunks, stamps, families)
+    if hists:
+        snapshots = histogram_windows(GPUS, N_WINDOWS)
+        out |= hist_sides(chunks, stamps, families, hists, snapshots)
     if peer is not None:
         out |= peer_sides(peer, series, vals, stamps, families, BATCH)
     if baseline is not None:
@@ -291,10 +311,15 @@ def cross_check(
             "2.0": [read_v2(r, strict=True) for r in got["hfsampler 2.0"]],
         }
         for name, reqs in got.items():
-            version = name.split()[-1]
+            version = name.split()[-1].removesuffix(SUFFIX)
             read = [
                 read_v1(r, peer) if version == "1.0" else read_v2(r, strict=False) for r in reqs
             ]
+            if name.endswith(SUFFIX):
+                stripped = [without_histograms(r) for r in read]
+                read = [r for r, _ in stripped]
+                if sum(n for _, n in stripped) != GPUS:
+                    raise SystemExit(f"cross-check failed: {name} lacks a GPU's histogram")
             if read != want[version]:
                 raise SystemExit(f"cross-check failed: {name} holds other series or samples")
             if name.startswith("old") and reqs != got[f"hfsampler {version}"]:
@@ -303,11 +328,19 @@ def cross_check(
 
 
 def measure(
-    name: str, work: dict[str, Side], samples: int, rounds: int, turn_s: float, raw: dict[str, int]
+    name: str,
+    work: dict[str, Side],
+    samples: int,
+    rounds: int,
+    turn_s: float,
+    raw: dict[str, int],
+    extra: dict[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Each side's rate over ``rounds`` rounds of one turn each (rotated order), its bytes
     per sample, and the per-round ratios of ``RATIOS``. A turn is as many whole windows as take
-    about ``turn_s`` (counted once, before timing; at least one)."""
+    about ``turn_s`` (counted once, before timing; at least one). ``extra``: samples a side's
+    window has beyond ``samples`` (its histograms)."""
+    extra = extra or {}
     names = list(work)
     rates: dict[str, list[float]] = {n: [] for n in names}
     compressed: dict[str, int] = {}
@@ -323,20 +356,20 @@ def measure(
             start = time.perf_counter()
             for w in range(r, r + count):  # the same windows for every side in a round
                 fn(w % N_WINDOWS)
-            rates[n].append(samples * count / (time.perf_counter() - start))
+            rates[n].append((samples + extra.get(n, 0)) * count / (time.perf_counter() - start))
     rows = []
     for n in names:
         row: dict[str, Any] = {
             "case": name,
-            "series": samples,
+            "series": samples + extra.get(n, 0),
             "side": n,
             "samples_per_s": statistics.median(rates[n]),
             "spread": [min(rates[n]), max(rates[n])],
             "rates": rates[n],
             "rounds": rounds,
             "windows_per_turn": reps[n],
-            "raw_bytes_per_sample": raw[n] / samples,
-            "compressed_bytes_per_sample": compressed[n] / samples,
+            "raw_bytes_per_sample": raw[n] / (samples + extra.get(n, 0)),
+            "compressed_bytes_per_sample": compressed[n] / (samples + extra.get(n, 0)),
             "ratios": {},
         }
         for side, other in RATIOS:
@@ -400,12 +433,15 @@ def main(argv: list[str] | None = None) -> int:
         (f"{GPUS} GPUs x 1,250 names (3 labels)", many_series(reg, 10_000)),
     ]
     rows = []
-    for name, series in cases:
+    for i, (name, series) in enumerate(cases):
         label = f"{len(series):,} series: {name}"
-        work = sides(series, baseline, peer)
+        hists = histogram_series(reg, series) if i == 0 else None
+        work = sides(series, baseline, peer, hists)
         raw_bytes = cross_check(work, snappy.decompress, peer)
-        rows += measure(label, work, len(series), args.rounds, args.turn, raw_bytes)
+        extra = {n: GPUS for n in work if n.endswith(SUFFIX)}
+        rows += measure(label, work, len(series), args.rounds, args.turn, raw_bytes, extra)
     print_table(rows)
+    print_window_table(rows, GPUS)
     print(
         f"\nmedian of {args.rounds} alternating rounds, one turn of whole windows (about"
         f" {args.turn} s, at least one window) per side each; requests of at"

@@ -274,12 +274,14 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 def test_rules_use_only_exported_series() -> None:
     """Every metric a rule reads is one hfsampler exports (or a recording rule / ALERTS)."""
     from hfsampler import fields, selfmetrics
+    from hfsampler.export import consumer_series
     from hfsampler.export.metrics import HISTOGRAM_SUFFIX
     from hfsampler.sampling.window import exported_names
 
     exported = {n for f in fields.CATALOGUE for n in exported_names(f)}
     exported |= {f.name + HISTOGRAM_SUFFIX for f in fields.CATALOGUE if f.kind is fields.Kind.GAUGE}
     exported |= {d.name for d in selfmetrics.ALL}
+    exported |= {name for name, _, _ in consumer_series.FAMILIES}
     recorded: set[str] = set()
     used: set[str] = set()
     for path in RULE_FILES:
@@ -307,8 +309,8 @@ def test_dashboards_json_matches_the_builder(tmp_path: Path) -> None:
     committed = {p.name: p.read_text() for p in (DEPLOY / "grafana" / "dashboards").glob("*.json")}
     fresh = {p.name: p.read_text() for p in tmp_path.glob("*.json")}
     assert sorted(fresh) == sorted(committed) == [
-        "hfsampler-alerts.json", "hfsampler-fleet.json", "hfsampler-history.json",
-        "hfsampler-mig.json", "hfsampler-realtime.json",
+        "hfsampler-alerts.json", "hfsampler-chargeback.json", "hfsampler-fleet.json",
+        "hfsampler-history.json", "hfsampler-mig.json", "hfsampler-realtime.json",
     ]  # fmt: skip
     for name, text in fresh.items():
         assert text == committed[name], f"{name} is stale: run python deploy/grafana/build.py"

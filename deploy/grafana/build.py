@@ -1,10 +1,12 @@
 """hfsampler's Grafana dashboards as code, with Grafana's typed builder (grafana-foundation-sdk).
 
-Five dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
+Six dashboards over the series hfsampler pushes (dcgm-exporter names, ``_min``/``_max``/``_p99``
 window siblings) and the recording rules in deploy/rules/: real-time status, history with the
-min-max band, firing alerts, fleet distribution, and MIG instances (memory and activity per
-``GPU_I_ID`` / ``GPU_I_PROFILE``). The power distribution heatmaps (one GPU's on the history
-dashboard, each cluster's on the fleet one) read ``DCGM_FI_DEV_POWER_USAGE_histogram``, the
+min-max band, firing alerts, fleet distribution, MIG instances (memory and activity per
+``GPU_I_ID`` / ``GPU_I_PROFILE``), and chargeback on shared GPUs (energy per namespace and per
+Slurm job over the chosen range, top consumers, stranded capacity, from the consumer series).
+The power distribution heatmaps (one GPU's on the history dashboard, each cluster's on the fleet
+one) read ``DCGM_FI_DEV_POWER_USAGE_histogram``, the
 native histogram of every distinct sample (``histograms: [DCGM_FI_DEV_POWER_USAGE]``).
 ``python deploy/grafana/build.py`` writes them to deploy/grafana/dashboards/*.json;
 tests/test_deploy_grafana.py fails when the committed JSON and this file disagree, and
@@ -19,9 +21,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from grafana_foundation_sdk.builders import (
+    barchart,
+    geomap,
+    heatmap,
+    prometheus,
+    stat,
+    table,
+    timeseries,
+)
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import geomap, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -543,12 +553,165 @@ def mig() -> db.Dashboard:
     return d
 
 
+# -- 6. chargeback on shared GPUs ---------------------------------------------------------------
+
+ENERGY = "hfsampler_consumer_energy_joules_total"
+UNATTRIBUTED = "hfsampler_gpu_unattributed_energy_joules_total"
+CONSUMER_SEL = 'cluster=~"$cluster"'
+J_PER_KWH = 3.6e6
+# every label that names a consumer (export/consumer_series.py, consumers/identity.py, CRI names)
+CONSUMER_LABELS = "namespace, pod, container, hpc_job, systemd_unit, uid, command, consumer"
+CHARGEBACK_HELP = (
+    "Each window's GPU energy, from the millisecond power, split among the processes' consumers "
+    "by their share of the SMs (hfsampler_consumer_energy_joules_total); what no consumer drew "
+    "is unattributed. Consumers and unattributed add up to the GPUs' energy over the range."
+)
+
+
+def energy_in_range(by: str, where: str = "") -> str:
+    """kWh each ``by`` group drew over the dashboard's time range."""
+    sel = CONSUMER_SEL + (f", {where}" if where else "")
+    return f"sort_desc(sum by ({by}) (increase({ENERGY}{{{sel}}}[$__range]))) / {J_PER_KWH:g}"
+
+
+def energy_table(title: str, by: str, where: str) -> table.Panel:
+    return (
+        table.Panel()
+        .title(title)
+        .description(CHARGEBACK_HELP)
+        .datasource(DS)
+        .with_target(
+            query(energy_in_range(by, where), instant=True).format(pm.PromQueryFormat.TABLE)
+        )
+        .unit("kwatth")
+        .height(10)
+        .span(12)
+    )
+
+
+def energy_bars(title: str, by: str, where: str) -> barchart.Panel:
+    return (
+        barchart.Panel()
+        .title(title)
+        .description(CHARGEBACK_HELP)
+        .datasource(DS)
+        .with_target(
+            query(energy_in_range(by, where), instant=True).format(pm.PromQueryFormat.TABLE)
+        )
+        .x_field(by)
+        .orientation(cm.VizOrientation.HORIZONTAL)
+        .unit("kwatth")
+        .height(10)
+        .span(12)
+    )
+
+
+def chargeback() -> db.Dashboard:
+    d = base(
+        "hfsampler-chargeback",
+        "GPU chargeback (hfsampler)",
+        "Who used the shared GPUs and the energy each drew over the chosen time range: per "
+        "Kubernetes namespace and per Slurm job, the top consumers, and GPUs held but idle "
+        "(stranded capacity). " + CHARGEBACK_HELP,
+        "now-24h",
+        "1m",
+    )
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    d = d.with_variable(
+        db.QueryVariable("cluster")
+        .label("cluster")
+        .datasource(DS)
+        .query({"query": f"label_values({ENERGY}, cluster)", "refId": "cluster"})
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+    totals = [
+        ("Energy drawn by consumers", f"sum(increase({ENERGY}{{{CONSUMER_SEL}}}[$__range]))"),
+        ("Unattributed energy (no consumer using the SMs)",
+         f"sum(increase({UNATTRIBUTED}{{{CONSUMER_SEL}}}[$__range]))"),
+    ]  # fmt: skip
+    for title, expr in totals:
+        d = d.with_panel(
+            stat.Panel()
+            .title(title)
+            .description(CHARGEBACK_HELP)
+            .datasource(DS)
+            .with_target(query(f"{expr} / {J_PER_KWH:g}", instant=True))
+            .unit("kwatth")
+            .graph_mode(cm.BigValueGraphMode.NONE)
+            .height(4)
+            .span(12)
+        )
+    d = d.with_panel(energy_table("Energy per namespace", "namespace", 'namespace!=""'))
+    d = d.with_panel(energy_bars("Energy per namespace", "namespace", 'namespace!=""'))
+    d = d.with_panel(energy_table("Energy per Slurm job", "hpc_job", 'hpc_job!=""'))
+    d = d.with_panel(energy_bars("Energy per Slurm job", "hpc_job", 'hpc_job!=""'))
+    top = (f"topk(20, sum by (hostname, gpu, {CONSUMER_LABELS}) "
+           f"(increase({ENERGY}{{{CONSUMER_SEL}}}[$__range]))) / {J_PER_KWH:g}")  # fmt: skip
+    d = d.with_panel(
+        table.Panel()
+        .title("Top consumers")
+        .description(
+            "The 20 consumers (pod's container, job, unit, user's command) that drew "
+            "the most energy over the range, per GPU."
+        )
+        .datasource(DS)
+        .with_target(query(top, instant=True).format(pm.PromQueryFormat.TABLE))
+        .unit("kwatth")
+        .height(10)
+        .span(24)
+    )
+    power = [
+        query(f"namespace:gpu_power_watts:rate5m{{{CONSUMER_SEL}}}", "{{namespace}}", "A"),
+        query(f"hpc_job:gpu_power_watts:rate5m{{{CONSUMER_SEL}}}", "job {{hpc_job}}", "B"),
+    ]
+    d = d.with_panel(
+        timeseries.Panel()
+        .title("Power per namespace and per job")
+        .description(
+            "From the chargeback recording rules: the energy each drew per second, over 5 m."
+        )
+        .datasource(DS)
+        .targets(power)
+        .unit("watt")
+        .stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
+        .fill_opacity(20)
+        .height(8)
+        .span(24)
+    )
+    held = f'{{{CONSUMER_SEL}, consumer!="other"}}'
+    stranded = (
+        f"min_over_time(hfsampler_consumer_memory_used_bytes{held}[$__range]) > 0 "
+        f"and max_over_time(hfsampler_consumer_sm_utilization_ratio{held}[$__range]) < 0.01"
+    )
+    d = d.with_panel(
+        table.Panel()
+        .title("Stranded capacity: GPUs held but idle over the range")
+        .description(
+            "Consumers that held GPU memory in every window of the range they were present in "
+            "and never used 1 % of the SMs: capacity a scheduler could reclaim. The value is the "
+            "least memory they held. The alert GPUCapacityStranded fires for those idle a whole "
+            "hour (consumer:gpu_memory_stranded_bytes:min1h)."
+        )
+        .datasource(DS)
+        .with_target(query(stranded, instant=True).format(pm.PromQueryFormat.TABLE))
+        .unit("bytes")
+        .height(10)
+        .span(24)
+    )
+    return d
+
+
 DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
     "hfsampler-realtime": realtime,
     "hfsampler-history": history,
     "hfsampler-alerts": alerts,
     "hfsampler-fleet": fleet,
     "hfsampler-mig": mig,
+    "hfsampler-chargeback": chargeback,
 }
 
 

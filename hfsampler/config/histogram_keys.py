@@ -10,11 +10,12 @@ that fraction of every value in them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from hfsampler import fields as catalogue
 from hfsampler.errors import ConfigError
-from hfsampler.histograms import bucket_error, growth, schema_for_error
+from hfsampler.histograms import SCHEMA_MAX, bucket_error, growth, schema_for_error
 
 HISTOGRAMS_KEY = "histograms"
 ERROR_KEY = "histogram_relative_error"
@@ -50,11 +51,40 @@ def select_histograms(
 
 
 def check_relative_error(relative_error: float) -> None:
-    """The error must be a fraction a schema can meet roughly: above 0, below 1."""
+    """The error must be a fraction a schema can meet: below 1, and no finer than the finest
+    schema's (8: 0.135%), which would otherwise be given in its place without a word."""
     if not 0 < relative_error < 1:
         raise ConfigError(
             ERROR_KEY, f"{relative_error:g} is out of range", "give a fraction, e.g. 0.05 for 5%"
         )
+    finest = bucket_error(SCHEMA_MAX)
+    if relative_error < finest:
+        raise ConfigError(
+            ERROR_KEY,
+            f"{relative_error:g} is finer than native histograms go (schema {SCHEMA_MAX}: "
+            f"{100 * finest:.3g}%)",
+            f"give {math.ceil(finest * 1e5) / 1e5:g} or more",
+        )
+
+
+def histogram_warnings(counted: bool, serving: bool, sends: Sequence[bool]) -> list[str]:
+    """What the histogram keys accepted will not do: histograms counted (``counted``) with no
+    /metrics (``serving``) and no endpoint sending them, or endpoints that would send them (per
+    ``remote_write`` entry, ``sends``) with none counted. Either is silent otherwise."""
+    if counted and not serving and not any(sends):
+        return [
+            f"{HISTOGRAMS_KEY} are counted but go nowhere: listen is empty (no /metrics) and no "
+            "remote_write endpoint has send_native_histograms: true; set it where the receiver "
+            f"takes native histograms, or leave {HISTOGRAMS_KEY} out"
+        ]
+    if counted:
+        return []
+    return [
+        f"remote_write[{i}].send_native_histograms is not used: {HISTOGRAMS_KEY} names no "
+        f"field, so there are none to send; e.g. {HISTOGRAMS_KEY}: [DCGM_FI_DEV_POWER_USAGE]"
+        for i, send in enumerate(sends)
+        if send
+    ]
 
 
 def describe(relative_error: float) -> str:

@@ -142,7 +142,14 @@ def as_bool(value: object, key: str, example: str) -> bool:
     return flag
 
 
+# A number as Go's YAML (Prometheus's) and YAML 1.2 read it: PyYAML's YAML 1.1 reads ``1e-3`` and
+# ``1.5e3`` (no dot, or no exponent sign) as text, so a plain scalar of this form is taken as one.
+_GO_YAML_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+
+
 def as_number(value: object, key: str, example: str) -> float:
+    if isinstance(value, str) and _GO_YAML_FLOAT.fullmatch(value):
+        return float(value)
     return float(expect(value, (int, float), key, example))
 
 

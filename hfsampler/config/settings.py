@@ -17,7 +17,11 @@ from pathlib import Path
 from hfsampler import fields as catalogue
 from hfsampler.config import consumer_keys
 from hfsampler.config.counters_csv import CountersFile, counters_file_flag
-from hfsampler.config.histogram_keys import check_relative_error, select_histograms
+from hfsampler.config.histogram_keys import (
+    check_relative_error,
+    histogram_warnings,
+    select_histograms,
+)
 from hfsampler.config.keys import (
     Flag,
     Key,
@@ -463,6 +467,11 @@ class Config:
         """What is accepted but will not do what it might seem to: said at check and at start."""
         out = self.label_warnings() + self.lane_warnings()
         out += self.fields_csv.warnings() if self.fields_csv is not None else []
+        out += histogram_warnings(
+            bool(self.histogram_fields()),
+            bool(self.listen),
+            [ep.send_native_histograms for ep in self.remote_write],
+        )
         if self.web_config_file is not None and not self.listen:
             out.append("web_config_file is not used: listen is empty, so no /metrics is served")
         default_max = QueueConfig().max_shards

@@ -2,7 +2,9 @@
 
 Both runs are summarised as a single report would (``summarize``); GPUs pair by position (the
 first recorded GPU of each, then the second, ...), phases by label (name and occurrence), step
-series by name. Each compared number carries base, new, the difference and the relative change.
+series by name, consumers by identity (their labels: ``hpc_job=4242``, a pod's uid and container
+id, a unit, a user's command), all GPUs together. Each compared number carries base, new, the
+difference and the relative change.
 Power is overlaid per GPU on one time axis: seconds since each job's own start.
 """
 
@@ -39,6 +41,10 @@ PHASE_MEASURES = (
     ("energy, all GPUs", "energy_j", " J", 1),
     ("peak power, any GPU", "peak_power_w", " W", 1),
     ("throttled, all GPUs and reasons", "throttled_total_s", " s", 3),
+)
+CONSUMER_MEASURES = (
+    ("energy", "energy_j", " J", 1),
+    ("peak power (window mean)", "peak_power_w", " W", 1),
 )
 STEP_MEASURES = (
     ("steps", "steps", "", 0),
@@ -100,6 +106,12 @@ def _paired(
             for name in names]  # fmt: skip
 
 
+def _consumers(d: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's consumers on all its GPUs together (none where it kept none)."""
+    found = d["consumers"]
+    return [] if found is None else list(found["consumers"])
+
+
 def compare_dict(base: Summary, new: Summary) -> dict[str, Any]:
     """Both summaries whole, and the compared numbers (``delta``)."""
     b, n = summary_dict(base), summary_dict(new)
@@ -124,6 +136,7 @@ def compare_dict(base: Summary, new: Summary) -> dict[str, Any]:
             "gpus": gpus,
             "phases": _paired(b["phases"], n["phases"], "label", PHASE_MEASURES, _phase_values),
             "steps": _paired(b["steps"], n["steps"], "name", STEP_MEASURES, _step_values),
+            "consumers": _paired(_consumers(b), _consumers(n), "consumer", CONSUMER_MEASURES, dict),
         },
     }
 
@@ -191,6 +204,10 @@ def compare_html(base: Summary, new: Summary) -> str:
     if delta_["steps"]:
         entries = [(f"{s['name']}: ", s) for s in delta_["steps"]]
         body += ["<h3>Steps</h3>", pages.html_table(_rows(entries, STEP_MEASURES), heads)]
+    if delta_["consumers"]:
+        entries = [(f"{html.escape(c['consumer'])}: ", c) for c in delta_["consumers"]]
+        body += ["<h3>Consumers, all GPUs</h3>",
+                 pages.html_table(_rows(entries, CONSUMER_MEASURES), heads)]  # fmt: skip
     body += pages.figure_html([power_overlay(base, new)])
     for name, s in (("Base", d["base"]), ("New", d["new"])):
         body.append(f"<h2>{name}: {html.escape(str(s['command']))}</h2>{pages.summary_html(s)}")

@@ -42,7 +42,8 @@ from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.markers import PARENT_WIRE_VERSION
 from hfsampler.markers import WIRE_ENV as MARKER_WIRE_ENV
 from hfsampler.profiling.job_markers import MarkerSocket, OutputTap, parent_pid
-from hfsampler.profiling.recording_format import Marker, RecordingWriteError
+from hfsampler.profiling.record_consumers import DEFAULT_PROCFS, ConsumerLooks
+from hfsampler.profiling.recording_format import Marker, RecordingWriteError, consumer_to_json
 from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.pipeline import RECORD, RECORD_GRACE_S, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
@@ -58,7 +59,10 @@ EXIT_USAGE = 2
 # sampler gone): sysexits' EX_IOERR. A job's own failure is passed on as it is.
 EXIT_INCOMPLETE = 74
 EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND = 126, 127  # as a shell says of a command it cannot run
-PROCESS_POLL_S = 1.0  # the job's processes, their memory and SM utilisation: once a second
+# the GPUs' processes, their memory and SM utilisation: once a second (a PROC snapshot, when it
+# says something new), and at every window's end (so that each window holds a look for its
+# consumers' split; a snapshot only if one is due)
+PROCESS_POLL_S = 1.0
 PROCESS_KEEP_S = 10.0  # an unchanged snapshot is written again after this long
 # the sampler's rows up to the child's exit (or a window's end) are committed by then
 END_GRACE_S = RECORD_GRACE_S
@@ -169,6 +173,7 @@ class RecordOptions:
     gpus: tuple[str, ...] | None
     status: bool
     mark_patterns: tuple[re.Pattern[str], ...] = ()
+    procfs: str = DEFAULT_PROCFS  # the host's procfs, where each GPU process's consumer is read
 
 
 class Recorder:
@@ -193,7 +198,10 @@ class Recorder:
         self.markers_not_stored = 0
         self.incomplete: str | None = None  # why the recording stopped before the job did
         self._last_processes: dict[int, list[dict[str, Any]]] = {}  # as last written
+        self._side: ProcessReader | None = None
+        self._looks: ConsumerLooks | None = None  # each window's consumers, with a process reader
         self._processes_written_ns = 0
+        self._next_poll_s = 0.0  # the next look at the processes, on the monotonic clock
         self._power = locate(POWER, [p.fields for p in self.plans])
         self.power_max = np.full(len(self.keep), np.nan)
         self.power_now = np.full(len(self.keep), np.nan)
@@ -223,9 +231,12 @@ class Recorder:
         with contextlib.ExitStack() as stack:
             pipeline = Pipeline(self.plan, RECORD, clock=self.clock)
             stack.callback(_quietly, pipeline.close, "the sampler")
-            side = self._process_reader()
+            side = self._side = self._process_reader()
             if side is not None:
                 stack.callback(_quietly, side.close, "the process reader")
+                rows = {self.inventory.devices[p].index: i for i, p in enumerate(self.keep)
+                        if self.inventory.devices[p].is_gpu}  # fmt: skip
+                self._looks = ConsumerLooks(rows, self.opts.procfs)
             stack.callback(self._close_inbox)
             stack.callback(self._kill_child)  # a way out that did not wait for the job
             pipeline.start()
@@ -385,7 +396,7 @@ class Recorder:
         # every window is written, however late: no catch-up as `run` does (RECORD)
         clock = self.clock
         end_at = start_ns + int(self.opts.duration_s * 1e9) if self.opts.duration_s else None
-        next_poll = 0.0
+        self._next_poll_s = 0.0
         sampling = True
         while True:
             code = self.child.poll() if self.child is not None else None
@@ -412,8 +423,8 @@ class Recorder:
                 self._store_markers(writer)
                 self._status(writer, start_ns, pipeline.t1_ns)
                 pipeline.advance()
-            if side is not None and clock.monotonic_s() >= next_poll:
-                next_poll = clock.monotonic_s() + PROCESS_POLL_S
+            if side is not None and clock.monotonic_s() >= self._next_poll_s:
+                self._next_poll_s = clock.monotonic_s() + PROCESS_POLL_S
                 self._processes(writer, side, clock.now_ns())
             self._collect_markers()
             clock.sleep(0.005)
@@ -427,6 +438,15 @@ class Recorder:
                 now = stats[MEAN][self.keep, j]
                 self.power_now = np.where(np.isnan(now), self.power_now, now)
                 self.power_max = np.fmax(self.power_max, stats[MAX][self.keep, j])
+        if self._side is not None and self._looks is not None:
+            # a look at the window's end: every window has one, whatever the poll's phase
+            due = self.clock.monotonic_s() >= self._next_poll_s
+            if due:
+                self._next_poll_s = self.clock.monotonic_s() + PROCESS_POLL_S
+            self._processes(writer, self._side, self.clock.now_ns(), snapshot=due)
+            consumers = self._looks.take(window.t0_ns, window.t1_ns)
+            if consumers is not None:
+                writer.add_consumers(consumers)
 
     def _process_reader(self) -> ProcessReader | None:
         """The compute-process list, here in the parent (once a second is no load to share)."""
@@ -437,31 +457,42 @@ class Recorder:
             log.warning("cannot list GPU processes: %s", exc)
             return None
 
-    def _processes(self, writer: RecordingWriter, reader: ProcessReader, now: int) -> None:
-        """One look at the recorded GPUs' processes at ``now``; the job's own (the child's
-        descendants) are marked ``in_job``."""
-        job = descendants(self.child.pid) if self.child is not None else set()
+    def _processes(
+        self, writer: RecordingWriter, reader: ProcessReader, now: int, snapshot: bool = True
+    ) -> None:
+        """One look at the recorded GPUs' processes at ``now``, for the window's consumers and
+        (``snapshot``) the ``PROC`` snapshot; the job's own processes (the child's descendants)
+        are marked ``in_job``, each with its consumer."""
+        # the job has no process once the child has exited (the last window's look)
+        running = self.child is not None and self.child.returncode is None
+        job = descendants(self.child.pid) if running and self.child is not None else set()
         try:
             found = reader.read_processes(job, now)
         except Exception as exc:
             log.debug("listing GPU processes failed: %s", exc)
             return
         kept = {self.inventory.devices[p].index for p in self.keep}
-        snapshot = {
+        found = {gpu: procs for gpu, procs in found.items() if gpu in kept}
+        consumers = self._looks.look(found, now) if self._looks is not None else {}
+        if not snapshot:
+            return
+        taken = {
             gpu: [{"pid": p.pid, "used_memory_bytes": p.used_memory_bytes,
-                   "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job} for p in procs]
-            for gpu, procs in found.items() if gpu in kept
+                   "sm_util_pct": p.sm_util_pct, "in_job": p.pid in job,
+                   **({"consumer": consumer_to_json(consumers[p.pid])}
+                      if p.pid in consumers else {})} for p in procs]
+            for gpu, procs in found.items()
         }  # fmt: skip
-        seen = any(snapshot.values())
+        seen = any(taken.values())
         # a snapshot goes to the file when it says something new (the first empty one says
         # that they have gone), and every PROCESS_KEEP_S while there are processes, so a long
         # steady job does not grow the file and the report by a chunk a second
-        changed = snapshot != self._last_processes
+        changed = taken != self._last_processes
         due = seen and now - self._processes_written_ns >= PROCESS_KEEP_S * 1e9
         if (seen or self._last_processes) and (changed or due):
-            writer.add_processes(now, snapshot)
+            writer.add_processes(now, taken)
             self._processes_written_ns = now
-        self._last_processes = snapshot if seen else {}
+        self._last_processes = taken if seen else {}
 
     def _install_signals(self) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from hfsampler.fields import BY_NAME, Role, locate
 from hfsampler.profiling import recording_format as fmt
 from hfsampler.profiling.recording_format import (
+    ConsumerWindow,
     FloatArray,
     IntArray,
     Marker,
@@ -339,6 +340,17 @@ class Recording:
     def processes(self) -> list[dict[str, Any]]:
         """Every process snapshot (see ``process_snapshots``)."""
         return list(self.process_snapshots())
+
+    def consumer_spans_ns(self) -> Iterator[tuple[int, int]]:
+        """Each consumer window's ``(t0_ns, t1_ns)``, in time order, without its contents."""
+        for _, meta, _ in self._payloads((fmt.CONS,)):
+            yield int(meta["t0_ns"]), int(meta["t1_ns"])
+
+    def consumer_windows(self) -> Iterator[ConsumerWindow]:
+        """Each window's consumers (``CONS``), in time order; none in a recording made before
+        `record` kept them, or of a source without process lists."""
+        for _, meta, _ in self._payloads((fmt.CONS,)):
+            yield ConsumerWindow.from_json(meta)
 
     def markers(self) -> list[Marker]:
         """Every stored marker, in time order."""

@@ -4,7 +4,10 @@ Layout: 8 magic bytes, then chunks. Each chunk is a 12-byte frame (4-byte tag, p
 CRC-32 of the payload) and a zlib-compressed payload; the payload is a small JSON part plus packed
 arrays. Tags: ``HEAD`` (the job's context, first), ``RAW_`` (one group's distinct samples over a
 stretch of time), ``WIN_`` (one group's window statistics), ``PROC`` (GPU compute processes seen),
-``MARK`` (markers and phases the job sent or printed), ``END_`` (end time and exit code, last).
+``MARK`` (markers and phases the job sent or printed), ``CONS`` (one window's consumers: the
+process lists and per-process SM samples seen in it, and each pid's consumer), ``END_`` (end
+time and exit code, last). A reader skips a tag it does not know, so a tag added later (``CONS``)
+keeps the format's version: older recordings simply have none of it.
 The header names the format's version (``FORMAT_VERSION``: a file of any other is refused, in one
 line naming it) and the window statistics each ``WIN_`` chunk holds, in order; the reader takes
 them by name. Every chunk is written with one ``write``, so a ``kill -9`` loses at most the chunk
@@ -35,6 +38,9 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from hfsampler.consumers.identity import Consumer
+from hfsampler.consumers.identity import Kind as ConsumerKind
+from hfsampler.consumers.split import WindowUse
 from hfsampler.errors import HfsamplerError
 from hfsampler.fields import Field, Kind
 from hfsampler.sampling.window import Stat, WindowStats
@@ -44,7 +50,9 @@ FORMAT_VERSION = 2  # the only one read: nothing released ever wrote another
 _FRAME = struct.Struct("<4sII")
 _SCAN_BYTES = 1 << 20  # the reader's piece size, checking frames and looking past damage
 HEAD, RAW, WIN, PROC, MARK, END = b"HEAD", b"RAW_", b"WIN_", b"PROC", b"MARK", b"END_"
-_TAGS = (HEAD, RAW, WIN, PROC, MARK, END)  # a frame's tag is kept as its position here
+CONS = b"CONS"
+# a frame's tag is kept as its position here: new tags go last, so older positions stay
+_TAGS = (HEAD, RAW, WIN, PROC, MARK, END, CONS)
 _TAG_CODES = {tag: code for code, tag in enumerate(_TAGS)}
 MARKER_KINDS = ("mark", "begin", "end", "step")  # an instant; a phase's edges; step n starts
 ZLIB_LEVEL = 6
@@ -215,3 +223,69 @@ class Marker:
         return cls(int(d["t_ns"]), str(d["kind"]), str(d["name"]),
                    None if step is None else int(step), str(d.get("source", "api")),
                    None if pid is None else int(pid))  # fmt: skip
+
+
+def consumer_to_json(consumer: Consumer) -> dict[str, Any]:
+    """A consumer as stored: its kind and the fields that kind uses (no empty one)."""
+    out: dict[str, Any] = {"kind": consumer.kind.value}
+    for name in ("hpc_job", "pod_uid", "container_id", "unit", "command"):
+        if value := getattr(consumer, name):
+            out[name] = value
+    if consumer.uid is not None:
+        out["uid"] = consumer.uid
+    return out
+
+
+def consumer_from_json(d: Mapping[str, Any]) -> Consumer:
+    """A stored consumer; a kind this hfsampler does not know reads as unknown."""
+    try:
+        kind = ConsumerKind(d.get("kind"))
+    except ValueError:
+        return Consumer.unknown()
+    uid = d.get("uid")
+    return Consumer(kind, str(d.get("hpc_job", "")), str(d.get("pod_uid", "")),
+                    str(d.get("container_id", "")), str(d.get("unit", "")),
+                    None if uid is None else int(uid), str(d.get("command", "")))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerWindow:
+    """What one window ``[t0_ns, t1_ns)`` saw of the recorded GPUs' consumers: per device
+    (position in the recording's devices) the process-list entries and per-process SM samples
+    read in it, as ``WindowUse`` with no energy (the report takes the window's energy from the
+    millisecond power), and each pid's consumer (read from procfs by the recorder)."""
+
+    t0_ns: int
+    t1_ns: int
+    uses: Mapping[int, WindowUse]
+    consumers: Mapping[int, Consumer]
+
+    def to_json(self) -> dict[str, Any]:
+        def nan_none(v: float) -> float | None:
+            return None if v != v else v
+
+        return {
+            "t0_ns": self.t0_ns,
+            "t1_ns": self.t1_ns,
+            "gpus": {
+                str(row): {
+                    "samples": [[int(p), int(t), float(v)] for p, t, v in
+                                zip(u.util_pid, u.util_timestamp_us, u.util_sm_pct, strict=True)],
+                    "entries": [[int(p), int(r), nan_none(float(m))] for p, r, m in
+                                zip(u.mem_pid, u.mem_read, u.mem_used_bytes, strict=True)],
+                }
+                for row, u in self.uses.items()
+            },
+            "consumers": {str(pid): consumer_to_json(c) for pid, c in self.consumers.items()},
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ConsumerWindow:
+        uses = {
+            int(row): WindowUse.of(0.0, [(int(p), int(t), float(v)) for p, t, v in g["samples"]],
+                                   [(int(p), int(r), None if m is None else float(m))
+                                    for p, r, m in g["entries"]])
+            for row, g in d["gpus"].items()
+        }  # fmt: skip
+        consumers = {int(pid): consumer_from_json(c) for pid, c in d["consumers"].items()}
+        return cls(int(d["t0_ns"]), int(d["t1_ns"]), uses, consumers)

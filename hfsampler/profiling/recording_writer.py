@@ -15,7 +15,7 @@ from typing import IO, Any, NoReturn
 import numpy as np
 
 from hfsampler.profiling import recording_format as fmt
-from hfsampler.profiling.recording_format import Marker, RecordingWriteError
+from hfsampler.profiling.recording_format import ConsumerWindow, Marker, RecordingWriteError
 from hfsampler.sampling.groups import GroupPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.window import STATS, WindowStats
@@ -165,6 +165,10 @@ class RecordingWriter:
         """Store the GPU compute processes seen at ``t_ns`` (per recorded GPU index)."""
         meta = {"t_ns": t_ns, "gpus": {str(k): list(v) for k, v in processes.items()}}
         self._chunk(fmt.PROC, fmt._pack(meta, []))
+
+    def add_consumers(self, window: ConsumerWindow) -> None:
+        """Store one window's consumers: what the process reads in it saw, and who each pid is."""
+        self._chunk(fmt.CONS, fmt._pack(window.to_json(), []))
 
     def add_markers(self, markers: Sequence[Marker]) -> None:
         """Store markers received since the last call (nothing is written for none)."""

@@ -33,6 +33,7 @@ from hfsampler.profiling.pages import (
 )
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_format import RecordingError
+from hfsampler.profiling.report_consumers import consumers_html
 from hfsampler.profiling.report_processes import processes_html
 from hfsampler.profiling.summary import PANELS, Summary
 from hfsampler.profiling.tables import summary_dict
@@ -246,13 +247,15 @@ def fields_html(d: dict[str, Any]) -> str:
 
 def render_html(summary: Summary) -> str:
     """The whole page: context, summary table, phases, one figure per GPU, the scrape
-    comparison, then the fields' refresh periods (after the plots: some 40 rows, the activity
-    fields among them, would push the first figure off the first screen)."""
+    comparison, the phases GPU by GPU, the consumers, the processes, then the fields' refresh
+    periods (after the plots: some 40 rows, the activity fields among them, would push the first
+    figure off the first screen)."""
     d = summary_dict(summary)
     figures = [gpu_figure(summary, i) for i in range(len(summary.gpus))]
     figures.append(scrape_figure(summary))
+    processes = processes_html(summary.recording, phase_shapes(summary))
     body = (summary_html(d) + phases_html(d) + "".join(figure_html(figures))
-            + phase_details_html(d) + processes_html(summary.recording, phase_shapes(summary))
+            + phase_details_html(d) + consumers_html(d["consumers"]) + processes
             + fields_html(d))  # fmt: skip
     return page(f"hfsampler report: {summary.recording.path.name}", body)
 

@@ -32,6 +32,7 @@ from hfsampler.fields import (
     SM_CLOCK,
     Role,
 )
+from hfsampler.profiling.consumer_energy import ConsumerEnergy, consumer_edges_us, consumer_energy
 from hfsampler.profiling.phases import Timeline, read_timeline
 from hfsampler.profiling.recording import Recording
 from hfsampler.profiling.recording_format import RawChunk, WindowChunk
@@ -113,6 +114,9 @@ class GpuSummary:
     reasons_at: Readout = field(init=False)
     activity_at: tuple[Readout, Readout] = field(init=False)  # SM, tensor: a Readout per stream
     step_energy_at: Readout = field(init=False)
+    # the power's integral at the consumer windows' and phases' edges (``consumer_energy``)
+    consumer_at_us: IntArray = field(default_factory=lambda: np.empty(0, np.int64))
+    consumer_energy_at: Readout = field(init=False)
     power_top: SegmentMax = field(init=False)
     memory_top: SegmentMax = field(init=False)
     phase_histograms: IntArray = field(init=False)
@@ -125,6 +129,7 @@ class GpuSummary:
         self.reasons_at = Readout(self.phase_edges_us, len(CLOCK_EVENT_REASONS))
         self.activity_at = (Readout(self.phase_edges_us, 2), Readout(self.phase_edges_us, 2))
         self.step_energy_at = Readout(self.step_edges_us, 1)
+        self.consumer_energy_at = Readout(self.consumer_at_us, 1)
         self.power_top = SegmentMax(self.phase_edges_us)
         self.memory_top = SegmentMax(self.phase_edges_us)
         self.phase_histograms = np.zeros((self.phases, HISTOGRAM_BINS), np.int64)
@@ -210,6 +215,7 @@ class Summary:
     timeline: Timeline
     buckets: Buckets
     windows: dict[tuple[str, str], WindowSeries]  # (field name, stat name): per plot bucket
+    consumers: ConsumerEnergy | None = None  # None: the recording kept no consumers
 
     @property
     def duration_s(self) -> float:
@@ -231,8 +237,10 @@ def summarize(rec: Recording) -> Summary:
     tl = read_timeline(rec, start_ns, end_ns)
     phase_ns, step_ns = tl.edges_ns()
     buckets = Buckets(start_ns // 1000, (end_ns - start_ns) / 1e3)
+    at_us = consumer_edges_us(rec, phase_ns)
     gpus = [GpuSummary(d.index, d.uuid, d.model_name, Envelope(buckets), phase_ns // 1000,
-                       step_ns // 1000, len(tl.phases)) for d in rec.devices]  # fmt: skip
+                       step_ns // 1000, len(tl.phases), consumer_at_us=at_us)
+            for d in rec.devices]  # fmt: skip
     reducer = _Pass(rec, gpus, tl, buckets, start_ns, end_ns)
     for chunk in rec.stream():
         if isinstance(chunk, RawChunk):
@@ -241,14 +249,16 @@ def summarize(rec: Recording) -> Summary:
             reducer.window(chunk)
     reducer.finish()
     for g in gpus:
-        for r in (g.power_at, g.reasons_at, *g.activity_at, g.step_energy_at):
+        for r in (g.power_at, g.reasons_at, *g.activity_at, g.step_energy_at,
+                  g.consumer_energy_at):  # fmt: skip
             r.finish()
+    consumers = consumer_energy(rec, [g.consumer_energy_at for g in gpus], tl, at_us)
     # one per GPU: a MIG instance's slot row (after every GPU's) shares its GPU's power, clocks
     # and throttling, so the GPUs' rows keep their positions in the streams
     gpus = gpus[: len(physical(rec.devices))]
     _job_gpus(rec, gpus)
     periods = {k: float(np.median(v)) / 1e6 for k, v in reducer.refresh.items()}
-    return Summary(rec, start_ns, end_ns, gpus, periods, tl, buckets, reducer.series)
+    return Summary(rec, start_ns, end_ns, gpus, periods, tl, buckets, reducer.series, consumers)
 
 
 class _Pass:
@@ -402,6 +412,7 @@ class _Pass:
         above = np.where(iv.value > limit, iv.held_us, 0.0) / 1e6
         g.power_at.add(iv.start_us, iv.held_us, np.stack([energy, above, iv.held_us / 1e6]))
         g.step_energy_at.add(iv.start_us, iv.held_us, energy[None])
+        g.consumer_energy_at.add(iv.start_us, iv.held_us, energy[None])
         g.energy_integrated_j += float(energy.sum())
 
     def _reasons(self, i: int, ts: IntArray, v: FloatArray) -> None:

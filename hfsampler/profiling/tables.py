@@ -12,6 +12,7 @@ import numpy as np
 
 from hfsampler.fields import CLOCK_EVENT_REASONS
 from hfsampler.profiling.recording_format import Marker
+from hfsampler.profiling.report_consumers import consumers_dict
 from hfsampler.profiling.streams import HISTOGRAM_BIN_W, Held, histogram_quantile
 from hfsampler.profiling.summary import Summary
 
@@ -143,4 +144,5 @@ def summary_dict(summary: Summary) -> dict[str, Any]:
         "clock_stepped_back_s": max(held.stepped_back_us for held in clocks) / 1e6,
         "phases_not_tabled": tl.phases_not_tabled,
         "steps_not_tabled": tl.steps_not_tabled,
+        "consumers": consumers_dict(summary),
     }

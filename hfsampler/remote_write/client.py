@@ -58,6 +58,8 @@ PROTOCOL_HEADERS_V2 = {
     "X-Prometheus-Remote-Write-Version": VERSION_V2,
 }
 WRITTEN_HEADER = "X-Prometheus-Remote-Write-Samples-Written"
+# 2.0 counts native histograms apart from float samples; a request's samples are both kinds.
+HISTOGRAMS_WRITTEN_HEADER = "X-Prometheus-Remote-Write-Histograms-Written"
 MAX_REDIRECTS = 10  # as Go's HTTP client, which Prometheus sends with
 KEEPS_BODY = frozenset((307, 308))  # redirects that keep the method and the body
 # How a 400 says the body was too big ("snappy: decoded length N exceeds limit M").
@@ -124,8 +126,8 @@ class RemoteClient:
 
     async def post(self, body: bytes, n_samples: int, v2: bool = False) -> int | None:
         """Send one request (a 2.0 one with ``v2``); once the receiver answered 2xx, return the
-        samples it says it wrote (``X-Prometheus-Remote-Write-Samples-Written``, None when it
-        did not say, as 1.x receivers do not); else raise."""
+        samples it says it wrote (``X-Prometheus-Remote-Write-Samples-Written``, plus its
+        ``Histograms-Written``; None when it did not say, as 1.x receivers do not); else raise."""
         session = self._session
         assert session is not None, "open() was not called"
         headers = self._headers_v2 if v2 else self._headers
@@ -178,6 +180,9 @@ class RemoteClient:
                 allow_redirects=False,  # followed here, only where no secret can leak
             ) as resp:
                 written = _written(resp.headers.get(WRITTEN_HEADER), n_samples)
+                histograms = _written(resp.headers.get(HISTOGRAMS_WRITTEN_HEADER), 0)
+                if written is not None and histograms:
+                    written = min(written + histograms, n_samples)
                 if 200 <= resp.status < 300:
                     await resp.read()
                     self._count_request(str(resp.status))

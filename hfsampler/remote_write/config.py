@@ -66,6 +66,10 @@ DEFAULT_MAX_DISK_BYTES = 1 << 30
 # Prometheus's queue_config.capacity; hfsampler sizes its queues from the plan (``sizing``) and
 # holds at least this many samples per shard when capacity is not set.
 DEFAULT_CAPACITY = 10000
+# Samples per request while a spooled backlog drains, unless the user sized requests
+# (QueueConfig.drain_samples): vmagent's -remoteWrite.maxRowsPerBlock.
+DRAIN_SAMPLES = 10000
+PROMETHEUS_MAX_SAMPLES_PER_SEND = 2000
 # Each shard is one connection and one request in flight; a window is sent at once. hfsampler
 # runs min_shards shards and does not reshard: max_shards (Prometheus's resharding bound) is
 # validated, so that a pasted block keeps working, and said to be unused (QueueConfig.notes).
@@ -133,7 +137,10 @@ class QueueConfig:
     capacity_set: bool = False
     max_shards: int = 50
     min_shards: int = 1
-    max_samples_per_send: int = 2000
+    max_samples_per_send: int = PROMETHEUS_MAX_SAMPLES_PER_SEND
+    # hfsampler's own: samples per request when a backlog is read back from the spool's files;
+    # None: ``drain_samples`` says
+    max_samples_per_drain_send: int | None = None
     # hfsampler's one departure from Prometheus's defaults (5s): its samples arrive a whole
     # window at a time, so waiting after a window only adds latency (measured by
     # benchmarks/e2e.py: p99 4.5 s at 5s, 94 ms when each window is sent at once). 0 sends each
@@ -153,6 +160,11 @@ class QueueConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(key, "must be a whole number of at least 1")
+        drain = self.max_samples_per_drain_send
+        if drain is not None and (
+            isinstance(drain, bool) or not isinstance(drain, int) or drain < 1
+        ):
+            raise ConfigError("max_samples_per_drain_send", "must be a whole number of at least 1")
         for key in ("min_shards", "max_shards"):
             if getattr(self, key) > MAX_SHARDS:
                 raise ConfigError(
@@ -196,6 +208,20 @@ class QueueConfig:
                 "e.g. '8MiB' (Prometheus 3 refuses bodies over 32MiB decoded)",
             )
 
+    @property
+    def drain_samples(self) -> int:
+        """Samples per request at most while a backlog is read back from the spool's files:
+        ``max_samples_per_drain_send``; unset, ``DRAIN_SAMPLES`` while ``max_samples_per_send``
+        is Prometheus's default, else ``max_samples_per_send`` (requests sized for a receiver
+        stay that size). A drain's requests are its records joined as stored, so their cost is
+        mostly per request, not per sample (vmagent sends its backlog in blocks of 10,000
+        rows); every other request keeps to ``max_samples_per_send``."""
+        if self.max_samples_per_drain_send is not None:
+            return self.max_samples_per_drain_send
+        if self.max_samples_per_send == PROMETHEUS_MAX_SAMPLES_PER_SEND:
+            return DRAIN_SAMPLES
+        return self.max_samples_per_send
+
 
 @dataclass(frozen=True, slots=True, repr=False)
 class EndpointConfig:
@@ -216,6 +242,8 @@ class EndpointConfig:
     # Prometheus's default; a redirect off the configured scheme, host and port is never
     # followed (client.py), so true means "307 and 308 within the endpoint", false "none"
     follow_redirects: bool = True
+    # Prometheus's key and default: native histograms go only to a receiver said to take them
+    send_native_histograms: bool = False
 
     def __post_init__(self) -> None:
         _check_url(self.url)
@@ -312,7 +340,8 @@ class EndpointConfig:
             f"queue={self.queue!r}, send_metadata={self.send_metadata!r}, "
             f"flavor={self.flavor!r}, auth={self.auth!r}, tls={self.tls!r}, "
             f"proxy_url={redact_url(self.proxy_url) if self.proxy_url else ''!r}, "
-            f"relabel_rules={len(self.relabel)}, protobuf_message={self.protobuf_message!r})"
+            f"relabel_rules={len(self.relabel)}, protobuf_message={self.protobuf_message!r}, "
+            f"send_native_histograms={self.send_native_histograms!r})"
         )
 
 
@@ -413,6 +442,10 @@ def _parse_endpoint(raw: object, path: str) -> EndpointConfig:
         if not isinstance(raw["follow_redirects"], bool):
             raise ConfigError(f"{path}.follow_redirects", "must be true or false")
         kwargs["follow_redirects"] = raw["follow_redirects"]
+    if "send_native_histograms" in raw:
+        if not isinstance(raw["send_native_histograms"], bool):
+            raise ConfigError(f"{path}.send_native_histograms", "must be true or false")
+        kwargs["send_native_histograms"] = raw["send_native_histograms"]
     if "write_relabel_configs" in raw:
         kwargs["relabel"] = parse_rules(
             raw["write_relabel_configs"], f"{path}.write_relabel_configs"

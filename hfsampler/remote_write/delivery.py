@@ -17,6 +17,10 @@ or a 2xx without ``X-Prometheus-Remote-Write-Samples-Written`` (a 1.x receiver t
 empty message and stored nothing) sends the same request again as 1.0 and keeps the endpoint on
 1.0 for ``REPROBE_S``, logged once and counted. Blocks are neutral in every queue, so a
 fallback needs nothing but the blocks, spooled ones included.
+
+A receiver that refuses native histograms (``histogram_refusal``) has the request sent again
+without its histogram series, and the endpoint's histograms dropped from then on: its float
+series lose nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +48,11 @@ from hfsampler.remote_write.config import MIN_MAX_REQUEST_BYTES, EndpointConfig
 from hfsampler.remote_write.encoder import RequestEncoderV1, compress, write_request
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.episode import Episode
+from hfsampler.remote_write.histogram_refusal import HistogramRefusal, refusal
 from hfsampler.remote_write.queue import Batch, ShardQueue
 from hfsampler.remote_write.retry import Backoff
 from hfsampler.remote_write.security import TLSSendError
+from hfsampler.remote_write.wire import Wire, join, to_block
 from hfsampler.selfmetrics import SelfMetrics
 
 log = logging.getLogger(__name__)
@@ -67,17 +73,42 @@ _CONTENT_TYPE_WORDS = re.compile(r"content.?type|proto=|unsupported|unknown remo
 
 @dataclass(slots=True)
 class _Request:
-    """One HTTP request: its block, the bytes of its 1.0 encoding, and its bodies."""
+    """One HTTP request: its samples, the bytes of its 1.0 encoding, and its bodies. A spooled
+    request sent as stored (``wire``) is made a block only when a 413 cuts it or a 2.0 body
+    is made of it."""
 
-    block: Block
+    _block: Block | None
     size: int  # its 1.0 WriteRequest's bytes: what max_request_bytes and a 413 measure
     body_v2: bytes = b""  # the same as a 2.0 request, compressed; b"" for a 1.0 endpoint
     raw_v2_len: int = 0
     _body: bytes | None = None
+    wire: Wire | None = None
 
     @property
     def samples(self) -> int:
-        return self.block.samples
+        return self.wire.samples if self.wire is not None else self.block.samples
+
+    @property
+    def block(self) -> Block:
+        if self._block is None:
+            assert self.wire is not None
+            self._block = to_block(self.wire)
+        return self._block
+
+    def decode(self) -> Block:
+        return self.block
+
+    @property
+    def has_histograms(self) -> bool:
+        """Whether the request holds native histograms; a spooled request as stored never does
+        (``SpoolFiles.payload`` keeps a block with histograms packed), so it is not decoded."""
+        return self.wire is None and self.block.hist is not None
+
+    @classmethod
+    def of_wire(cls, wire: Wire) -> _Request:
+        """Spooled 1.0 bytes as they are: the body is the wire's own (``join``'s)."""
+        body = wire.body if isinstance(wire.body, bytes) else bytes(wire.body)
+        return cls(None, wire.raw_len, _body=body, wire=wire)
 
     @classmethod
     def of(
@@ -97,6 +128,13 @@ class _Request:
         raw_v2 = v2.encode(block)[0]
         size = sum(piece_sizes(block)) if size is None else size
         return cls(block, size, compress(raw_v2), len(raw_v2))
+
+    def become(self, other: _Request) -> None:
+        """Take ``other``'s block and bodies: a refusal left part of this request to send (the
+        caller's references, such as a 413's split, then see that part)."""
+        self._block, self.size, self._body = other.block, other.size, other._body
+        self.wire = None
+        self.body_v2, self.raw_v2_len = other.body_v2, other.raw_v2_len
 
     def encode_v2(self, v2: RequestEncoderV2) -> None:
         """Make the 2.0 body now (a request built while the endpoint was on 1.0)."""
@@ -180,6 +218,9 @@ class Delivery:
         self._v1 = RequestEncoderV1()
         self._sizes = Sizer()
         self._v2 = v2
+        # once the receiver refused native histograms none is sent to it again (intake stops
+        # queueing them; queued ones are dropped before sending), nor any it no longer asks for
+        self.histograms = HistogramRefusal(config, drop)
         # handover: shards stop before their next request; a request on the wire is awaited
         self.stopping = False
         self.posting = [False] * len(queues)
@@ -266,8 +307,19 @@ class Delivery:
     async def _send_batch(self, flight: _Flight) -> None:
         batch = flight.batch
         parts = batch.blocks
-        # several blocks are merged first; a 2.0 request is made whole: never on the event loop
-        large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
+        if self.histograms.dropping:  # a spooled request (a Wire) holds none
+            parts = [
+                self._without_histograms(p, flight) if isinstance(p, Block) else p for p in parts
+            ]
+        wires = [p for p in parts if isinstance(p, Wire)]
+        if self._v2 is None and len(wires) == len(parts):
+            # spooled requests as stored: joining them copies their bytes, no more
+            large = sum(len(w.body) for w in wires) > EXECUTOR_THRESHOLD_BYTES or any(
+                w.raw_len > self._request_limit for w in wires
+            )
+        else:
+            # several blocks are merged first; a 2.0 request is made whole: never on the loop
+            large = len(batch) > self.executor_threshold or len(parts) > 1 or self._v2 is not None
         requests = await self._off_loop(partial(self._requests, parts), large)
         for request in requests:
             await self._send_request(request, flight)
@@ -283,11 +335,14 @@ class Delivery:
                 self._request_limit,
             )
 
-    def _requests(self, parts: list[Block]) -> list[_Request]:
+    def _requests(self, parts: list[Block | Wire]) -> list[_Request]:
         """The batch's blocks as requests of at most ``max_request_bytes`` uncompressed (as
-        1.0), each series' samples in one ``TimeSeries``."""
-        block = merge(parts)
+        1.0), each series' samples in one ``TimeSeries``; spooled requests (``Wire``) as they
+        are, joined (``_joined``)."""
         v2 = self._v2 if self._negotiation.v2 else None
+        if v2 is None and any(isinstance(p, Wire) for p in parts):
+            return self._joined(parts)
+        block = merge([p if isinstance(p, Block) else to_block(p) for p in parts])
         if v2 is None:
             request = _Request.of(block, self._v1)  # written once: usually it fits
             if request.size <= self._request_limit:
@@ -297,6 +352,30 @@ class Delivery:
         if sum(sizes) <= self._request_limit:
             return [_Request.of(block, self._v1, v2, sum(sizes))]
         return [_Request.of(c, self._v1, v2) for c in split(block, self._request_limit, sizes)]
+
+    def _joined(self, parts: list[Block | Wire]) -> list[_Request]:
+        """Spooled requests joined as they are (``wire.join``: no decoding, no compressing)
+        into requests of at most the size limit, in order; a block among them (a record read
+        from memory) is written and compressed first; a record larger than the limit alone is
+        cut at series as a block is."""
+        out: list[_Request] = []
+        group: list[Wire] = []
+        size = 0
+        for part in parts:
+            wire = part if isinstance(part, Wire) else Wire.of(part, self._v1)
+            if group and size + wire.raw_len > self._request_limit:
+                out.append(_Request.of_wire(join(group)))
+                group, size = [], 0
+            if wire.raw_len > self._request_limit:
+                out += [
+                    _Request.of(c, self._v1) for c in split(to_block(wire), self._request_limit)
+                ]
+                continue
+            group.append(wire)
+            size += wire.raw_len
+        if group:
+            out.append(_Request.of_wire(join(group)))
+        return out
 
     async def _send_request(self, request: _Request, flight: _Flight) -> None:
         """Send until delivered. A 413 lowers the request size for good and the rest of the
@@ -310,6 +389,8 @@ class Delivery:
                     continue
                 except RequestTooLargeError:
                     self._lower_request_limit(piece.size)
+            if piece.wire is not None:  # spooled bytes: decoded to be cut, off the loop
+                await self._off_loop(piece.decode, True)
             chunks = split(piece.block, self._request_limit)
             if len(chunks) == 1:
                 halves = halve(piece.block)
@@ -365,6 +446,11 @@ class Delivery:
             if self.stopping and not flight.settled:
                 raise _HandedOver  # before a request of a batch not begun, or a retry of one
             v2 = self._v2 is not None and self._negotiation.v2
+            if self.histograms.dropping and request.has_histograms:
+                # refused while this request waited (another shard's, or a piece of this one)
+                if not await self._floats_of(request, flight, None, v2):
+                    return
+                continue
             if v2 and not request.body_v2 and self._v2 is not None:
                 await self._off_loop(partial(request.encode_v2, self._v2), True)
             if v2 and not request.samples:
@@ -373,6 +459,11 @@ class Delivery:
             try:
                 written = await self._post(flight.shard, body, request.samples, v2)
             except RecoverableSendError as err:
+                if request.has_histograms and (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, None, v2):
+                        continue
+                    return
                 delay = backoff.next_delay(
                     err.retry_after_s,
                     slowest=isinstance(err, TLSSendError),
@@ -415,6 +506,11 @@ class Delivery:
                         self.config.display_url,
                     )
                     continue
+                if request.has_histograms and (why := refusal(request.block, err)) is not None:
+                    self.histograms.refuse(why)
+                    if await self._floats_of(request, flight, err.written, v2):
+                        continue
+                    return
                 self._refused(request, err, v2)
                 flight.settled += request.samples
                 return
@@ -484,6 +580,31 @@ class Delivery:
             self._metrics.inc(sm.RW_SAMPLES, written, self._labels)
             self._metrics.inc(sm.RW_PARTIAL_WRITES, 1, self._labels)
         self._drop(request.samples - written, "rejected")
+
+    def _without_histograms(self, block: Block, flight: _Flight) -> Block:
+        """``block`` without its histogram series, dropped, counted and settled."""
+        floats, dropped = self.histograms.strip(block)
+        flight.settled += dropped
+        return floats
+
+    async def _floats_of(
+        self, request: _Request, flight: _Flight, written: int | None, v2: bool
+    ) -> bool:
+        """The receiver refused native histograms: the request's are dropped, and the request
+        becomes its float series alone, to send again (True); False when nothing is left to
+        send (a 2.0 receiver said it wrote them, or there are none)."""
+        floats = self._without_histograms(request.block, flight)
+        if v2 and written is not None and written >= floats.samples > 0:
+            # a partial write: the receiver stored the floats already
+            self._metrics.inc(sm.RW_SAMPLES, floats.samples, self._labels)
+            flight.settled += floats.samples
+            return False
+        if not floats.samples and not floats.families:
+            return False
+        v2_encoder = self._v2 if self._negotiation.v2 else None
+        again = await self._off_loop(partial(_Request.of, floats, self._v1, v2_encoder), True)
+        request.become(again)
+        return True
 
     def _fall_back(self, why: str) -> None:
         """The receiver does not take 2.0: 1.0 for a while, logged once, counted."""

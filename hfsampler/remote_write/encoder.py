@@ -4,7 +4,8 @@ Each series' ``Labels`` (its 1.0 label bytes, its strings for 2.0 and the spool)
 and kept by ``Series.id``; per window only the samples go into arrays (``Block.of``). Queues
 hold blocks; at send time a request's block is written here as 1.0 (``write_request``: each
 series' cached label bytes, then its samples written all at once by ``arrays.sample_bytes``)
-or by ``encoder_v2`` as 2.0, and compressed once (``compress``).
+or by ``encoder_v2`` as 2.0, and compressed once (``compress``). A histogram series' samples are
+``TimeSeries.histograms`` entries (``histwrite``) instead of ``samples``.
 
 An ``Encoder`` is used from one thread (the event loop's, where ``push`` runs).
 """
@@ -20,6 +21,7 @@ import snappy
 
 from hfsampler.remote_write.arrays import SampleBytes, Template, sample_bytes, uniform_rows
 from hfsampler.remote_write.blocks import Block, Labels
+from hfsampler.remote_write.histwrite import TAG_V1_TIMESERIES_HISTOGRAMS, entries
 from hfsampler.remote_write.protowrite import (
     SMALL_LIMIT,
     SMALL_VARINTS,
@@ -127,6 +129,17 @@ class RequestEncoderV1:
 
     def encode(self, block: Block) -> bytes:
         n = len(block.series)
+        if block.hist is not None:
+            split = block.floats_then_histograms()
+            if split is None or not split[0].series:
+                return write_request(block)
+            # the float series from their template, then the histogram series
+            floats, histograms = split
+            return (
+                self.encode(floats)
+                + _write_histograms(histograms, _NO_SAMPLES)
+                + b"".join(map(metadata_entry, block.families))
+            )
         if not n or block.samples % n:
             return write_request(block)
         per_series = block.samples // n  # several windows merged (a backlog): as many each
@@ -148,6 +161,9 @@ class RequestEncoderV1:
         return template.fill(rows) + b"".join(map(metadata_entry, block.families))
 
 
+_NO_SAMPLES = SampleBytes(b"", np.zeros(0, np.int64))
+
+
 def write_request(block: Block) -> bytes:
     """The block as 1.0 ``WriteRequest`` bytes: a ``TimeSeries`` per series, in the block's
     order, then a metadata entry per family."""
@@ -156,6 +172,8 @@ def write_request(block: Block) -> bytes:
 
 def _write(block: Block, encoded: SampleBytes) -> bytes:
     out: list[bytes] = []
+    if block.hist is not None:
+        return _write_histograms(block, encoded)
     if block.series:
         data = encoded.data
         heads = _SERIES_HEADS
@@ -166,6 +184,23 @@ def _write(block: Block, encoded: SampleBytes) -> bytes:
             head = heads[body] if body < SMALL_LIMIT else _series_head(body)
             out += (head, v1, data[lo:hi])
             lo = hi
+    out += map(metadata_entry, block.families)
+    return b"".join(out)
+
+
+def _write_histograms(block: Block, encoded: SampleBytes) -> bytes:
+    """``_write`` for a block with histogram series (not the steady path: no templates)."""
+    assert block.hist is not None
+    out: list[bytes] = []
+    lo = 0
+    for labels, hi in zip(block.series, block.ends.tolist(), strict=True):
+        if block.hist[hi - 1] == b"":
+            samples = encoded.span(lo, hi)
+        else:
+            stamps = block.timestamps_ms[lo:hi].tolist()
+            samples = entries(TAG_V1_TIMESERIES_HISTOGRAMS, block.hist[lo:hi], stamps)
+        out += (_series_head(len(labels.v1) + len(samples)), labels.v1, samples)
+        lo = hi
     out += map(metadata_entry, block.families)
     return b"".join(out)
 

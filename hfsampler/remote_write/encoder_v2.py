@@ -5,7 +5,8 @@ whole request (each string once, ``symbols[0]`` empty), each series' label refer
 metadata (type, help, unit, from the catalogue's families as they are at send time, so a spool
 replayed before the first window gets them once they are known) and, for counters whose start
 is known, ``start_timestamp`` on every sample at or after it. Samples are written all at once
-(``arrays.sample_bytes``: a 2.0 ``Sample`` has the 1.0 one's fields and tags).
+(``arrays.sample_bytes``: a 2.0 ``Sample`` has the 1.0 one's fields and tags); a histogram series'
+as ``TimeSeries.histograms`` entries (``histwrite``), its metadata type HISTOGRAM.
 
 What a series needs in every request (its strings, metadata and start) is kept by its labels;
 a request's symbol table and each series' references are kept by the request's series (the
@@ -26,6 +27,7 @@ import numpy.typing as npt
 
 from hfsampler.remote_write.arrays import Template, sample_bytes, uniform_rows
 from hfsampler.remote_write.blocks import Block, Labels
+from hfsampler.remote_write.histwrite import TAG_V2_TIMESERIES_HISTOGRAMS, entries
 from hfsampler.remote_write.protowrite import METRIC_TYPES, SMALL_LIMIT, SMALL_VARINTS, varint
 from hfsampler.series import Family
 
@@ -76,7 +78,8 @@ class _Table:
     # -1 when every family was known; else how many families there were (once there are more,
     # one may be a family unknown here: the table is made again)
     families_seen: int
-    templates: dict[int, Template] = field(default_factory=dict)
+    # by (width, how many of the first series: all, or the floats before histogram series)
+    templates: dict[tuple[int, int], Template] = field(default_factory=dict)
 
 
 def _ref(ref: int) -> bytes:
@@ -111,13 +114,21 @@ class RequestEncoderV2:
         ):
             table = self._table(block.series)
         # a start timestamp makes a sample's bytes its own: no template for those
-        if block.samples == len(block.series) and not table.any_start:
-            rows = uniform_rows(block.timestamps_ms, block.values)
+        floats, histograms = block, None
+        if block.hist is not None and (split := block.floats_then_histograms()) is not None:
+            floats, histograms = split  # the floats from a template, the histograms after
+        k = len(floats.series)
+        if k and floats.samples == k and not table.any_start and floats.hist is None:
+            rows = uniform_rows(floats.timestamps_ms, floats.values)
             if rows is not None:
-                template = table.templates.get(rows.width)
+                template = table.templates.get((rows.width, k))
                 if template is None:
-                    template = table.templates[rows.width] = self._template(table, rows.width)
-                return template.fill(rows), block.samples
+                    template = self._template(table, rows.width, k)
+                    table.templates[rows.width, k] = template
+                request = template.fill(rows)
+                if histograms is not None:
+                    request += self._histogram_series(table, histograms, k)
+                return request, block.samples
         encoded = sample_bytes(block.timestamps_ms, block.values)
         data = encoded.data
         byte_ends = encoded.ends[block.ends - 1].tolist()
@@ -126,11 +137,14 @@ class RequestEncoderV2:
         lo = 0
         for i, hi in enumerate(byte_ends):
             refs, meta, start = table.refs[i], table.metas[i], table.starts[i]
-            if start is None:
+            a, b = int(block.ends[i - 1]) if i else 0, int(block.ends[i])
+            if block.hist is not None and block.hist[b - 1] != b"":
+                stamps = block.timestamps_ms[a:b].tolist()
+                samples = entries(TAG_V2_TIMESERIES_HISTOGRAMS, block.hist[a:b], stamps)
+            elif start is None:
                 samples = data[lo:hi]
             else:
-                a = int(block.ends[i - 1]) if i else 0
-                samples = _with_start(data, encoded.ends, a, int(block.ends[i]), start, block)
+                samples = _with_start(data, encoded.ends, a, b, start, block)
             body = len(refs) + len(samples) + len(meta)
             out += (
                 heads[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body),
@@ -184,10 +198,28 @@ class RequestEncoderV2:
         return table
 
     @staticmethod
-    def _template(table: _Table, width: int) -> Template:
-        """The request of ``table``'s series with one sample each, ``width`` bytes wide."""
+    def _histogram_series(table: _Table, block: Block, first: int) -> bytes:
+        """The ``TimeSeries`` of ``block``'s series (histogram ones), which are ``table``'s from
+        ``first`` on."""
+        assert block.hist is not None
+        out: list[bytes] = []
+        lo = 0
+        for i, hi in enumerate(block.ends.tolist()):
+            refs, meta = table.refs[first + i], table.metas[first + i]
+            stamps = block.timestamps_ms[lo:hi].tolist()
+            samples = entries(TAG_V2_TIMESERIES_HISTOGRAMS, block.hist[lo:hi], stamps)
+            body = len(refs) + len(samples) + len(meta)
+            head = _HEADS[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body)
+            out += (head, refs, samples, meta)
+            lo = hi
+        return b"".join(out)
+
+    @staticmethod
+    def _template(table: _Table, width: int, count: int) -> Template:
+        """The request of ``table``'s first ``count`` series with one sample each, ``width``
+        bytes wide (the request's whole symbol table before them)."""
         parts = [table.symbols]
-        for refs, meta in zip(table.refs, table.metas, strict=True):
+        for refs, meta in zip(table.refs[:count], table.metas[:count], strict=True):
             body = len(refs) + width + len(meta)
             head = _HEADS[body] if body < SMALL_LIMIT else _TAG_TIMESERIES + varint(body)
             parts[-1] += head + refs

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from hfsampler.remote_write.blocks import Block
 from hfsampler.remote_write.delivery import Delivery
-from hfsampler.remote_write.queue import ShardQueue
+from hfsampler.remote_write.queue import Batch, ShardQueue
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ async def hand_over(
         if flight is not None and flight.unsettled:
             twice += flight.settled
             if not q.persistent:  # a spooled batch is still on disk, unacknowledged
-                blocks += flight.batch.blocks
+                blocks += _memory_blocks(flight.batch)
         if not q.persistent:
             q.start_flush()
             while len(q):
-                blocks += (await q.get_batch(len(q), 0.0)).blocks
+                blocks += _memory_blocks(await q.get_batch(len(q), 0.0))
         lost += await q.close()  # a spool's records it could not write (a full disk)
         left.append(blocks)
     delivery.inflight = [None] * len(queues)
@@ -69,3 +69,10 @@ async def hand_over(
             twice,
         )
     return left, lost
+
+
+def _memory_blocks(batch: Batch) -> list[Block]:
+    """A memory queue's batch: blocks only (a ``Wire`` is a spool's record read back)."""
+    blocks = [b for b in batch.blocks if isinstance(b, Block)]
+    assert len(blocks) == len(batch.blocks), "a memory queue handed out a spooled request"
+    return blocks

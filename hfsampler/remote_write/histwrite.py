@@ -5,14 +5,28 @@
 and their numbers; 2.0 adds ``start_timestamp = 17``. Integer histograms only: counts go in the
 ``*_int`` oneof members and ``*_deltas``, never the float ones. As protowrite.py does, the bytes
 are what the protobuf library writes for the same message (tests hold them to it).
+
+A queued histogram sample is its message ``histogram_body`` (every field but the timestamps, which
+come last in number order): blocks keep it, and at send time ``entries`` adds each sample's
+timestamp and frames it for either protocol; ``entry_sizes`` is the same in bytes, for sizing.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+
+import numpy as np
+import numpy.typing as npt
 
 from hfsampler.histograms import NativeHistogram
-from hfsampler.remote_write.protowrite import field, varint
+from hfsampler.remote_write.protowrite import (
+    SMALL_LIMIT,
+    SMALL_VARINTS,
+    field,
+    varint,
+    varint_len,
+)
 
 # Tags: (field_number << 3) | wire_type (0 varint, 1 64-bit, 2 length-delimited).
 TAG_V1_TIMESERIES_HISTOGRAMS = b"\x22"  # prometheus.TimeSeries.histograms = 4
@@ -58,7 +72,9 @@ def _spans(tag: bytes, spans: tuple[tuple[int, int], ...]) -> bytes:
 def _deltas(tag: bytes, deltas: tuple[int, ...]) -> bytes:
     if not deltas:
         return b""
-    return field(tag, b"".join(varint(zigzag(d)) for d in deltas))
+    small = SMALL_VARINTS  # a bucket's delta is mostly a few hundred at most: a table look-up
+    encoded = [small[z] if (z := zigzag(d)) < SMALL_LIMIT else varint(z) for d in deltas]
+    return field(tag, b"".join(encoded))
 
 
 def histogram_message(h: NativeHistogram, timestamp_ms: int, start_timestamp_ms: int = 0) -> bytes:
@@ -91,3 +107,44 @@ def histogram_entry_v2(h: NativeHistogram, timestamp_ms: int, start_timestamp_ms
     return field(
         TAG_V2_TIMESERIES_HISTOGRAMS, histogram_message(h, timestamp_ms, start_timestamp_ms)
     )
+
+
+def histogram_body(h: NativeHistogram) -> bytes:
+    """The message without its timestamps: what a block keeps of a histogram sample."""
+    return histogram_message(h, 0)
+
+
+def entries(tag: bytes, bodies: Iterable[bytes], timestamps_ms: Iterable[int]) -> bytes:
+    """The ``TimeSeries.histograms`` entries (``tag``: 1.0's or 2.0's) of one series' samples."""
+    out = []
+    for body, ts in zip(bodies, timestamps_ms, strict=True):
+        message = body + _TAG_TIMESTAMP + varint(ts) if ts else body
+        out.append(field(tag, message))
+    return b"".join(out)
+
+
+def entry_size(body: bytes, timestamp_ms: int) -> int:
+    """``entry_sizes`` of one sample, without numpy: for the few of a window's histograms."""
+    stamp = varint_len(timestamp_ms % (1 << 64))
+    if not body:
+        return 12 + stamp
+    message = len(body) + (1 + stamp if timestamp_ms else 0)
+    return 1 + varint_len(message) + message
+
+
+def entry_sizes(
+    timestamps_ms: npt.NDArray[np.int64], bodies: npt.NDArray[np.object_]
+) -> npt.NDArray[np.int64]:
+    """Each sample's bytes in a 1.0 ``TimeSeries``: a ``Sample`` for a float (empty body), a
+    ``histograms`` entry for a histogram."""
+    u = timestamps_ms.view(np.uint64)
+    vlen = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 10):
+        vlen += u >= np.uint64(1 << (7 * k))
+    lengths = np.fromiter(map(len, bodies), np.int64, len(bodies))
+    message = lengths + np.where(timestamps_ms != 0, 1 + vlen, 0)
+    head = np.ones(len(u), dtype=np.int64)
+    for k in range(1, 5):
+        head += message >= (1 << (7 * k))
+    float_sample = 12 + vlen  # tag, length, value's tag and 8 bytes, timestamp's tag and varint
+    return np.where(lengths == 0, float_sample, 1 + head + message)

@@ -8,7 +8,12 @@ has a family carries its 1.0 metadata (once per family); 2.0 takes each series' 
 families known here when it sends. With a ``queue_dir`` each shard's queue is a ``SpoolQueue``,
 without one a ``MemoryQueue``, each holding the samples ``sizing`` allows for the plan's windows;
 ``delivery`` sends what they hold. Samples a full memory queue drops are counted and said once per
-episode (``Episode``), as retries and refusals are. When a reload replaces the writer, ``hand_over``
+episode (``Episode``), as retries and refusals are. A snapshot's native histograms (its
+``histograms``) go only to an endpoint with ``send_native_histograms``, each one's message body
+written once (``histwrite.histogram_body``) beside the float samples of its shard's block;
+elsewhere neither they nor their families' metadata are queued, so such an endpoint gets what it
+got before histograms existed. Once the receiver refused them (``delivery``), they are dropped
+and counted (``histograms_refused``). When a reload replaces the writer, ``hand_over``
 stops it at safe points (``handover``) and the next one's ``take_over`` queues its backlog ahead of
 anything newer.
 """
@@ -25,6 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hfsampler import selfmetrics as sm
+from hfsampler.histograms import NativeHistogram
 from hfsampler.remote_write.blocks import Block, Labels
 from hfsampler.remote_write.config import PROTOBUF_V2, EndpointConfig
 from hfsampler.remote_write.delivery import Delivery
@@ -32,6 +38,8 @@ from hfsampler.remote_write.encoder import Encoder
 from hfsampler.remote_write.encoder_v2 import RequestEncoderV2
 from hfsampler.remote_write.episode import REMINDER_S, Episode
 from hfsampler.remote_write.handover import hand_over
+from hfsampler.remote_write.histogram_refusal import REASON
+from hfsampler.remote_write.histwrite import histogram_body
 from hfsampler.remote_write.queue import MemoryQueue, ShardQueue
 from hfsampler.remote_write.relabel import Relabeller
 from hfsampler.remote_write.sizing import QueueBound, queue_bound
@@ -107,6 +115,9 @@ class RemoteWriter:
                     on_disk_bytes=lambda _: self._metrics.set(
                         sm.RW_QUEUE_DISK_BYTES, self.disk_bytes(), self._labels
                     ),
+                    # a 1.0 endpoint's records are its requests, sent as stored when drained
+                    wire=config.protobuf_message != PROTOBUF_V2,
+                    drain_samples=config.queue.drain_samples,
                 )
                 for i in range(self._n_shards)
             ]
@@ -155,11 +166,20 @@ class RemoteWriter:
     def push(self, snapshot: Snapshot) -> None:
         """Queue a snapshot's samples; never blocks. Full queues drop their oldest samples."""
         if self._closed:
-            self._drop(len(snapshot), "shutdown")
+            sent = len(snapshot.histograms) if self.config.send_native_histograms else 0
+            self._drop(len(snapshot) + sent, "shutdown")
             return
-        if self._v2 is not None and len(snapshot.families) != len(self._families):
-            self._families.update(snapshot.families)
-        families = self._new_families(snapshot.families)
+        histograms = snapshot.histograms
+        all_families = snapshot.families
+        if not self.config.send_native_histograms:
+            histograms = ()
+            all_families = _float_families(all_families)
+        elif histograms and self.delivery.histograms.refused:
+            self._drop(len(histograms), REASON)
+            histograms = ()
+        if self._v2 is not None and len(all_families) != len(self._families):
+            self._families.update(all_families)
+        families = self._new_families(all_families)
         n = self._n_shards
         shard_labels: list[list[Labels]] = [[] for _ in range(n)]
         shard_values: list[list[float]] = [[] for _ in range(n)]
@@ -184,6 +204,7 @@ class RemoteWriter:
                 shard_values[k].append(value)
                 if stale:
                     ended.append(out.id)
+        shard_bodies = self._place_histograms(histograms, shard_labels, shard_values, ended)
         # a series that got its stale marker is over (a pod left, a GPU was lost): without this
         # the encoder's cache would grow with every pod that ever ran on the node
         self._encoder.forget(ended)
@@ -192,13 +213,57 @@ class RemoteWriter:
         step = self.config.queue.max_samples_per_send
         ts = snapshot.timestamp_ms
         dropped = 0
-        for queue, labels, values in zip(self._queues, shard_labels, shard_values, strict=True):
+        for k, (queue, labels, values) in enumerate(
+            zip(self._queues, shard_labels, shard_values, strict=True)
+        ):
+            bodies = shard_bodies[k] if shard_bodies is not None else None
             for i in range(0, len(labels), step):
-                block = Block.of(labels[i : i + step], ts, values[i : i + step], families)
+                hist = None if bodies is None or not any(bodies[i : i + step]) else bodies
+                block = Block.of(
+                    labels[i : i + step],
+                    ts,
+                    values[i : i + step],
+                    families,
+                    hist=None if hist is None else hist[i : i + step],
+                )
                 families = []  # once, in the first block
                 dropped += queue.put(block)
         self._queue_full(dropped)
         self._metrics.set(sm.RW_QUEUE_SAMPLES, self.queued(), self._labels)
+
+    def _place_histograms(
+        self,
+        histograms: Sequence[tuple[Series, NativeHistogram]],
+        shard_labels: list[list[Labels]],
+        shard_values: list[list[float]],
+        ended: list[int],
+    ) -> list[list[bytes]] | None:
+        """Add the histogram series to their shards (after the floats, relabelled as they are);
+        per shard, each sample's histogram body (b"" for a float), None without histograms.
+        A series whose histogram is a stale marker (its sum the staleness NaN, as Prometheus's
+        TSDB marks a histogram series) is added to ``ended``."""
+        if not histograms:
+            return None
+        bodies: list[list[bytes]] = [[b""] * len(labels) for labels in shard_labels]
+        relabeller = self._relabeller
+        for series, h in histograms:
+            out = series if relabeller is None else relabeller.series(series)
+            stale = h.sum != h.sum and is_stale(h.sum)
+            if stale and relabeller is not None:
+                relabeller.forget(series)
+            if out is None:
+                continue
+            if stale:
+                ended.append(out.id)
+            if out.name != series.name and out.name not in self._renamed:
+                self._learn_rename(series.name, out.name)
+            if (where := self._placed.get(out.id)) is None:
+                where = self._placed[out.id] = self._place(out)
+            encoded, k = where
+            shard_labels[k].append(encoded)
+            shard_values[k].append(float(h.count))
+            bodies[k].append(histogram_body(h))
+        return bodies
 
     def _place(self, series: Series) -> tuple[Labels, int]:
         """``series``' encoded labels and its shard (a checksum of its labels)."""
@@ -376,6 +441,13 @@ class RemoteWriter:
 
     def _drop(self, count: int, reason: str) -> None:
         self._metrics.inc(sm.RW_DROPPED, count, {**self._labels, "reason": reason})
+
+
+def _float_families(families: Mapping[str, Family]) -> Mapping[str, Family]:
+    """``families`` without the native-histogram ones (the same mapping when it has none)."""
+    if all(f.type != "histogram" for f in families.values()):
+        return families
+    return {name: f for name, f in families.items() if f.type != "histogram"}
 
 
 def _start_ms(family: Family) -> int:

@@ -74,6 +74,10 @@ ENDPOINT_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
         "follow_redirects": KeyDoc("bool", "true", "follow a 307 or 308 to the same scheme, host "
                                    "and port; any other 3xx is a refusal"),
         "write_relabel_configs": KeyDoc("list of rules", "none", "relabel series before sending"),
+        "send_native_histograms": KeyDoc("bool", "false", "send the native histograms of "
+                                         "`histograms:` here (Prometheus 2.40+ with the feature "
+                                         "flag, 3, Mimir, Thanos); other endpoints get "
+                                         "everything else"),
     }
 )  # fmt: skip
 QUEUE_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
@@ -85,6 +89,10 @@ QUEUE_KEYS: Mapping[str, KeyDoc] = MappingProxyType(
                              "reshard"),
         "min_shards": KeyDoc("whole number", "1", "shards (connections) per endpoint"),
         "max_samples_per_send": KeyDoc("whole number", "2000", "samples per request at most"),
+        "max_samples_per_drain_send": KeyDoc("whole number", "10000", "with queue_dir: samples "
+                                             "per request at most while a backlog drains from "
+                                             "the spool's files; default: 10000, or "
+                                             "max_samples_per_send if not 2000 (hfsampler's)"),
         "batch_send_deadline": KeyDoc("duration", "0s", "wait to fill a batch; 0: send each "
                                       "window at once"),
         "min_backoff": KeyDoc("duration", "30ms", "the first retry's delay"),
@@ -115,9 +123,6 @@ ENDPOINT_ACCEPTED: Mapping[str, Accepted] = MappingProxyType(
     {
         "send_exemplars": Accepted(
             _is_bool, "true or false: hfsampler has no exemplars to send", "write true or false"
-        ),
-        "send_native_histograms": Accepted(
-            _is_bool, "true or false: hfsampler sends no native histograms", "write true or false"
         ),
         "enable_http2": Accepted(
             _is_bool, "true or false: hfsampler speaks HTTP/1.1, which HTTP/2 receivers take too",

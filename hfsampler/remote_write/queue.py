@@ -17,25 +17,27 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hfsampler.remote_write.blocks import Block
+from hfsampler.remote_write.wire import Wire
 
 Clock = Callable[[], float]
 
 
 @dataclass(slots=True)
 class Batch:
-    """Blocks handed out by ``get_batch`` and given back with ``ack``.
+    """Blocks handed out by ``get_batch`` and given back with ``ack``; a spool's records read
+    back from disk may be requests as stored (``Wire``), never a memory queue's.
 
     ``token`` is the queue's own bookkeeping (a persistent queue's last record sequence).
     """
 
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[Block | Wire] = field(default_factory=list)
     count: int = 0
     token: int = -1
 
     def __len__(self) -> int:
         return self.count
 
-    def add(self, block: Block) -> None:
+    def add(self, block: Block | Wire) -> None:
         self.blocks.append(block)
         self.count += block.samples
 

@@ -6,8 +6,10 @@ One directory per shard::
     .lock                        flock'ed by the process that owns the directory (``dirlock``)
     <first seq, 20 digits>.seg   MAGIC (8 bytes), then records:
         RECORD_MAGIC (4) | u32 CRC32 of the next 20 bytes | u32 payload length |
-        u32 sample count | u64 seq | u32 CRC32 of the payload | payload: a packed
-        ``Block`` (``blocks.pack``), snappy-compressed
+        u32 sample count | u64 seq | u32 CRC32 of the payload | payload, one of:
+          0x01 | u32 raw length | the block's 1.0 ``WriteRequest``, snappy-compressed
+               (``wire.Wire``: a 1.0 endpoint's records, sent as they are)
+          0x00 | a packed ``Block`` (``blocks.pack``), snappy-compressed (a 2.0 endpoint's)
     acked                        two slots of 16 bytes: ACK_MAGIC (4) | u64 seq | u32 CRC32 of
                                  the 12 bytes before it; every record below the higher valid
                                  seq was delivered (or dropped)
@@ -19,8 +21,11 @@ Damage costs the damaged record only. Its header has a CRC of its own, so a reco
 payload is damaged is skipped by its length, its samples known and counted; where a header is
 damaged the reader searches for the next ``RECORD_MAGIC`` whose header CRC holds, and the
 samples of what lay between are unknown. A damaged segment header is searched the same way.
-A segment of any other format (``HFSPOOL`` and another version) is refused at start, with one
-line naming the file and the version found: no release ever wrote one, so none is converted.
+Segments of the layout before this one (``HFSPOOL4``, written until 1.0 records were kept as
+they are sent) are read as they are: their payloads are packed blocks without the kind byte
+(whose first byte, snappy's length varint of at least 12 bytes, is never 0 or 1); new records go
+to new segments. A segment of any other format (``HFSPOOL`` and another version) is refused at
+start, with one line naming the file and the version found.
 Recovered segments are never appended to.
 
 The ack file is overwritten in place, never renamed: a full disk refuses new blocks, not the
@@ -52,10 +57,13 @@ import snappy
 from hfsampler.errors import SpoolFormatError
 from hfsampler.remote_write.blocks import Block, Unpacker, pack
 from hfsampler.remote_write.dirlock import DirLock
+from hfsampler.remote_write.encoder import RequestEncoderV1, compress
+from hfsampler.remote_write.wire import Wire, preamble
 
 log = logging.getLogger("hfsampler.remote_write.spool")
 
-MAGIC = b"HFSPOOL4"
+MAGIC = b"HFSPOOL5"
+LEGACY_MAGIC = b"HFSPOOL4"  # its records' payloads are packed blocks, no kind byte
 _MAGIC_STEM = MAGIC[:-1]  # what every version's segment header starts with
 RECORD_MAGIC = b"\xf3HR3"
 ACK_MAGIC = b"HFA3"
@@ -68,6 +76,9 @@ _HEAD_CRC_FROM = _HEAD.size - _HEAD_TAIL.size
 _U32 = struct.Struct("<I")
 _SEQ = struct.Struct("<Q")
 _ACK = struct.Struct("<4sQI")
+KIND_BLOCK = 0
+KIND_WIRE = 1
+_WIRE_HEAD = struct.Struct("<BI")  # kind, raw length
 T = TypeVar("T")
 
 
@@ -138,7 +149,7 @@ def scan(data: bytes, path: Path) -> Scan:
 
     ``SpoolFormatError`` for a segment of another version."""
     head = data[: len(MAGIC)]
-    if head == MAGIC:
+    if head in (MAGIC, LEGACY_MAGIC):
         return Scan(*_scan_v3(data, len(MAGIC)))
     if head.startswith(_MAGIC_STEM) and head[len(_MAGIC_STEM) :].isdigit():
         found = head.decode("ascii")
@@ -195,13 +206,14 @@ def _scan_v3(data: bytes, pos: int) -> tuple[list[tuple[int, int, int]], list[Da
     return records, damage
 
 
-def payload_at(buf: bytes, pos: int, seq: int) -> bytes | None:
-    """The payload of record ``seq`` at ``pos`` in ``buf`` if it is intact there."""
+def payload_at(buf: bytes, pos: int, seq: int) -> memoryview | None:
+    """The payload of record ``seq`` at ``pos`` in ``buf`` if it is intact there (a view of
+    ``buf``: a drain copies a stored request once, into the request it joins)."""
     head = _head_v3(buf, pos)
     if head is None or head[2] != seq:
         return None
     end = pos + _HEAD.size + head[0]
-    payload = buf[pos + _HEAD.size : end]
+    payload = memoryview(buf)[pos + _HEAD.size : end]
     return payload if len(payload) == head[0] and zlib.crc32(payload) == head[3] else None
 
 
@@ -305,11 +317,13 @@ class Append(Generic[T]):
 class SpoolFiles:
     """The file side of one spool; every method runs on the spool's single I/O thread."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, wire: bool = False) -> None:
+        """``wire``: records keep their 1.0 requests (a 1.0 endpoint's), else packed blocks."""
         self.dir = directory
         self._lock: DirLock | None = None
         self._ack = AckFile(directory / ACK_NAME)
         self._unpacker = Unpacker()
+        self._wire = RequestEncoderV1() if wire else None
 
     def open(self) -> Recovered:
         """Lock the directory, then recover it; the ack file is made ready if space allows."""
@@ -380,17 +394,22 @@ class SpoolFiles:
                 log.debug("spool %s: cannot undo a failed write: %s", self.dir, exc)
             raise
 
-    def pack(self, block: Block) -> bytes:
-        """The block as a record stores it (``blocks.pack``), its series remembered for reading."""
+    def payload(self, block: Block) -> bytes:
+        """The block as a record stores it: its 1.0 request (``Wire``) for a 1.0 endpoint, else
+        (or where it holds native histograms, which a refusal may have to take out of it)
+        packed (``blocks.pack``, its series remembered for reading), compressed either way."""
+        if self._wire is not None and block.hist is None:  # a Wire holds floats only
+            wire = Wire.of(block, self._wire)
+            return _WIRE_HEAD.pack(KIND_WIRE, wire.raw_len) + wire.body
         data = pack(block)
         self._unpacker.remember(block, data)
-        return data
+        return bytes((KIND_BLOCK,)) + compress(data)
 
     def read(
         self, path: Path, picks: list[tuple[int, int, int]], end: int
-    ) -> list[tuple[int, int, Block | None]]:
+    ) -> list[tuple[int, int, Block | Wire | None]]:
         """The records ``picks`` (seq, count, offset), which lie before ``end`` in the file,
-        as blocks; a damaged one without a block."""
+        as blocks or requests (``Wire``); a damaged one without either."""
         base = picks[0][2]
         try:
             with open(path, "rb") as f:
@@ -398,17 +417,39 @@ class SpoolFiles:
                 buf = f.read(end - base)
         except FileNotFoundError:  # dropped at the disk bound meanwhile
             return []
-        out: list[tuple[int, int, Block | None]] = []
+        out: list[tuple[int, int, Block | Wire | None]] = []
         for seq, count, offset in picks:
             payload = payload_at(buf, offset - base, seq)
             block = self._block(payload, count) if payload is not None else None
             out.append((seq, count, block))
         return out
 
-    def _block(self, payload: bytes, count: int) -> Block | None:
-        """A stored record as a block again; None when it cannot be read (it is dropped)."""
+    def written(self, framed: bytes, count: int) -> Wire | None:
+        """A record just written (``framed``, as ``frame`` made it), as the request it holds:
+        kept in memory instead of its block, so that a record sent from memory after it was
+        written is not written and compressed again. None for a packed block."""
+        if self._wire is None:
+            return None
+        found = self._block(memoryview(framed)[_HEAD.size :], count)
+        return found if isinstance(found, Wire) else None
+
+    def _block(self, payload: bytes | memoryview, count: int) -> Block | Wire | None:
+        """A stored record as a block or request again; None when it cannot be read, or its
+        header and its bytes disagree (it is dropped). A request is not decompressed: its
+        length varint must say the raw length the header does (a receiver refuses the rest)."""
+        kind = payload[0] if payload else KIND_BLOCK
+        if kind == KIND_WIRE:
+            if len(payload) <= _WIRE_HEAD.size:
+                return None
+            raw_len = _WIRE_HEAD.unpack_from(payload)[1]
+            body = payload[_WIRE_HEAD.size :]  # a view: copied once, into the request
+            head = preamble(body)
+            if head is None or head[0] != raw_len:
+                return None
+            return Wire(body, raw_len, count)
+        packed = payload[1:] if kind == KIND_BLOCK else payload  # else a segment before kinds
         try:
-            block = self._unpacker.unpack(snappy.uncompress(payload))
+            block = self._unpacker.unpack(snappy.uncompress(packed))
         except (ValueError, snappy.UncompressError):
             return None
         return block if block.samples == count else None

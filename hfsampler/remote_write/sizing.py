@@ -9,6 +9,11 @@ windows, or Prometheus's 10,000 samples where that is more; an explicit ``capaci
 user's bound, but never less than one whole window (raised, and said). A memory queue keeps its
 newest window whole even when the plan underestimated it (``queue.MemoryQueue``); past the bound
 the oldest windows are dropped, counted and said as ``queue_full``.
+
+A native histogram (issue 26) is queued as one sample of its series, as a float is, so a window's
+samples count each histogram series once, as the plan's window (``planned_series``) must. Its bytes
+are its encoded message, about 90 bytes for a GPU's power at 5% (19 buckets) and a few hundred at
+most, beside a float's 32: a GPU's power histogram adds about 2% to the bytes of its default series.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Spool: a persistent shard queue, bounded in memory and on disk, that survives crashes,
 restarts, a full disk and damaged files.
 
-Every ``put`` block becomes one *record*: on disk the block packed (``blocks.pack``), compressed
+Every ``put`` block becomes one *record*: on disk the block's 1.0 request (a 1.0 endpoint's: read
+back as a ``Wire`` and sent as it is, ``wire.py``) or the block packed (``blocks.pack``), compressed
 with snappy, framed and checksummed (``segment.py`` has the format). Records go to memory and, from
 the spool's own I/O thread, to append-only segment files; packing, compression, checksums, writes,
 fsync, reads and the start's recovery all run on that thread, never on the event loop. Memory keeps
@@ -40,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfsampler.remote_write.blocks import Block
-from hfsampler.remote_write.encoder import compress
 from hfsampler.remote_write.queue import Batch, BatchWaiter
 from hfsampler.remote_write.segment import MAGIC, Append, Segment, SpoolFiles, frame
+from hfsampler.remote_write.wire import Wire
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,13 @@ RETRY_S = 1.0  # how often a disk that refused a write is tried again (with one 
 
 @dataclass(slots=True, eq=False)
 class _Entry:
-    """A record as queued. ``block`` is None for one dropped from memory (``dropped``) or one
-    that was read back damaged or could not be repaired (counted as corrupt)."""
+    """A record as queued, or read back (a 1.0 endpoint's as the request it was stored as, a
+    ``Wire``). ``block`` is None for one dropped from memory (``dropped``) or one that was read
+    back damaged or could not be repaired (counted as corrupt)."""
 
     seq: int
     count: int
-    block: Block | None
+    block: Block | Wire | None
     dropped: bool = False
 
 
@@ -80,9 +82,15 @@ class SpoolQueue:
         on_drop: Callable[[int, str], None] = lambda n, reason: None,
         clock: Callable[[], float] = time.monotonic,
         on_disk_bytes: Callable[[int], None] = lambda n: None,
+        wire: bool = False,
+        drain_samples: int = 0,
     ) -> None:
         """``on_disk_bytes`` is told the bytes on disk each time segments were written or
-        deleted (a gauge that must not wait for the next batch taken, which an outage delays)."""
+        deleted (a gauge that must not wait for the next batch taken, which an outage delays).
+        ``wire``: records are stored as the 1.0 requests they make (a 1.0 endpoint's), read
+        back as ``Wire`` and sent as they are; else as packed blocks (``segment``).
+        ``drain_samples``: a batch read from the files holds records of up to that many
+        samples rather than ``get_batch``'s ``max_samples`` (``QueueConfig.drain_samples``)."""
         if capacity < 1 or max_disk_bytes < 1:
             raise ValueError("capacity and max_disk_bytes must be at least 1")
         self._dir = directory
@@ -92,7 +100,8 @@ class SpoolQueue:
         self._on_drop = on_drop
         self._on_disk_bytes = on_disk_bytes
         self._clock = clock
-        self._files = SpoolFiles(directory)
+        self._files = SpoolFiles(directory, wire)
+        self._drain_samples = drain_samples
         self._io = ThreadPoolExecutor(1, thread_name_prefix=f"spool-{directory.name}")
         try:
             found = self._io.submit(self._files.open).result()
@@ -254,11 +263,11 @@ class SpoolQueue:
         """The records' bytes on disk, packed, compressed and checksummed on the I/O thread."""
         if not todo:
             return []
-        records = [(e.seq, e.count, e.block) for e in todo if e.block is not None]
+        records = [(e.seq, e.count, e.block) for e in todo if isinstance(e.block, Block)]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._io,
-            lambda: [frame(seq, n, compress(self._files.pack(b))) for seq, n, b in records],
+            lambda: [frame(seq, n, self._files.payload(b)) for seq, n, b in records],
         )
 
     def _plan(self, todo: list[_Entry], frames: list[bytes]) -> list[Append[_Entry]]:
@@ -313,8 +322,12 @@ class SpoolQueue:
                 self._segments.append(seg)
             self._disk_bytes += a.end - seg.size
             seg.size = a.end
-            for rec, offset in zip(a.entries, a.offsets, strict=True):
+            for rec, offset, framed in zip(a.entries, a.offsets, a.chunks, strict=True):
                 seg.add(rec.seq, rec.count, offset)
+                if isinstance(rec.block, Block) and (
+                    wire := self._files.written(framed, rec.count)
+                ):
+                    rec.block = wire  # still in memory: sent as written, not encoded again
 
     @property
     def _refusing(self) -> bool:
@@ -432,6 +445,8 @@ class SpoolQueue:
 
     async def _take(self, max_samples: int) -> Batch:
         batch = Batch()
+        if self._drain_samples and not (self._mem and self._mem[0].seq <= self._read_seq):
+            max_samples = self._drain_samples  # a backlog read back from the files
         while batch.count < max_samples and self._unread:
             records: list[_Entry] | None
             if self._mem and self._mem[0].seq <= self._read_seq:

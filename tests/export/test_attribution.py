@@ -282,21 +282,6 @@ def test_cli_run_labels_series_with_pods(kubelet: FakeKubelet) -> None:
     assert kubelet.calls >= 1
 
 
-def test_generated_module_is_not_stale(tmp_path: Path) -> None:
-    pytest.importorskip("grpc_tools", reason="pip install 'hfsampler[proto]' for this check")
-    subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gen_attribution_proto.sh"), str(tmp_path)],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-    )
-    name = "podresources_pb2.py"
-    fresh = tmp_path / "hfsampler" / "export" / "attribution_pb" / name
-    committed = ROOT / "hfsampler" / "export" / "attribution_pb" / name
-    assert fresh.read_bytes() == committed.read_bytes(), (
-        "run scripts/gen_attribution_proto.sh and commit the result"
-    )
-
-
 def test_method_path_and_field_numbers_match_the_kubelet() -> None:
     svc = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert "/" + svc.methods_by_name["List"].full_name.replace(".List", "/List") == (

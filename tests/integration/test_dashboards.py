@@ -3,9 +3,11 @@
 One Prometheus per version (2.x and 3.x: the harness in ``receivers.py``) loads deploy/rules/
 with a 1 s evaluation interval, one short pair of ``hfsampler run --source sim`` pushes into all
 of them at once (and one of them serves its power histograms on /metrics, which they scrape with
-native histograms on: the distribution panels' data), and then each dashboard's variables are
-filled from the label values Prometheus holds, as Grafana would, and every target runs through
-the HTTP API (instant or range, as the panel asks). A query error or an empty result fails the
+native histograms on: the distribution panels' data) while consumer series of shared GPUs are
+pushed beside them (the chargeback dashboard's data: hfsampler's own ``ConsumerSeries`` of each
+window's ``split``, until `run` exports them itself); then each dashboard's variables are filled
+from the label values Prometheus holds, as Grafana would, and every target runs through the HTTP
+API (instant or range, as the panel asks). A query error or an empty result fails the
 test: a dashboard whose panels say "No data" on a working setup is broken.
 """
 
@@ -13,13 +15,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import receivers as rx
+
+from hfsampler.consumers.identity import Consumer, Kind
+from hfsampler.consumers.split import WindowUse, split
+from hfsampler.export.consumer_series import ConsumerSeries
+from hfsampler.series import SeriesRegistry
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +73,50 @@ def _start(receivers_root: Path, build: rx.PrometheusBuild, feed: str) -> RulesP
     return prom
 
 
+# Two shared sim GPUs: on gpu 0 a pod of namespace ml (60 % of the SMs), Slurm job 4242 (20 %)
+# and a notebook pod that holds memory and never computes (stranded); gpu 1 is the job's alone.
+TRAINER = Consumer(Kind.POD, pod_uid="0f9a5b2c-1d3e-4f60-8a7b-9c0d1e2f3a4b", container_id="3f" * 32)
+NOTEBOOK = Consumer(
+    Kind.POD, pod_uid="5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9", container_id="a1" * 32
+)
+JOB = Consumer(Kind.HPC_JOB, hpc_job="4242")
+CRI_NAMES = {TRAINER: ("ml", "trainer-0", "train"), NOTEBOOK: ("ml", "notebook-0", "jupyter")}
+
+
+def _names(consumer: Consumer) -> dict[str, str]:
+    """A consumer's labels with the names a CRI socket gives a pod's container."""
+    names = CRI_NAMES.get(consumer)
+    if names is None:
+        return consumer.labels()
+    return {**consumer.labels(), **dict(zip(("namespace", "pod", "container"), names, strict=True))}
+
+
+def _feed_consumers(urls: Sequence[str], stop: threading.Event) -> None:
+    """Each second, a window of the two GPUs' consumer series pushed to every Prometheus, as
+    `run` pushes them, until ``stop``."""
+    registry = SeriesRegistry()
+    out = ConsumerSeries(registry, {"cluster": "ci", "datacenter": "fra1", "feed": "consumers"})
+    pids = {10: TRAINER, 11: JOB, 12: NOTEBOOK, 20: JOB}
+    gpu = {"device": "nvidia0", "modelName": "sim", "hostname": "shared-node"}
+    while not stop.is_set():
+        now_us = time.time_ns() // 1000
+        zero = WindowUse.of(300.0, [(10, now_us, 60.0), (11, now_us, 20.0), (12, now_us, 0.0)],
+                            [(10, 1, 8e9), (11, 1, 4e9), (12, 1, 10e9)])  # fmt: skip
+        one = WindowUse.of(200.0, [(20, now_us, 90.0)], [(20, 1, 30e9)])
+        rows = [({**gpu, "gpu": "0", "UUID": "GPU-shared-0"}, split(zero, pids)),
+                ({**gpu, "gpu": "1", "UUID": "GPU-shared-1", "device": "nvidia1"},
+                 split(one, pids))]  # fmt: skip
+        series, values = out.window(rows, _names)
+        body = rx.encode_write_request(
+            (s.name, dict(s.labels), [(now_us // 1000, v)])
+            for s, v in zip(series, values, strict=True)
+        )
+        for url in urls:
+            status, text = rx.push(url, body)
+            assert status < 300, text
+        stop.wait(1.0)
+
+
 @pytest.fixture(scope="module")
 def fed_prometheuses(
     receivers_root: Path, prometheus_builds_here: dict[str, rx.PrometheusBuild]
@@ -85,6 +138,9 @@ def fed_prometheuses(
         # MIG instances on every sim GPU of one run feed the instance view (and must not disturb
         # the rest); a GPU in MIG mode has no utilization (NVML refuses it), so a second run
         # beside it, without MIG, feeds the GPU panels that show it
+        stop = threading.Event()
+        consumers = threading.Thread(target=_feed_consumers, args=(urls, stop), daemon=True)
+        consumers.start()
         plain = rx.spawn_cli(
             rx.sim_run_args(urls, listen=feed, gpus=3, duration="8s",
                             labels={**site, "feed": "plain"}, extra=["--config", str(config)]),
@@ -99,6 +155,8 @@ def fed_prometheuses(
             assert plain.wait(timeout=60) == 0, (logs / "plain.log").read_text()
         finally:
             rx.stop_cli(plain)
+            stop.set()
+            consumers.join(timeout=10)
         for prom in proms.values():
             prom.live_until_s = run.ended_ns / 1e9 - 3
             # the recording rules and the always-firing Watchdog need an evaluation after the data
@@ -106,6 +164,7 @@ def fed_prometheuses(
             prom.wait_for("cluster:gpus:count", timeout_s=15, time_s=at)
             prom.wait_for("cluster:gpu_power_usage_watts:p99_5m", timeout_s=15, time_s=at)
             prom.wait_for('ALERTS{alertstate="firing"}', timeout_s=15, time_s=at)
+            prom.wait_for("namespace:gpu_power_watts:rate5m", timeout_s=15, time_s=at)
         yield proms
     finally:
         for prom in proms.values():

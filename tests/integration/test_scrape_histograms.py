@@ -1,5 +1,5 @@
 """Real Prometheus (2.42 and 3, native histograms on) scrapes hfsampler's /metrics on the fake
-NVML and stores the histograms exactly as counted.
+NVML, and takes the same run's Remote-Write push, and stores the histograms exactly as counted.
 
 One hfsampler run per version (`run --source nvml` on two fake GPUs, `histograms:
 [DCGM_FI_DEV_POWER_USAGE]`), scraped every second by a Prometheus with deploy/rules/, while the
@@ -7,7 +7,10 @@ test reads the same /metrics in the protobuf format itself. Then, through Promet
 API: every stored histogram's count is one the test saw served (nothing lost or changed on the
 way), ``histogram_count`` is the last one, and ``histogram_quantile`` over both GPUs, by query
 and by the recording rules, lands in the bucket of the fake's exact quantile, within the schema's
-error. The fake's driver power moves among five levels (300 to 304 W, a GPU's index in mW above)
+error. The same run pushes to the same Prometheus with ``send_native_histograms`` (Remote-Write
+2.0 to Prometheus 3, 1.0 to 2.42), told apart from the scraped series by having no ``job``:
+every pushed count is one that was served too, and the pushed quantiles are the scraped ones.
+The fake's driver power moves among five levels (300 to 304 W, a GPU's index in mW above)
 every 100 ms, so a GPU has ten distinct samples a second.
 """
 
@@ -27,6 +30,7 @@ from google.protobuf.internal.decoder import _DecodeVarint
 from hfsampler.export.exposition_pb import metrics_pb2
 from hfsampler.export.exposition_proto import CONTENT_TYPE
 from hfsampler.histograms import bucket_indices, quantile_error_bound
+from hfsampler.remote_write.config import PROTOBUF_V1, PROTOBUF_V2
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +83,12 @@ def fed(receivers_root: Path, prometheus_build: rx.PrometheusBuild) -> Iterator[
         rule_files=rx.fast_rules(root),
     )  # fmt: skip
     config = root / "hfsampler.yml"
-    config.write_text("histograms: [DCGM_FI_DEV_POWER_USAGE]\nexternal_labels: {cluster: it}\n")
+    protocol = PROTOBUF_V2 if prometheus_build.major >= 3 else PROTOBUF_V1
+    config.write_text(
+        "histograms: [DCGM_FI_DEV_POWER_USAGE]\nexternal_labels: {cluster: it}\n"
+        f"remote_write:\n  - url: {prom.write_url}\n    send_native_histograms: true\n"
+        f"    protobuf_message: {protocol}\n    queue_config: {{batch_send_deadline: 1s}}\n"
+    )
     args = ["run", "--source", "nvml", "--config", str(config), "--listen", listen,
             "--duration", f"{RUN_S}s"]  # fmt: skip
     proc = rx.spawn_cli(args, root / "hfsampler.log", env=rx.fake_nvml_env({"gpus": 2}))
@@ -99,9 +108,13 @@ def fed(receivers_root: Path, prometheus_build: rx.PrometheusBuild) -> Iterator[
         prom.stop()
 
 
-def _stored(fed: Fed) -> dict[str, list[tuple[float, int]]]:
+SCRAPED = f'{NAME}{{job="hfsampler"}}'
+PUSHED = f'{NAME}{{job=""}}'
+
+
+def _stored(fed: Fed, selector: str = SCRAPED) -> dict[str, list[tuple[float, int]]]:
     """Every stored histogram sample's time and count, by GPU."""
-    rows = fed.prom.query(f"{NAME}[1m]", time_s=fed.end_s)
+    rows = fed.prom.query(f"{selector}[1m]", time_s=fed.end_s)
     return {
         r["metric"]["gpu"]: [(float(ts), int(h["count"])) for ts, h in r["histograms"]]
         for r in rows
@@ -124,10 +137,26 @@ def test_every_stored_histogram_is_one_that_was_served(fed: Fed) -> None:
 def test_histogram_count_is_the_number_of_distinct_samples(fed: Fed) -> None:
     for gpu, samples in _stored(fed).items():
         last_s, last = samples[-1]
-        (row,) = fed.prom.query(f'histogram_count({NAME}{{gpu="{gpu}"}})', time_s=last_s)
+        (row,) = fed.prom.query(
+            f'histogram_count({NAME}{{job="hfsampler",gpu="{gpu}"}})', time_s=last_s
+        )
         assert int(float(row["value"][1])) == last
-        (labels,) = fed.prom.series(f'{NAME}{{gpu="{gpu}"}}', fed.end_s - 60, fed.end_s)
+        (labels,) = fed.prom.series(
+            f'{NAME}{{job="hfsampler",gpu="{gpu}"}}', fed.end_s - 60, fed.end_s
+        )
         assert labels["cluster"] == "it"  # the floats' labels; the scrape adds instance
+
+
+def test_every_pushed_histogram_is_one_that_was_served(fed: Fed) -> None:
+    pushed = _stored(fed, PUSHED)
+    assert sorted(pushed) == ["0", "1"]
+    for gpu, samples in pushed.items():
+        counts = [c for _, c in samples]
+        assert len(counts) >= RUN_S // 2, counts  # one a window
+        assert counts == sorted(counts)
+        assert set(counts) <= fed.served[gpu]
+        (t0, c0), (t1, c1) = samples[0], samples[-1]
+        assert abs((c1 - c0) / (t1 - t0) - 10) < 2
 
 
 def _exact(q: float) -> float:
@@ -141,7 +170,7 @@ def test_quantiles_across_gpus_are_the_exact_ones_within_the_schemas_error(
     fed: Fed, q: float
 ) -> None:
     last_s = max(s[-1][0] for s in _stored(fed).values())
-    (row,) = fed.prom.query(f"histogram_quantile({q}, sum(increase({NAME}[1m])))", time_s=last_s)
+    (row,) = fed.prom.query(f"histogram_quantile({q}, sum(increase({SCRAPED}[1m])))", time_s=last_s)
     got, exact = float(row["value"][1]), _exact(q)
     assert not math.isnan(got)
     assert abs(got - exact) <= quantile_error_bound(3) * exact
@@ -153,3 +182,11 @@ def test_quantiles_across_gpus_are_the_exact_ones_within_the_schemas_error(
     assert len(rows) == 1, name
     recorded = float(rows[0]["value"][1])
     assert abs(recorded - exact) <= quantile_error_bound(3) * exact
+    # pushed: the same samples, so the same bucket as the scrape's (whose windows it may cut
+    # a little differently: the push holds whole windows, a scrape whatever page it found)
+    last_s = max(s[-1][0] for s in _stored(fed, PUSHED).values())
+    query = f"histogram_quantile({q}, sum(increase({PUSHED}[1m])))"
+    (row,) = fed.prom.query(query, time_s=last_s)
+    pushed = float(row["value"][1])
+    assert abs(pushed - exact) <= quantile_error_bound(3) * exact
+    assert bucket_indices(np.array([pushed]), 3)[0] == bucket_indices(np.array([exact]), 3)[0]

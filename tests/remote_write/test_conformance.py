@@ -32,7 +32,7 @@ from conformance import (
     is_stale_marker,
 )
 
-from hfsampler.remote_write.prompb import remote_pb2, writev2_pb2
+from hfsampler.remote_write.prompb import remote_pb2, types_pb2, writev2_pb2
 
 NOW_S = 1_700_000_000.0
 NOW_MS = int(NOW_S * 1000)
@@ -832,7 +832,9 @@ async def test_v2_histograms_and_exemplars_are_stored_and_counted() -> None:
     latency = (("__name__", "hfsampler_push_seconds"), ("shard", "0"))
     v2 = V2()
     hist = v2.series(latency, [], kind=Metadata.METRIC_TYPE_HISTOGRAM, unit="seconds")
-    hist.histograms.add(timestamp=NOW_MS, count_int=3, sum=1.5, start_timestamp=NOW_MS - 5000)
+    hist.histograms.add(
+        timestamp=NOW_MS, count_int=3, zero_count_int=3, sum=1.5, start_timestamp=NOW_MS - 5000
+    )  # valid as Prometheus validates: the count is the buckets' (here the zero bucket's)
     power = v2.series(GOOD)
     power.exemplars.add(
         labels_refs=[v2.ref("trace_id"), v2.ref("ab12")], value=1.0, timestamp=NOW_MS
@@ -967,3 +969,54 @@ def test_bad_configuration_names_the_key() -> None:
         ConformanceReceiver(accept=[])
     with pytest.raises(ValueError, match="accept has no effect with legacy_v1_only"):
         ConformanceReceiver(accept=["prometheus.WriteRequest"], legacy_v1_only=True)
+
+
+def v1_histograms(labels: Sequence[tuple[str, str]], *hists: Any) -> bytes:
+    """A snappy-compressed 1.0 WriteRequest of one series carrying ``hists`` (prompb messages)."""
+    req = remote_pb2.WriteRequest()
+    ts = req.timeseries.add()
+    for name, value in labels:
+        ts.labels.add(name=name, value=value)
+    for h in hists:
+        ts.histograms.add().CopyFrom(h)
+    return bytes(snappy.compress(req.SerializeToString()))
+
+
+def v1_hist(ts: int, count: int, hint: int = 2) -> Any:
+    h = types_pb2.Histogram(timestamp=ts, count_int=count, zero_count_int=0, schema=3, sum=9.0)
+    h.positive_spans.add(offset=5, length=1)
+    h.positive_deltas.append(count)
+    h.reset_hint = hint  # type: ignore[assignment]
+    return h
+
+
+HIST = (("__name__", "DCGM_FI_DEV_POWER_USAGE_histogram"), ("gpu", "0"))
+
+
+async def test_v1_histograms_are_stored_and_checked_as_prometheus_validates() -> None:
+    bad = v1_hist(NOW_MS + 2000, 5)
+    bad.positive_deltas[0] = 4  # buckets hold 4, count says 5
+    async with receiver() as rx:
+        assert await post(
+            rx, v1_histograms(HIST, v1_hist(NOW_MS, 2, 1), v1_hist(NOW_MS + 1000, 3))
+        ) == (200, "")
+        status, _ = await post(rx, v1_histograms(HIST, bad))
+        assert status == 400
+        status, _ = await post(rx, v1_histograms(HIST, v1_hist(NOW_MS + 3000, 1)))
+        assert status == 400
+        status, _ = await post(rx, request((HIST, [(NOW_MS + 4000, 1.0)])))
+        assert status == 400
+    assert [ts for ts, _ in rx.histograms[HIST]] == [NOW_MS, NOW_MS + 1000]
+    assert rules(rx) == ["histogram-invalid", "histogram-reset-hint", "samples-and-histograms"]
+    assert "4 observations found in buckets, but count 5" in rx.violations[0].message
+    assert "counts went down" in rx.violations[1].message
+
+
+async def test_a_receiver_without_histograms_refuses_the_whole_request() -> None:
+    body = v1_histograms(HIST, v1_hist(NOW_MS, 2, 1))
+    async with receiver(refuse_histograms=(400, "native histograms are disabled")) as rx:
+        assert await post(rx, body) == (400, "native histograms are disabled")
+        assert await post(rx, request((GOOD, [(NOW_MS, 1.0)]))) == (200, "")
+    assert rx.violations == []
+    assert rx.histograms == {}
+    assert rx.samples == {GOOD: [(NOW_MS, 1.0)]}

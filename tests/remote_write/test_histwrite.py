@@ -7,7 +7,12 @@ import math
 from typing import Any
 
 import numpy as np
-from histograms_check import V1Histogram, V1TimeSeriesHistograms, histogram_problems
+from histograms_check import (
+    V1Histogram,
+    V1TimeSeriesHistograms,
+    fill_message,
+    histogram_problems,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +20,6 @@ from hfsampler.histograms import (
     SCHEMA_MAX,
     SCHEMA_MIN,
     HistogramAccumulator,
-    NativeHistogram,
     ResetHint,
 )
 from hfsampler.remote_write.histwrite import (
@@ -25,24 +29,6 @@ from hfsampler.remote_write.histwrite import (
     zigzag,
 )
 from hfsampler.remote_write.prompb import writev2_pb2
-
-
-def fill(msg: Any, h: NativeHistogram, timestamp_ms: int) -> Any:
-    msg.count_int = h.count
-    msg.sum = h.sum
-    msg.schema = h.schema
-    msg.zero_threshold = h.zero_threshold
-    msg.zero_count_int = h.zero_count
-    for offset, length in h.negative_spans:
-        msg.negative_spans.add(offset=offset, length=length)
-    msg.negative_deltas.extend(h.negative_deltas)
-    for offset, length in h.positive_spans:
-        msg.positive_spans.add(offset=offset, length=length)
-    msg.positive_deltas.extend(h.positive_deltas)
-    msg.reset_hint = int(h.reset_hint)
-    msg.timestamp = timestamp_ms
-    return msg
-
 
 VALUES = st.floats(allow_nan=False, allow_infinity=True, min_value=None, max_value=None)
 
@@ -65,7 +51,7 @@ def test_bytes_are_the_librarys(
     h = acc.snapshot()
     ours = histogram_message(h, ts)
     for cls in (writev2_pb2.Histogram, V1Histogram):
-        expected = fill(cls(), h, ts)
+        expected = fill_message(cls(), h, ts)
         assert ours == expected.SerializeToString(deterministic=True)
         parsed = cls.FromString(ours)
         assert parsed == expected

@@ -349,6 +349,7 @@ def test_a_pasted_block_with_values_that_mean_what_hfsampler_does_parses() -> No
     (ep,) = parse(HARMLESS)
     assert ep.send_metadata is False
     assert ep.follow_redirects is False
+    assert ep.send_native_histograms is False
     assert parse("remote_write:\n  - url: http://a/\n")[0].follow_redirects  # as Prometheus
     assert parse("remote_write:\n  - url: http://a/\n    metadata_config: {}\n")[0].send_metadata
 
@@ -377,3 +378,11 @@ def test_a_value_that_asks_for_what_hfsampler_does_not_do_is_refused() -> None:
     err = error("remote_write:\n  - url: http://a/\n    proxy_from_environment: true\n")
     assert err.key == "remote_write[0].proxy_from_environment"
     assert "proxy_url" in err.fix
+
+
+def test_send_native_histograms_is_off_unless_asked() -> None:
+    assert parse("remote_write:\n  - url: http://a/\n")[0].send_native_histograms is False
+    on = parse("remote_write:\n  - url: http://a/\n    send_native_histograms: true\n")
+    assert on[0].send_native_histograms is True
+    err = error("remote_write:\n  - url: http://a/\n    send_native_histograms: yes-please\n")
+    assert err.key == "remote_write[0].send_native_histograms"

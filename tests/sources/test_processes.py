@@ -120,6 +120,7 @@ def test_record_writes_a_snapshot_when_something_changes_or_every_10_s() -> None
     recorder.keep = [0, 1]
     recorder._last_processes = {}
     recorder._processes_written_ns = 0
+    recorder._looks = None  # no consumers: the snapshots alone
     writer, reader = _Writer(), _Reader()
     second = 10**9
     for t in range(60):

@@ -40,11 +40,14 @@ from typing import Any, Literal, TypedDict
 
 import snappy
 from aiohttp import web
+from histograms_check import histogram_problems
+
+from hfsampler.remote_write.prompb import writev2_pb2
 
 Flavour = Literal["thanos", "mimir"]
 Labels = tuple[tuple[str, str], ...]  # as sent (2.0: as resolved), in the order sent
 Sample = tuple[int, float]  # (timestamp in ms, value); a NaN's payload is kept bit for bit
-Histogram = tuple[int, bytes]  # (timestamp in ms, the encoded 2.0 Histogram message)
+Histogram = tuple[int, bytes]  # (timestamp in ms, the encoded Histogram message, either protocol)
 Exemplar = tuple[Labels, float, int]  # (labels, value, timestamp in ms)
 Metadata = tuple[str, str, str]  # (type as Prometheus names it, e.g. "counter"; help; unit)
 Problem = tuple[str, dict[str, Any]]  # (rule id, fields for its message)
@@ -104,7 +107,10 @@ v2-ref-out-of-range: {detail}
 v2-no-samples: series has no samples and no histograms
 v2-samples-and-histograms: {detail}
 v2-metadata-missing: {detail}
-v2-exemplar-timestamp-missing: exemplar of value {value} has no timestamp"""
+v2-exemplar-timestamp-missing: exemplar of value {value} has no timestamp
+samples-and-histograms: {detail}
+histogram-invalid: histogram at {ts}: {detail}
+histogram-reset-hint: histogram at {ts}: {detail}"""
 _SAYS = {rule: says for rule, says in (line.split(": ", 1) for line in _SAYS_TABLE.splitlines())}
 # Mimir's answers, "rule | err-mimir- id | per-tenant limit flag | message" (an indented line
 # continues the message), worded as in pkg/distributor/validate.go and pkg/ingester/errors.go.
@@ -241,7 +247,7 @@ class _Malformed(Exception):
 class _Series:
     labels: list[tuple[bytes, bytes]] = field(default_factory=list)
     samples: list[_Point] = field(default_factory=list)  # value: float, identity: its bits
-    histograms: list[_Point] = field(default_factory=list)  # 2.0; value and identity: the bytes
+    histograms: list[_Point] = field(default_factory=list)  # value and identity: the bytes
     exemplars: list[Exemplar] = field(default_factory=list)  # 2.0
     metadata: Metadata | None = None  # 2.0, resolved; None when the series sent none
     problems: dict[str, str] = field(default_factory=dict)  # proto-* and v2-* rule -> detail
@@ -337,8 +343,14 @@ def _parse_request(buf: bytes) -> tuple[list[_Series], int, list[int]]:
                 series.labels.append((label.get(1, b""), label.get(2, b"")))
             elif n == 2:
                 series.samples.append(_sample(buf, x, y, False, series.problems))
-            else:  # exemplars (3) and histograms (4) are not Remote-Write 1.0
+            elif n == 4:  # native histograms: not in the 1.0 spec, taken by Prometheus 2.40+
+                _expect(n, w, 2, "TimeSeries")
+                series.histograms.append(_histogram_point(buf, x, y, series.problems, v2=False))
+            else:  # exemplars (3) are not Remote-Write 1.0
                 series.problems.setdefault("proto-unknown-field", f"TimeSeries has field {n}")
+        if series.samples and series.histograms:
+            both = f"{len(series.samples)} samples and {len(series.histograms)} histograms"
+            series.problems["samples-and-histograms"] = f"series has {both}: send two series"
         batch.append(series)
     return batch, metadata, unknown
 
@@ -379,16 +391,42 @@ class _Symbols:
         ]
 
 
-def _histogram_point(buf: bytes, a: int, b: int, problems: dict[str, str]) -> _Point:
-    """Only the timestamps are read (15 and 17); the message is stored as sent."""
+def _histogram_point(
+    buf: bytes, a: int, b: int, problems: dict[str, str], v2: bool = True
+) -> _Point:
+    """The timestamps are read here (15, and 2.0's 17); the message is stored as sent, and its
+    buckets checked at ingest (``_histogram_check``)."""
     ts = start = 0
     for n, w, x, _ in _fields(buf, a, b):
-        if n in (15, 17):
+        if n == 15 or (n == 17 and v2):
             _expect(n, w, 0, "Histogram")
             ts, start = (_int64(x), start) if n == 15 else (ts, _int64(x))
-        elif n > 17:
+        elif n > (17 if v2 else 16):
             problems.setdefault("proto-unknown-field", f"Histogram has field {n}")
     return ts, buf[a:b], buf[a:b], start
+
+
+def _histogram_check(raw: bytes, last: bytes | None) -> tuple[str, str] | None:
+    """(rule, detail) for a histogram Prometheus would refuse (its validation), or whose reset
+    hint contradicts the series' last accepted histogram (``last``); None when it is valid."""
+    try:
+        h = writev2_pb2.Histogram.FromString(raw)  # fields 1 to 16 are 1.0's too
+    except Exception as err:  # the protobuf runtime's DecodeError
+        return "histogram-invalid", f"not a Histogram message: {err}"
+    problems = histogram_problems(h)
+    if not math.isfinite(h.zero_threshold):
+        problems.append(f"zero threshold {h.zero_threshold} is not finite")
+    if problems:
+        return "histogram-invalid", "; ".join(problems)
+    hint = h.reset_hint
+    if hint == writev2_pb2.Histogram.RESET_HINT_GAUGE:
+        return "histogram-reset-hint", "a gauge histogram in a counter histogram series"
+    if last is not None and hint == writev2_pb2.Histogram.RESET_HINT_NO:
+        before = writev2_pb2.Histogram.FromString(last)
+        if h.count_int < before.count_int or h.zero_count_int < before.zero_count_int:
+            got = f"count {before.count_int} -> {h.count_int}"
+            return "histogram-reset-hint", f"reset hint NO, but the counts went down ({got})"
+    return None
 
 
 def _parse_series_v2(buf: bytes, a: int, b: int, sym: _Symbols) -> _Series:
@@ -514,7 +552,8 @@ class ConformanceReceiver:
     no violation (a sender may probe and fall back). ``legacy_v1_only``: a 1.x receiver that ignores
     the Content-Type and decodes every body as 1.0, answering 204 without ``Written`` headers.
     ``require_metadata``: drop a 2.0 series without a metadata type (default: record
-    ``v2-metadata-missing`` and store it)."""
+    ``v2-metadata-missing`` and store it). ``refuse_histograms``: (status, text) to answer any
+    request with a native histogram, storing nothing of it (a receiver without them)."""
 
     def __init__(
         self,
@@ -529,6 +568,7 @@ class ConformanceReceiver:
         accept: Iterable[str] | None = None,
         legacy_v1_only: bool = False,
         require_metadata: bool = False,
+        refuse_histograms: tuple[int, str] | None = None,
     ) -> None:
         if flavour not in ("thanos", "mimir"):
             raise ValueError(f"flavour must be 'thanos' or 'mimir', not {flavour!r}")
@@ -547,6 +587,7 @@ class ConformanceReceiver:
             )
         self.legacy_v1_only = legacy_v1_only
         self.require_metadata = require_metadata
+        self.refuse_histograms = refuse_histograms
         self.flavour: Flavour = flavour
         self.tenant_header = tenant_header
         self.limits = limits or Limits()
@@ -732,6 +773,10 @@ class ConformanceReceiver:
             return self._answer(*refused, written=zero)
         if self.legacy_v1_only and protocol == "2.0":
             unknown = []  # what an old receiver sees: an empty WriteRequest
+        if self.refuse_histograms is not None and any(s.histograms for s in batch):
+            # a receiver without native histograms (Prometheus 2 without the feature flag):
+            # the whole request is refused, nothing stored, and no rule of the sender's broken
+            return self._answer(*self.refuse_histograms, written=zero)
         with self._lock:
             self.metadata += metadata
             status, text, written = self._ingest(batch, unknown, number, v2)
@@ -903,14 +948,26 @@ class ConformanceReceiver:
                 self._record(rule, message, labels, number, lost)
                 counts.setdefault((rule, "series"), [0, message])[0] += 1
                 refused += 1
+            kind = 1 if series.histograms else 0
+            if not problems and labels in (self.samples if kind else self.histograms):
+                had = "samples" if kind else "histograms"
+                detail = f"series stored {had} before, and now sends the other kind"
+                message = self._say("samples-and-histograms", {**base, "detail": detail}, firsts)
+                self._record("samples-and-histograms", message, labels, number, lost)
+                counts.setdefault(("samples-and-histograms", "series"), [0, message])[0] += 1
+                refused += 1
+                continue
             if problems:
                 continue
-            kind = 1 if series.histograms else 0
             store: dict[Labels, list[Any]] = self.histograms if kind else self.samples
             dropped: dict[str, list[Any]] = {}  # rule -> [fields of its first sample, count]
             kept = 0
             for ts, value, ident, start in series.histograms or series.samples:
                 problem = self._sample_problem(labels, ts, ident, now_ms)
+                if problem is None and kind:
+                    last = self._last.get(labels)
+                    bad = _histogram_check(value, last[1] if last else None)  # type: ignore[arg-type]
+                    problem = None if bad is None else (bad[0], {"detail": bad[1]})
                 if problem is None:
                     store.setdefault(labels, []).append((ts, value))
                     self._last[labels] = (ts, ident)

@@ -1,5 +1,6 @@
 """Native histograms as Prometheus reads them: its validation, its ``histogram_quantile``, and the
-1.0 ``prometheus.Histogram`` message class (hfsampler's prompb reserves 1.0's field 4).
+message the library fills from a ``NativeHistogram`` (``fill_message``), the reference for the
+hand-written bytes.
 
 ``histogram_problems`` follows model/histogram's ``Histogram.Validate`` (schema range, spans'
 offsets and lengths against the buckets, non-negative counts, count against zero count plus
@@ -15,9 +16,8 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-from hfsampler.histograms import SCHEMA_MAX, SCHEMA_MIN, bucket_bound
+from hfsampler.histograms import SCHEMA_MAX, SCHEMA_MIN, NativeHistogram, bucket_bound
+from hfsampler.remote_write.prompb import types_pb2
 
 
 class _Span(Protocol):
@@ -135,59 +135,25 @@ def histogram_quantile(q: float, h: Any) -> float:
     return float(-(2 ** (log_upper + (log_lower - log_upper) * (1 - fraction))))
 
 
-def _v1_histogram_class() -> Any:
-    """``prometheus.Histogram`` and ``BucketSpan`` as prompb/types.proto declares them (field
-    numbers and types from Prometheus's file), built into a private descriptor pool."""
-    fdp = descriptor_pb2.FileDescriptorProto(name="hfsampler_test_v1_histogram.proto")
-    fdp.package = "prometheus"
-    fdp.syntax = "proto3"
-    F = descriptor_pb2.FieldDescriptorProto
-    span = fdp.message_type.add(name="BucketSpan")
-    span.field.add(name="offset", number=1, type=F.TYPE_SINT32, label=F.LABEL_OPTIONAL)
-    span.field.add(name="length", number=2, type=F.TYPE_UINT32, label=F.LABEL_OPTIONAL)
-    msg = fdp.message_type.add(name="Histogram")
-    msg.oneof_decl.add(name="count")
-    msg.oneof_decl.add(name="zero_count")
-    enum = msg.enum_type.add(name="ResetHint")
-    for number, name in enumerate(("UNKNOWN", "YES", "NO", "GAUGE")):
-        enum.value.add(name=name, number=number)
-    rows: list[tuple[str, int, int, int, int | None, str | None]] = [
-        ("count_int", 1, F.TYPE_UINT64, F.LABEL_OPTIONAL, 0, None),
-        ("count_float", 2, F.TYPE_DOUBLE, F.LABEL_OPTIONAL, 0, None),
-        ("sum", 3, F.TYPE_DOUBLE, F.LABEL_OPTIONAL, None, None),
-        ("schema", 4, F.TYPE_SINT32, F.LABEL_OPTIONAL, None, None),
-        ("zero_threshold", 5, F.TYPE_DOUBLE, F.LABEL_OPTIONAL, None, None),
-        ("zero_count_int", 6, F.TYPE_UINT64, F.LABEL_OPTIONAL, 1, None),
-        ("zero_count_float", 7, F.TYPE_DOUBLE, F.LABEL_OPTIONAL, 1, None),
-        ("negative_spans", 8, F.TYPE_MESSAGE, F.LABEL_REPEATED, None, ".prometheus.BucketSpan"),
-        ("negative_deltas", 9, F.TYPE_SINT64, F.LABEL_REPEATED, None, None),
-        ("negative_counts", 10, F.TYPE_DOUBLE, F.LABEL_REPEATED, None, None),
-        ("positive_spans", 11, F.TYPE_MESSAGE, F.LABEL_REPEATED, None, ".prometheus.BucketSpan"),
-        ("positive_deltas", 12, F.TYPE_SINT64, F.LABEL_REPEATED, None, None),
-        ("positive_counts", 13, F.TYPE_DOUBLE, F.LABEL_REPEATED, None, None),
-        ("reset_hint", 14, F.TYPE_ENUM, F.LABEL_OPTIONAL, None, ".prometheus.Histogram.ResetHint"),
-        ("timestamp", 15, F.TYPE_INT64, F.LABEL_OPTIONAL, None, None),
-        ("custom_values", 16, F.TYPE_DOUBLE, F.LABEL_REPEATED, None, None),
-    ]
-    for name, number, ftype, label, oneof, type_name in rows:
-        f = msg.field.add(name=name, number=number, type=ftype, label=label)  # type: ignore[arg-type]
-        if oneof is not None:
-            f.oneof_index = oneof
-        if type_name is not None:
-            f.type_name = type_name
-    ts = fdp.message_type.add(name="TimeSeries")
-    ts.field.add(
-        name="histograms",
-        number=4,
-        type=F.TYPE_MESSAGE,
-        label=F.LABEL_REPEATED,
-        type_name=".prometheus.Histogram",
-    )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    histogram = message_factory.GetMessageClass(pool.FindMessageTypeByName("prometheus.Histogram"))
-    series = message_factory.GetMessageClass(pool.FindMessageTypeByName("prometheus.TimeSeries"))
-    return histogram, series
+def fill_message(msg: Any, h: NativeHistogram, timestamp_ms: int) -> Any:
+    """``msg`` (either protocol's ``Histogram``) filled from ``h`` by the protobuf library: the
+    reference the hand-written bytes are held to."""
+    msg.count_int = h.count
+    msg.sum = h.sum
+    msg.schema = h.schema
+    msg.zero_threshold = h.zero_threshold
+    msg.zero_count_int = h.zero_count
+    for offset, length in h.negative_spans:
+        msg.negative_spans.add(offset=offset, length=length)
+    msg.negative_deltas.extend(h.negative_deltas)
+    for offset, length in h.positive_spans:
+        msg.positive_spans.add(offset=offset, length=length)
+    msg.positive_deltas.extend(h.positive_deltas)
+    msg.reset_hint = int(h.reset_hint)
+    msg.timestamp = timestamp_ms
+    return msg
 
 
-V1Histogram, V1TimeSeriesHistograms = _v1_histogram_class()
+# 1.0's messages (prompb/types.proto, TimeSeries.histograms = 4).
+V1Histogram = types_pb2.Histogram
+V1TimeSeriesHistograms = types_pb2.TimeSeries

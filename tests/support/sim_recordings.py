@@ -8,14 +8,14 @@ Tests check reports of these against the sim's ground truth (``SimSource.value_a
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from hfsampler.fields import DEFAULT_GROUP_INTERVALS_S, Kind, select
 from hfsampler.profiling import record
-from hfsampler.profiling.recording_format import Marker
+from hfsampler.profiling.recording_format import ConsumerWindow, Marker
 from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.groups import GroupPlan, plan_groups
 from hfsampler.sampling.ring import RingRows
@@ -44,11 +44,13 @@ def synthesize(
     start_ns: int | None = None,
     markers: Sequence[Marker] = (),
     end: bool = True,
+    consumers: Callable[[int, int], ConsumerWindow | None] | None = None,
 ) -> dict[str, float]:
     """A recording of ``seconds`` of ``gpus`` sim GPUs sampled at 1 kHz / 10 Hz, written offline.
 
     ``markers`` are stored in the window their time falls in (as the recorder stores what arrived
-    during a window); ``end=False`` leaves the file as a killed recorder would (no end chunk).
+    during a window); ``consumers(t0_ns, t1_ns)`` gives each window's consumers, if any;
+    ``end=False`` leaves the file as a killed recorder would (no end chunk).
     """
     sim = SimSource(gpus=gpus, seed=seed)
     inventory = sim.open(select(None))  # the default selection, as record's
@@ -91,6 +93,9 @@ def synthesize(
             last[gi] = driver[-1].copy()
             rows = RingRows(ticks, np.zeros(n, np.int64), values, driver)
             store_window(writer, gi, plan, rows, t0, t1, keep)
+        found = consumers(t0, t1) if consumers is not None else None
+        if found is not None:
+            writer.add_consumers(found)
         writer.add_markers([m for m in pending if m.t_ns < t1])
         pending = [m for m in pending if m.t_ns >= t1]
     writer.add_markers(pending)

@@ -1,1 +1,1 @@
-"""Generated protobuf messages of the kubelet pod-resources API (scripts/gen_attribution_proto.sh)."""
+"""Generated protobuf messages of the kubelet pod-resources API (scripts/gen_proto.sh)."""

@@ -1,1 +1,1 @@
-"""Generated protobuf messages of Prometheus's exposition format (scripts/gen_exposition_proto.sh)."""
+"""Generated protobuf messages of Prometheus's exposition format (scripts/gen_proto.sh)."""

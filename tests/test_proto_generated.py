@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GENERATED = ROOT / "hfsampler" / "remote_write" / "prompb"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
+    """Every committed *_pb2.py is what scripts/gen_proto.sh makes of proto/ today, and every
+    .proto has its module."""
     if importlib.util.find_spec("grpc_tools") is None:
         pytest.skip(
             "grpc_tools is not importable: pip install 'hfsampler[proto]' to run this check"
@@ -26,13 +27,14 @@ def test_generated_modules_are_not_stale(tmp_path: Path) -> None:
         check=True,
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
-    fresh_dir = tmp_path / "hfsampler" / "remote_write" / "prompb"
-    fresh = sorted(p.name for p in fresh_dir.glob("*_pb2.py"))
-    committed = sorted(p.name for p in GENERATED.glob("*_pb2.py"))
-    assert fresh == committed == ["remote_pb2.py", "types_pb2.py", "writev2_pb2.py"]
-    for name in fresh:
-        assert (fresh_dir / name).read_bytes() == (GENERATED / name).read_bytes(), (
-            f"{name} is stale: run scripts/gen_proto.sh and commit the result"
+    fresh = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*_pb2.py"))
+    committed = sorted(p.relative_to(ROOT) for p in (ROOT / "hfsampler").rglob("*_pb2.py"))
+    protos = sorted((ROOT / "proto").rglob("*.proto"))
+    assert fresh == committed
+    assert len(fresh) == len(protos) >= 6
+    for rel in fresh:
+        assert (tmp_path / rel).read_bytes() == (ROOT / rel).read_bytes(), (
+            f"{rel} is stale: run scripts/gen_proto.sh and commit the result"
         )
 
 
@@ -55,7 +57,26 @@ def test_field_numbers_match_prometheus() -> None:
         return {f.name: f.number for f in msg.DESCRIPTOR.fields}  # type: ignore[attr-defined]
 
     assert numbers(remote_pb2.WriteRequest) == {"timeseries": 1, "metadata": 3}
-    assert numbers(types_pb2.TimeSeries) == {"labels": 1, "samples": 2}
+    assert numbers(types_pb2.TimeSeries) == {"labels": 1, "samples": 2, "histograms": 4}
+    assert numbers(types_pb2.Histogram) == {
+        "count_int": 1,
+        "count_float": 2,
+        "sum": 3,
+        "schema": 4,
+        "zero_threshold": 5,
+        "zero_count_int": 6,
+        "zero_count_float": 7,
+        "negative_spans": 8,
+        "negative_deltas": 9,
+        "negative_counts": 10,
+        "positive_spans": 11,
+        "positive_deltas": 12,
+        "positive_counts": 13,
+        "reset_hint": 14,
+        "timestamp": 15,
+        "custom_values": 16,
+    }
+    assert numbers(types_pb2.BucketSpan) == {"offset": 1, "length": 2}
     assert numbers(types_pb2.Label) == {"name": 1, "value": 2}
     assert numbers(types_pb2.Sample) == {"value": 1, "timestamp": 2}
     assert numbers(types_pb2.MetricMetadata) == {

@@ -71,6 +71,12 @@ CONFIG_RELOAD_TIME = MetricDef(
     "When the configuration was last reloaded successfully.",
     "gauge",
 )
+CONSUMER_PROCFS_FAULTS = MetricDef(
+    "hfsampler_consumer_procfs_faults_total",
+    "Faults reading a GPU process's consumer from the host's procfs, by kind (procfs, "
+    "namespace, hidden, gone, reused, unreadable, odd): each degrades that process's consumer.",
+    "counter",
+)
 
 # -- Remote-Write, per endpoint (remote_write/) -------------------------------------------------
 RW_SAMPLES = MetricDef(

@@ -7,6 +7,8 @@ Each generated part sits in a page between ``<!-- BEGIN GENERATED: NAME -->`` an
 ``<!-- END GENERATED: NAME -->``; the prose around it is written by hand and left alone.
 
 - ``metrics`` (docs/metrics.md): every series of the field catalogue (``hfsampler.fields``).
+- ``consumers`` (docs/metrics.md): the per-consumer series of shared GPUs
+  (``hfsampler.export.consumer_series``).
 - ``selfmetrics`` (docs/operating.md): hfsampler's own series (``hfsampler.selfmetrics``).
 - ``config`` (docs/configuration.md): every setting, its YAML key, flag and default, and the
   ``remote_write`` endpoint and ``queue_config`` keys.
@@ -215,6 +217,13 @@ def metrics_reference() -> str:
     return "\n".join(out)
 
 
+def consumers_reference() -> str:
+    from hfsampler.export import consumer_series as cs
+
+    rows = [(f"`{name}`", type_, help_text) for name, help_text, type_ in cs.FAMILIES]
+    return "\n".join(_table(("series", "type", "meaning"), rows))
+
+
 def selfmetrics_reference() -> str:
     from hfsampler import selfmetrics
 
@@ -237,6 +246,7 @@ def config_reference() -> str:
 
 PARTS: dict[str, tuple[str, Callable[[], str]]] = {
     "metrics": ("docs/metrics.md", metrics_reference),
+    "consumers": ("docs/metrics.md", consumers_reference),
     "selfmetrics": ("docs/operating.md", selfmetrics_reference),
     "config": ("docs/configuration.md", config_reference),
 }

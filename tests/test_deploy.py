@@ -180,6 +180,11 @@ def test_overlay_renders_and_validates(overlay: str) -> None:
     assert {"/etc/hfsampler", "/etc/hfsampler/secret", "/var/lib/hfsampler",
             "/var/lib/kubelet/pod-resources"} <= mounts  # fmt: skip
     assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in container["args"]
+    # consumers: the host's procfs, read-only, without hostPID (docs/deployment.md says why)
+    (host_proc,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/host/proc"]
+    assert host_proc["readOnly"] is True
+    (volume,) = [v for v in spec["volumes"] if v["name"] == host_proc["name"]]
+    assert volume["hostPath"]["path"] == "/proc"
 
 
 def test_overlay_validation_catches_a_broken_manifest() -> None:
@@ -207,6 +212,7 @@ def test_overlay_config_and_secret_load_as_the_pod_would(overlay: str, tmp_path:
     )
     config = load_file(tmp_path / "remote-write.yml", load_file(tmp_path / "config.yml"))
     assert config.listen == "0.0.0.0:9400"
+    assert config.procfs == "/host/proc"
     assert config.external_labels.get("cluster")
     assert len(config.remote_write) == 1
 

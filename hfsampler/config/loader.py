@@ -39,7 +39,8 @@ PASTED_KEYS: tuple[Key, ...] = tuple(
 
 
 def _names() -> tuple[dict[str, Key], dict[str, dict[str, Key]]]:
-    """The top-level keys and, per block (``dcgm``, ``global``, ...), its keys."""
+    """The top-level keys and, per block (``dcgm``, ``global``, ...), its keys. A name may be
+    both (``consumers: false``, or a ``consumers:`` block whose ``enabled`` is the same key)."""
     top: dict[str, Key] = {}
     blocks: dict[str, dict[str, Key]] = {}
     for k in (*KEYS, *PASTED_KEYS):
@@ -93,7 +94,7 @@ def from_mapping(data: object, base: Config | None = None) -> Config:
     _check_names(data)
     kw: dict[str, Any] = {}
     for name, value in data.items():
-        if name in _BLOCKS:
+        if name in _BLOCKS and (name not in _TOP or isinstance(value, dict)):
             block = expect(value, dict, name, _block_example(name))
             for sub, subvalue in block.items():
                 _apply(kw, _BLOCKS[name][sub], subvalue, f"{name}.{sub}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hfsampler import fields as catalogue
+from hfsampler.config import consumer_keys
 from hfsampler.config.counters_csv import CountersFile, counters_file_flag
 from hfsampler.config.histogram_keys import (
     check_relative_error,
@@ -248,6 +249,45 @@ class Config:
         flag=Flag("--hpc-job-mapping-dir", "one file per GPU naming its jobs: hpc_job",
                   metavar="DIR", convert=_blank_is_none),
     )  # fmt: skip
+    consumers: str = key(
+        "auto", yaml="consumers", also=("consumers.enabled",), type="auto, true or false",
+        example="auto", parse=consumer_keys.as_mode, shown_default="auto",
+        doc="per-consumer series of shared GPUs (who used each GPU, how much, its energy): "
+        "auto reads GPU processes on NVML, not on the sim (true shows its made-up ones)",
+        flag=Flag("--consumers", "per-consumer series of shared GPUs: auto (NVML only), on, off",
+                  choices=consumer_keys.MODES, convert=consumer_keys.mode_flag),
+    )  # fmt: skip
+    procfs: str = key(
+        "/proc", yaml="procfs", type="path", example="/host/proc", parse=as_text,
+        doc="the host's procfs, where a GPU process's cgroup names its consumer (/host/proc "
+        "in a container, as node_exporter's --path.procfs)",
+        flag=Flag("--procfs", "the host's procfs (default /proc; /host/proc in a container)",
+                  metavar="PATH"),
+    )  # fmt: skip
+    container_runtime_socket: str | None = key(
+        None, yaml="container_runtime_socket", type="path",
+        example="/run/containerd/containerd.sock", parse=as_text_or_none,
+        doc="the container runtime's CRI socket: pod, namespace and container names of consumers",
+        flag=Flag("--container-runtime-socket", "CRI socket (containerd, CRI-O): name the "
+                  "consumers' pods and containers", metavar="PATH", convert=_blank_is_none),
+    )  # fmt: skip
+    consumers_max_per_gpu: int = key(
+        16, yaml="consumers.max_per_gpu", type="whole number", example="16", parse=as_whole,
+        reload="labels", doc='consumers with series of their own per GPU; the rest are folded '
+        'into consumer="other"',
+    )  # fmt: skip
+    consumers_pod_label_allowlist: str | None = key(
+        None, yaml="consumers.pod_label_allowlist", type="regex", example="team|app",
+        parse=as_text_or_none, reload="labels",
+        doc="pod labels (keys matching this regex whole) added to a pod consumer's series, as "
+        "dcgm-exporter's --kubernetes-enable-pod-labels; needs container_runtime_socket",
+    )  # fmt: skip
+    consumers_dcgm_exporter_virtual_gpus: bool = key(
+        False, yaml="consumers.dcgm_exporter_virtual_gpus", type="bool", example="true",
+        parse=as_bool, reload="labels",
+        doc="also DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED per pod, as dcgm-exporter's "
+        "--kubernetes-virtual-gpus has them (a plain sum over a GPU then counts it twice)",
+    )  # fmt: skip
     queue_dir: str | None = key(
         None, yaml="queue_dir", type="path", example="/var/lib/hfsampler/queue",
         parse=as_text_or_none, doc="spool Remote-Write queues here (persistent); none: memory only",
@@ -396,6 +436,13 @@ class Config:
             path = getattr(self, name)
             if path is not None and not path.startswith("/"):
                 raise ConfigError(name, f"{path!r} is not an absolute path", "start it with /")
+        consumer_keys.check(
+            self.consumers,
+            self.procfs,
+            self.container_runtime_socket,
+            self.consumers_max_per_gpu,
+            self.consumers_pod_label_allowlist,
+        )
         if not LABEL_NAME_RE.match(self.host_label) or self.host_label.startswith("__"):
             raise ConfigError(
                 "host_label", f"{self.host_label!r} is not a label name", "Hostname or hostname"

@@ -17,7 +17,7 @@ numbers may add to more than 100 % under MPS.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,3 +159,39 @@ def split(use: WindowUse, consumers: Mapping[int, Consumer]) -> WindowSplit:
         ConsumerShare(c, float(energy[i]), float(sm[i]), float(memory[i])) for c, i in order.items()
     )
     return WindowSplit(shares, unattributed)
+
+
+def split_instances(
+    parts: Sequence[tuple[WindowUse, float]], energy_j: float, consumers: Mapping[int, Consumer]
+) -> tuple[list[WindowSplit], float]:
+    """A MIG GPU's window: NVML has no energy per instance, so the GPU's ``energy_j`` is split
+    over the consumers of all its instances at once. ``parts`` are each instance's use (its own
+    ``energy_j`` is not read) with its share of the GPU's SMs (its compute slices of 7): a
+    consumer's weight is its SM ratio of its instance times that share. Returns each instance's
+    split (its consumers' parts; ``unattributed_j`` 0) and the GPU's unattributed energy, which
+    together add up to ``energy_j`` as ``split``'s do."""
+    splits = [split(use, consumers) for use, _ in parts]
+    weights = [s.sm_ratio * share for (_, share), one in zip(parts, splits, strict=True)
+               for s in one.shares]  # fmt: skip
+    total = math.fsum(weights)
+    if not (total > 0.0 and energy_j > 0.0):
+        zeroed = [WindowSplit(tuple(_with_energy(s, 0.0) for s in one.shares), 0.0)
+                  for one in splits]  # fmt: skip
+        return zeroed, energy_j
+    parts_j = [energy_j * w / total for w in weights]
+    # the last consumer that drew anything takes the rest, so the parts add up
+    last = max(i for i, w in enumerate(weights) if w > 0.0)
+    parts_j[last] = 0.0
+    parts_j[last] = max(energy_j - math.fsum(parts_j), 0.0)
+    out, k = [], 0
+    for one in splits:
+        shares = []
+        for s in one.shares:
+            shares.append(_with_energy(s, parts_j[k]))
+            k += 1
+        out.append(WindowSplit(tuple(shares), 0.0))
+    return out, 0.0
+
+
+def _with_energy(share: ConsumerShare, energy_j: float) -> ConsumerShare:
+    return ConsumerShare(share.consumer, energy_j, share.sm_ratio, share.memory_used_bytes)

@@ -41,6 +41,12 @@ FAMILIES = (
 )  # fmt: skip
 OTHER = "other"
 DEFAULT_MAX_PER_GPU = 16
+# dcgm-exporter's --kubernetes-virtual-gpus: these two per pod sharing a GPU, with the pod's
+# pod, namespace and container labels (percent, and MiB, as its device series have them)
+VIRTUAL_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+VIRTUAL_FB_USED = "DCGM_FI_DEV_FB_USED"
+VIRTUAL_LABELS = ("pod", "namespace", "container")
+_MIB = float(1 << 20)
 
 Names = Callable[[Consumer], Mapping[str, str]]  # a consumer's labels (CriNames.labels adds names)
 
@@ -54,6 +60,9 @@ class _Place:
     energy: Series
     energy_j: float = 0.0
     memory_sent: bool = False  # a series never sent gets no stale marker either
+    util: Series | None = None  # dcgm-exporter's per-pod series (virtual_gpus), where a pod
+    fb: Series | None = None
+    fb_sent: bool = False
 
 
 @dataclass(slots=True)
@@ -72,23 +81,38 @@ class ConsumerSeries:
         registry: SeriesRegistry,
         external: Mapping[str, str] | None = None,
         max_per_gpu: int = DEFAULT_MAX_PER_GPU,
+        *,
+        virtual_gpus: bool = False,
     ) -> None:
+        """``virtual_gpus``: also dcgm-exporter's ``DCGM_FI_DEV_GPU_UTIL`` and
+        ``DCGM_FI_DEV_FB_USED`` per named pod (its ``--kubernetes-virtual-gpus``)."""
         if max_per_gpu < 1:
             raise ValueError(f"max_per_gpu must be at least 1, not {max_per_gpu}")
         self.registry = registry
         self.external = dict(external or {})
         self.max_per_gpu = max_per_gpu
+        self.virtual_gpus = virtual_gpus
         self._rows: dict[tuple[tuple[str, str], ...], _Row] = {}
+        self._carried: dict[int, float] = {}  # by Series.id: a predecessor's counters (reload)
         for name, help_text, type_ in FAMILIES:
             registry.family(name, help_text, type_)
+        if virtual_gpus:  # the model's own, where the field is sampled: the first one stays
+            registry.family(VIRTUAL_GPU_UTIL, "GPU utilization (in %).", "gauge")
+            registry.family(VIRTUAL_FB_USED, "Framebuffer memory used (in MiB).", "gauge")
 
     def _series(self, name: str, labels: Mapping[str, str]) -> Series:
         return self.registry.series(name, with_external_labels(labels, self.external))
 
     def _place(self, row_labels: Mapping[str, str], consumer_labels: Mapping[str, str]) -> _Place:
         labels = {**consumer_labels, **row_labels}  # the GPU's own labels are never replaced
-        return _Place(self._series(SM_RATIO, labels), self._series(MEMORY_USED, labels),
-                      self._series(ENERGY, labels))  # fmt: skip
+        place = _Place(self._series(SM_RATIO, labels), self._series(MEMORY_USED, labels),
+                       self._series(ENERGY, labels))  # fmt: skip
+        place.energy_j = self._carried.pop(place.energy.id, 0.0)
+        if self.virtual_gpus and consumer_labels.get(VIRTUAL_LABELS[0]):
+            pod = {k: consumer_labels[k] for k in VIRTUAL_LABELS if consumer_labels.get(k)}
+            place.util = self._series(VIRTUAL_GPU_UTIL, {**pod, **row_labels})
+            place.fb = self._series(VIRTUAL_FB_USED, {**pod, **row_labels})
+        return place
 
     def window(
         self, rows: Sequence[tuple[Mapping[str, str], WindowSplit]], names: Names
@@ -106,6 +130,7 @@ class ConsumerSeries:
             if row is None:
                 row = self._rows[key] = _Row(self._series(UNATTRIBUTED, row_labels),
                                              self._series(FOLDED, row_labels))  # fmt: skip
+                row.unattributed_j = self._carried.pop(row.unattributed.id, 0.0)
             self._row_window(row, row_labels, result, names, series, values)
         for key in [k for k in self._rows if k not in seen]:
             self._end(self._rows.pop(key), series, values)
@@ -165,26 +190,58 @@ class ConsumerSeries:
             place.memory_sent = True
             series.append(place.memory)
             values.append(memory_bytes)
+        if place.util is not None and place.fb is not None:
+            series.append(place.util)
+            values.append(sm_ratio * 100.0)
+            if not math.isnan(memory_bytes):
+                place.fb_sent = True
+                series.append(place.fb)
+                values.append(memory_bytes / _MIB)
 
-    def _end_place(self, place: _Place, series: list[Series], values: list[float]) -> None:
+    def _end_place(
+        self, place: _Place, series: list[Series], values: list[float], forget: bool = True
+    ) -> None:
         ended = [place.sm, place.energy] + ([place.memory] if place.memory_sent else [])
-        self.registry.forget([place.sm, place.memory, place.energy])
+        ended += [place.util] if place.util is not None else []
+        ended += [place.fb] if place.fb is not None and place.fb_sent else []
+        if forget:
+            made = [place.sm, place.memory, place.energy, place.util, place.fb]
+            self.registry.forget([s for s in made if s is not None])
         series += ended
         values += [STALE_NAN] * len(ended)
 
-    def _end(self, row: _Row, series: list[Series], values: list[float]) -> None:
+    def _end(
+        self, row: _Row, series: list[Series], values: list[float], forget: bool = True
+    ) -> None:
         for place in row.places.values():
-            self._end_place(place, series, values)
+            self._end_place(place, series, values, forget)
         ended = [row.unattributed, row.folded]
-        self.registry.forget(ended)
+        if forget:
+            self.registry.forget(ended)
         series += ended
         values += [STALE_NAN] * len(ended)
 
-    def end_all(self) -> tuple[list[Series], list[float]]:
-        """Stale markers for every consumer series: the last thing sent at shutdown."""
+    def counters(self) -> dict[int, float]:
+        """Every energy counter where it stands, by its series' id: what a successor built by a
+        reload (``take_over``) goes on from, for the label sets it takes on."""
+        out = {}
+        for row in self._rows.values():
+            out[row.unattributed.id] = row.unattributed_j
+            out.update((p.energy.id, p.energy_j) for p in row.places.values())
+        return out
+
+    def take_over(self, counters: Mapping[int, float]) -> None:
+        """Go on from a predecessor's ``counters`` where a series is the same: a counter
+        continues across a reload rather than starting from 0 (which would read as a reset)."""
+        self._carried = dict(counters)
+
+    def end_all(self, *, forget: bool = True) -> tuple[list[Series], list[float]]:
+        """Stale markers for every consumer series: the last thing sent at shutdown.
+        ``forget=False`` leaves them in the registry, for a successor (a reload) that may take
+        the same label sets on, as the same series, in its first window."""
         series: list[Series] = []
         values: list[float] = []
         for row in self._rows.values():
-            self._end(row, series, values)
+            self._end(row, series, values, forget)
         self._rows.clear()
         return series, values

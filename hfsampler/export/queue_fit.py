@@ -5,12 +5,14 @@ A queue without ``capacity`` is sized from the plan at start and always fits. An
 ``capacity`` below one window is raised to one window at start (``remote_write.sizing``);
 check-config says so beforehand. A window's series are counted as `run` counts them (the metric
 model of the plan), on the sim source's GPUs as configured; for a source whose GPUs are found
-only at start, on a sim node of as many GPUs as ``devices`` lists, else ``ASSUMED_GPUS``.
+only at start, on a sim node of as many GPUs as ``devices`` lists, else ``ASSUMED_GPUS``; with
+the consumers' series where the source reads them (``consumers: auto`` counts ``auto`` as NVML).
 """
 
 from __future__ import annotations
 
 from hfsampler.config.settings import Config
+from hfsampler.export.consumer_run import planned_series as consumers_planned
 from hfsampler.export.metrics import build_model
 from hfsampler.remote_write.sizing import queue_bound, raised_warning
 from hfsampler.sampling.groups import plan_groups
@@ -35,7 +37,8 @@ def window_samples(config: Config) -> tuple[int, str]:
     inventory = discover(spec, config.selected_fields(), config.intervals_s)
     groups = {p.name: p.fields for p in plan_groups(inventory.fields, config.intervals_s)}
     model = build_model(config, inventory.devices, groups, SelfMetrics())
-    return model.planned_series(), what
+    kind = "sim" if config.source == "sim" else "nvml" if config.source == "auto" else config.source
+    return model.planned_series() + consumers_planned(config, kind, inventory.devices), what
 
 
 def queue_warnings(config: Config) -> list[str]:

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
@@ -29,6 +30,8 @@ from hfsampler.config.settings import Config, parse_listen
 from hfsampler.errors import ConfigError
 from hfsampler.export import exposition
 from hfsampler.export.attribution import Labeller, build_labeller
+from hfsampler.export.consumer_run import ConsumerRun, open_consumers
+from hfsampler.export.consumer_run import planned_series as consumers_planned
 from hfsampler.export.exposition_proto import wants_protobuf
 from hfsampler.export.metrics import MetricModel, build_model
 from hfsampler.export.web import BAD_REQUEST_FILTER, WebGate
@@ -43,7 +46,7 @@ from hfsampler.sampling.pipeline import RUN, WALL, Clock, Pipeline, Window
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.window import MAX, MEAN, WindowStats
 from hfsampler.selfmetrics import SelfMetrics
-from hfsampler.series import Snapshot
+from hfsampler.series import Series, Snapshot
 from hfsampler.sources.base import DeviceInfo, Inventory, physical
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,7 @@ class Service:
         self._labeller: Labeller | None = build_labeller(
             inventory.devices, config.pod_resources_socket, config.hpc_job_mapping_dir
         )
+        self.consumers: ConsumerRun | None = None  # opened in ``run``, when the config says so
 
     def stop(self) -> None:
         self._stop.set()
@@ -120,8 +124,12 @@ class Service:
         configuration it is in, the running one by default)."""
         # the model's families from the start: a spool replayed before the first window goes
         # out as 2.0 with its series' metadata
+        # the consumers' series too, where they are on (at most max_per_gpu per GPU)
+        planned = self.model.planned_series() + consumers_planned(
+            config or self.config, self.spec.kind, self.inventory.devices
+        )
         writer = RemoteWriter(endpoint, self.metrics, self._queue_dir, self.model.families,
-                              window_samples=self.model.planned_series())  # fmt: skip
+                              window_samples=planned)  # fmt: skip
         if writer.bound.raised_from is not None:
             names = [ep.remote_name for ep in (config or self.config).remote_write]
             i = names.index(endpoint.remote_name) if endpoint.remote_name in names else 0
@@ -183,6 +191,8 @@ class Service:
                     for w in removed:
                         w.push(ended)
                 self.model = self._build_model(plan.config, previous=self.model)
+                if self.consumers is not None:  # the new series from the next window
+                    self.consumers.reconfigure(plan.config, self.model.host)
                 if self.pipeline is not None:  # changed histograms restart, the others go on
                     self.pipeline.choose_histograms(choice_of(plan.config))
             left = await asyncio.gather(
@@ -284,6 +294,9 @@ class Service:
                 else "normal scheduling",
             )  # fmt: skip
             log.debug("shared memory: %s", " ".join(r.name for r in sampler.rings.values()))
+            self.consumers = await loop.run_in_executor(
+                None, open_consumers, self.plan, self.model, self.metrics, self._clock
+            )
             runner = await self._serve()
             for w in self._writers:
                 await w.start()
@@ -309,7 +322,11 @@ class Service:
             if self._labeller is not None:  # a kubelet call or file reads: off the loop
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
-            self._export(window)
+            consumed: tuple[list[Series], list[float]] = ([], [])
+            if self.consumers is not None:  # procfs reads and the split: off the loop
+                self.consumers.ask_names(loop)
+                consumed = await loop.run_in_executor(None, self.consumers.window, window)
+            self._export(window, consumed)
         if pipeline.died:
             log.error("the sampler process died (%s); stopping", pipeline.sampler.exit_reason())
             return 1
@@ -322,14 +339,19 @@ class Service:
             self.model.set_devices(window.devices)
             if self._labeller is not None:
                 self._labeller.set_devices(window.devices)
+        if self.consumers is not None:
+            self.consumers.set_devices(window.devices)
 
-    def _export(self, window: Window) -> None:
+    def _export(
+        self, window: Window, consumed: tuple[list[Series], list[float]] = ([], [])
+    ) -> None:
         # a MIG slot whose instance changed in the window: its samples are two instances'
         gpu_up = window.gpu_up & ~window.mixed
         self._update_self_metrics(window, gpu_up)
         stats = window.stats
         histograms = {g.plan.name: g.histograms for g in window.groups}
         snapshot = self.model.snapshot(stats, gpu_up, window.t1_ns, histograms)
+        snapshot = _with(snapshot, consumed)
         self.page.update(snapshot)
         self.windows += 1
         for w in self._writers:
@@ -431,14 +453,27 @@ class Service:
                 await asyncio.wait_for(asyncio.shield(self._reloading), FLUSH_DEADLINE_S * 2)
         if self._labeller is not None:
             self._labeller.close()
+        consumers_ended: tuple[list[Series], list[float]] = ([], [])
+        if self.consumers is not None:
+            await self.consumers.names_asked()
+            consumers_ended = self.consumers.end()
+            await asyncio.get_running_loop().run_in_executor(None, self.consumers.close)
         if self._writers:
-            final = self.model.final_snapshot(self._clock.now_ns())
+            final = _with(self.model.final_snapshot(self._clock.now_ns()), consumers_ended)
             for w in self._writers:
                 if len(final):
                     w.push(final)
             await asyncio.gather(*(w.close(self._flush_deadline_s) for w in self._writers))
         if runner is not None:
             await runner.cleanup()
+
+
+def _with(snapshot: Snapshot, more: tuple[list[Series], list[float]]) -> Snapshot:
+    """``snapshot`` with more series (the consumers', under names of their own)."""
+    if not more[0]:
+        return snapshot
+    return replace(snapshot, series=[*snapshot.series, *more[0]],
+                   values=[*snapshot.values, *more[1]])  # fmt: skip
 
 
 def _mig_text(devices: Sequence[DeviceInfo]) -> str:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from hfsampler.fields import Field
+
+if TYPE_CHECKING:
+    from hfsampler.consumers.split import WindowUse
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -137,6 +140,28 @@ class GpuProcess:
     pid: int
     used_memory_bytes: int | None  # None where the driver does not say
     sm_util_pct: float | None  # mean since the last read; None where the driver gives none
+
+
+class ConsumerLists(Protocol):
+    """Every process on the sampled GPUs and MIG instances, for `run`'s consumers: the process
+    lists (read a few times per window) and the per-process utilisation samples, gathered until
+    the window takes them. Runs in the service's process, never on the sampler's lanes."""
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        """The rows now (a MIG slot's instance may have changed): a GPU without MIG is read on
+        its own handle, a MIG GPU on its instances' handles."""
+        ...
+
+    def read(self) -> None:
+        """One read of every row's lists and of its utilisation samples since the last."""
+        ...
+
+    def take(self) -> dict[int, WindowUse]:
+        """Per row read, what was gathered since the last take (``energy_j`` 0: the window's
+        energy is the caller's to add); the reads start again empty."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class ProcessReader(Protocol):

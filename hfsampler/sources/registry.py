@@ -5,9 +5,27 @@ The imports are inside the functions so that choosing ``sim`` never loads ``pynv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from hfsampler.sources.base import ProcessReader, Source, SourceSpec
+from hfsampler.sources.base import ConsumerLists, DeviceInfo, ProcessReader, Source, SourceSpec
+
+
+def open_consumer_lists(
+    spec: SourceSpec, devices: Sequence[DeviceInfo], procfs: str, clock_ns: Callable[[], int]
+) -> ConsumerLists | None:
+    """The process lists `run`'s consumers read, where the source has them (NVML, with a
+    reference of its own; the sim's made-up ones, their procfs tree under ``procfs``)."""
+    if spec.kind == "sim":
+        from hfsampler.sources.sim.consumers import SimConsumerLists
+
+        lists = SimConsumerLists(spec.gpus, spec.seed, procfs, clock_ns)
+        lists.set_devices(devices)
+        return lists
+    if spec.kind == "nvml":
+        from hfsampler.sources.nvml.consumer_reads import NvmlConsumerLists
+
+        return NvmlConsumerLists(devices)
+    return None
 
 
 def open_processes(spec: SourceSpec, indices: Sequence[int]) -> ProcessReader | None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hfsampler.consumers.split import WindowUse
+from hfsampler.sources.base import DeviceInfo
 from hfsampler.sources.nvml import calls
 
 log = logging.getLogger(__name__)
@@ -101,3 +102,71 @@ class ConsumerReads:
                 d.samples.append((pid, ts_us, float(sm)))
             d.since_us = max(d.since_us, ts_us)
         d.primed = True
+
+
+class NvmlConsumerLists:
+    """``ConsumerLists`` over NVML: its own reference (``init``/``shutdown``) in the service's
+    process, as `record`'s process reader has; a GPU without MIG read on its handle, a MIG GPU
+    on each instance's (a MIG GPU's own lists name the instances' processes again)."""
+
+    def __init__(self, devices: Sequence[DeviceInfo]) -> None:
+        calls.init()
+        self._rows: list[int] = []
+        self._reads = ConsumerReads([])
+        try:
+            self.set_devices(devices)
+        except calls.NvmlError:
+            calls.shutdown()
+            raise
+
+    def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
+        rows: list[int] = []
+        targets: list[tuple[Any, str]] = []
+        handles: dict[int, Any] = {}
+        for r, d in enumerate(devices):
+            if d.is_gpu:
+                if any(s.index == d.index and not s.is_gpu for s in devices):
+                    continue  # a MIG GPU: its instances' rows are read instead
+                rows.append(r)
+                targets.append((calls.device_handle(d.index), f"GPU {d.index}"))
+            elif d.mig is not None:
+                found = self._instance(handles, d)
+                if found is not None:
+                    rows.append(r)
+                    name = f"GPU {d.index} instance {d.mig.gpu_instance_id}"
+                    targets.append((found, name))
+        self._rows = rows
+        self._reads = ConsumerReads(targets)
+
+    @staticmethod
+    def _instance(handles: dict[int, Any], d: DeviceInfo) -> Any:
+        """The MIG device handle of ``d``'s instance, by its GPU instance id; None if gone."""
+        assert d.mig is not None
+        parent = handles.get(d.index)
+        if parent is None:
+            parent = handles[d.index] = calls.device_handle(d.index)
+        try:
+            for k in range(calls.max_mig_devices(parent)):
+                try:
+                    mig = calls.mig_device_handle(parent, k)
+                except calls.NvmlError:
+                    continue  # an empty slot
+                if calls.gpu_instance_id(mig) == d.mig.gpu_instance_id:
+                    return mig
+        except calls.NvmlError as e:
+            log.info("GPU %d's MIG instances: %s; its consumers are left out until the layout "
+                     "changes", d.index, calls.error_text(int(e.value)))  # fmt: skip
+        return None
+
+    def read(self) -> None:
+        self._reads.read()
+
+    def take(self) -> dict[int, WindowUse]:
+        uses = self._reads.take([0.0] * len(self._rows))
+        return dict(zip(self._rows, uses, strict=True))
+
+    def close(self) -> None:
+        try:
+            calls.shutdown()
+        except calls.NvmlError as e:
+            log.debug("nvmlShutdown: %s", e)

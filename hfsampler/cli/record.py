@@ -25,7 +25,6 @@ from hfsampler.profiling.record import (
     log,
     visible_gpus,
 )
-from hfsampler.profiling.record_consumers import DEFAULT_PROCFS
 from hfsampler.sampling.plan import build_run
 
 EXIT_STATUS_HELP = f"""exit status:
@@ -63,15 +62,11 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("--gpus", dest="gpu_list", metavar="LIST", help=gpus_help)
     add_sampling_flags(
         p,
-        ("--label", "--duration", "--source", "--seed", "--sim-mig", "--fields"),
+        ("--label", "--duration", "--source", "--seed", "--sim-mig", "--fields", "--procfs"),
         wording=wording,
         sources=("auto", "nvml", "sim", "jetson"),
     )
     p.add_argument("--quiet", action="store_true", help="no status line")
-    p.add_argument("--procfs", default=DEFAULT_PROCFS, metavar="DIR",
-                   help="the host's procfs, where each GPU process's consumer (Slurm job, "
-                   "Kubernetes pod, systemd unit, user) is read (default /proc; /host/proc in a "
-                   "container)")  # fmt: skip
     p.add_argument("--mark-pattern", action="append", default=[], metavar="REGEX",
                    help=PATTERN_HELP)  # fmt: skip
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
@@ -92,7 +87,7 @@ def options(args: argparse.Namespace) -> RecordOptions:
     return RecordOptions(
         Path(args.output), command, config.duration_s, config,
         tuple(wanted) if wanted else None, status=not args.quiet,
-        mark_patterns=compile_patterns(args.mark_pattern), procfs=args.procfs,
+        mark_patterns=compile_patterns(args.mark_pattern),
     )  # fmt: skip
 
 

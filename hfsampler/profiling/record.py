@@ -42,7 +42,7 @@ from hfsampler.markers import ENV as MARKER_ENV
 from hfsampler.markers import PARENT_WIRE_VERSION
 from hfsampler.markers import WIRE_ENV as MARKER_WIRE_ENV
 from hfsampler.profiling.job_markers import MarkerSocket, OutputTap, parent_pid
-from hfsampler.profiling.record_consumers import DEFAULT_PROCFS, ConsumerLooks
+from hfsampler.profiling.record_consumers import ConsumerLooks
 from hfsampler.profiling.recording_format import Marker, RecordingWriteError, consumer_to_json
 from hfsampler.profiling.recording_writer import RecordingWriter
 from hfsampler.sampling.pipeline import RECORD, RECORD_GRACE_S, WALL, Clock, Pipeline, Window
@@ -173,7 +173,6 @@ class RecordOptions:
     gpus: tuple[str, ...] | None
     status: bool
     mark_patterns: tuple[re.Pattern[str], ...] = ()
-    procfs: str = DEFAULT_PROCFS  # the host's procfs, where each GPU process's consumer is read
 
 
 class Recorder:
@@ -236,7 +235,7 @@ class Recorder:
                 stack.callback(_quietly, side.close, "the process reader")
                 rows = {self.inventory.devices[p].index: i for i, p in enumerate(self.keep)
                         if self.inventory.devices[p].is_gpu}  # fmt: skip
-                self._looks = ConsumerLooks(rows, self.opts.procfs)
+                self._looks = ConsumerLooks(rows, self.opts.config.procfs)
             stack.callback(self._close_inbox)
             stack.callback(self._kill_child)  # a way out that did not wait for the job
             pipeline.start()

@@ -21,15 +21,13 @@ from hfsampler.consumers.split import WindowUse
 from hfsampler.profiling.recording_format import ConsumerWindow
 from hfsampler.sources.base import GpuProcess
 
-DEFAULT_PROCFS = "/proc"
-
 
 class ConsumerLooks:
     """The looks at the processes since the last window, per recorded GPU."""
 
-    def __init__(self, rows: Mapping[int, int], procfs: str = DEFAULT_PROCFS) -> None:
+    def __init__(self, rows: Mapping[int, int], procfs: str) -> None:
         """``rows``: GPU index -> its position in the recording's devices (the GPU's own row:
-        the process lists are per physical GPU)."""
+        the process lists are per physical GPU); ``procfs``: the config's ``procfs:``."""
         self.procfs = ProcfsReader(procfs)
         self._rows = dict(rows)
         self._looks = 0

@@ -23,7 +23,7 @@ median of the rounds and their lowest and highest.
 
     python benchmarks/scale.py [--gpus 8,64] [--seconds 60] [--rounds 2] [--warmup 5]
                                [--peer-ref 88cdfd4 | --no-peer] [--capacity N]
-                               [--floor-seconds 10]
+                               [--floor-seconds 10] [--fields all]
                                [--out benchmarks/out/scale.json]
 """
 
@@ -103,20 +103,32 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def one_run(
-    tree: Path, gpus: int, seconds: float, warmup_s: float, sink: str, capacity: int | None
+    tree: Path,
+    gpus: int,
+    seconds: float,
+    warmup_s: float,
+    sink: str,
+    capacity: int | None,
+    fields: list[str] | None = None,
 ) -> dict[str, Any]:
     """One `hfsampler run` of ``tree``'s package: its CPU and counters over ``seconds``.
-    ``capacity``: the queue's ``queue_config.capacity`` (None: the default)."""
+    ``capacity``: the queue's ``queue_config.capacity`` (None: the default); ``fields``: the
+    config's ``fields`` (None: the default set)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     args = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", str(gpus),
             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]  # fmt: skip
     with tempfile.TemporaryFile() as log, tempfile.NamedTemporaryFile("w", suffix=".yml") as cfg:
-        if capacity is None:
+        if capacity is None and fields is None:
             args += ["--remote-write", sink]
         else:
-            endpoint = {"url": sink, "queue_config": {"capacity": capacity}}
-            cfg.write(json.dumps({"remote_write": [endpoint]}))  # JSON is YAML
+            endpoint: dict[str, Any] = {"url": sink}
+            if capacity is not None:
+                endpoint["queue_config"] = {"capacity": capacity}
+            config: dict[str, Any] = {"remote_write": [endpoint]}
+            if fields is not None:
+                config["fields"] = fields
+            cfg.write(json.dumps(config))  # JSON is YAML
             cfg.flush()
             args += ["--config", cfg.name]
         # run in /tmp: the checkout's own package would come first on sys.path from its root
@@ -255,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
         help="queue_config.capacity (default: hfsampler's; 64 GPUs overflow 10,000 every window, "
         "and a parent that drops samples does less work)",
     )
+    parser.add_argument(
+        "--fields", help="the config's fields, comma-separated (e.g. all; default: hfsampler's)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "scale.json")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.gpus.split(",") if x.strip()]
+    fields = [x.strip() for x in args.fields.split(",") if x.strip()] if args.fields else None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sink = f"http://127.0.0.1:{server.server_address[1]}/api/v1/write"
@@ -282,17 +298,26 @@ def main(argv: list[str] | None = None) -> int:
             for side, gpus in plan[shift:] + plan[:shift]:
                 print(f"round {k + 1}: {side}, {gpus} GPUs, {args.seconds:g} s ...", flush=True)
                 floor = platform_floor(args.floor_seconds, policy, 1)
-                r = one_run(sides[side], gpus, args.seconds, args.warmup, sink, args.capacity)
+                r = one_run(
+                    sides[side], gpus, args.seconds, args.warmup, sink, args.capacity, fields
+                )
                 runs.append({"side": side, "round": k + 1, **r, "floor": floor,
                              "floor_missed_pct": floor["missed_pct"]})  # fmt: skip
+                print(f"  fast missed {r['fast_missed_pct']:.3f}%, floor "
+                      f"{floor['missed_pct']:.3f}%, dropped {r['samples_dropped']:.0f}, "
+                      f"load average {r['loadavg']:.2f}",
+                      flush=True)  # fmt: skip
     server.shutdown()
     rows = summarize(runs)
     print_report(rows)
+    loads = [r["loadavg"] for r in runs]
+    print(f"load average (1 min) at the end of each run: {min(loads):.2f}-{max(loads):.2f}")
     report = {
         "benchmark": "scale",
         "params": {"gpus": counts, "seconds": args.seconds, "warmup_s": args.warmup,
                    "rounds": args.rounds, "peer_ref": None if args.no_peer else args.peer_ref,
-                   "queue_capacity": args.capacity, "floor_seconds": args.floor_seconds},
+                   "queue_capacity": args.capacity, "floor_seconds": args.floor_seconds,
+                   "fields": fields},
         "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
                 "loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()},
         "summary": rows,

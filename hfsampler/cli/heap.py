@@ -29,7 +29,7 @@ def return_large_frees(threshold_bytes: int = LARGE_BYTES) -> bool:
         mallopt = ctypes.CDLL(name).mallopt
         mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
         mallopt.restype = ctypes.c_int
-        mapped = mallopt(_M_MMAP_THRESHOLD, threshold_bytes) == 1
-        trimmed = mallopt(_M_TRIM_THRESHOLD, threshold_bytes) == 1
-        return mapped and trimmed
+        mapped: int = mallopt(_M_MMAP_THRESHOLD, threshold_bytes)
+        trimmed: int = mallopt(_M_TRIM_THRESHOLD, threshold_bytes)
+        return mapped == 1 and trimmed == 1
     return False

@@ -9,7 +9,7 @@ Each run is one `hfsampler run --source sim --gpus N`, default settings otherwis
 the service's). After ``--warmup`` seconds: /metrics read (the sampler's own counters), then the
 CPU of the parent (the service: windows, encoding, pushing) and of the sampler process (its
 lanes and the sim source's helper) from ``/proc/<pid>/stat`` over ``--seconds``, then /metrics
-again; nothing else scrapes it.
+again and each process's resident memory (``VmRSS``); nothing else scrapes it.
 
 The floor, before each run: a bare 1 kHz sleep loop in its own process doing nothing
 (``sampler.py``'s), under the scheduling the service's fast lane gets (SCHED_FIFO 1 where this
@@ -77,6 +77,14 @@ def cpu_s(pid: int) -> float:
     text = Path(f"/proc/{pid}/stat").read_text()
     after_comm = text[text.rindex(")") + 2 :].split()
     return (int(after_comm[11]) + int(after_comm[12])) / CLK_TCK
+
+
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def children(pid: int) -> list[int]:
@@ -153,6 +161,7 @@ def one_run(
             wall1, parent1 = time.monotonic(), cpu_s(proc.pid)
             sampler1 = sum(cpu_s(c) for c in sampler)
             after = scrape(port)
+            parent_rss, sampler_rss = rss_mb(proc.pid), sum(rss_mb(c) for c in sampler)
         finally:
             proc.terminate()
             try:
@@ -177,6 +186,8 @@ def one_run(
         "parent_cpu_per_gpu_pct": parent_pct / gpus,
         "sampler_cpu_pct": sampler_pct,
         "sampler_cpu_per_gpu_pct": sampler_pct / gpus,
+        "parent_rss_mb": parent_rss,
+        "sampler_rss_mb": sampler_rss,
         "fast_ticks": ticks,
         "fast_missed": missed,
         "fast_missed_pct": 100 * missed / max(1.0, ticks + missed),
@@ -201,7 +212,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 MEASURES = ("parent_cpu_pct", "parent_cpu_per_gpu_pct", "sampler_cpu_pct",
             "sampler_cpu_per_gpu_pct", "fast_missed_pct", "floor_missed_pct",
-            "samples_sent_per_s", "samples_dropped")  # fmt: skip
+            "samples_sent_per_s", "samples_dropped", "parent_rss_mb",
+            "sampler_rss_mb")  # fmt: skip
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -220,7 +232,7 @@ def print_report(rows: list[dict[str, Any]]) -> None:
     print("\nmedian (lowest-highest) of the rounds; CPU in % of one core; missed: fast-lane ticks")
     print(f"{'side':<10}{'GPUs':>5}  {'parent CPU %':<20}{'parent %/GPU':<22}{'sampler CPU %':<22}"
           f"{'sampler %/GPU':<22}{'fast missed %':<24}{'floor missed %':<24}{'sent/s':>9}"
-          f"{'dropped':>9}")  # fmt: skip
+          f"{'dropped':>9}  {'parent RSS MB':<20}{'sampler RSS MB':<20}")  # fmt: skip
     for r in rows:
         print(f"{r['side']:<10}{r['gpus']:>5}  {cell(r['parent_cpu_pct'], '.1f'):<20}"
               f"{cell(r['parent_cpu_per_gpu_pct'], '.3f'):<22}"
@@ -229,7 +241,9 @@ def print_report(rows: list[dict[str, Any]]) -> None:
               f"{cell(r['fast_missed_pct'], '.3f'):<24}"
               f"{cell(r['floor_missed_pct'], '.3f'):<24}"
               f"{r['samples_sent_per_s']['median']:>9.0f}"
-              f"{r['samples_dropped']['median']:>9.0f}")  # fmt: skip
+              f"{r['samples_dropped']['median']:>9.0f}  "
+              f"{cell(r['parent_rss_mb'], '.1f'):<20}"
+              f"{cell(r['sampler_rss_mb'], '.1f'):<20}")  # fmt: skip
     by = {(r["side"], r["gpus"]): r for r in rows}
     sides = list(dict.fromkeys(r["side"] for r in rows))
     counts = sorted({r["gpus"] for r in rows})

@@ -17,7 +17,6 @@ from typing import NoReturn
 
 from hfsampler import __version__, logs
 from hfsampler import fields as catalogue
-from hfsampler.cli import heap
 from hfsampler.cli.aio import run_async
 from hfsampler.config.flags import add_sampling_flags, config_from_args
 from hfsampler.config.loader import load_file
@@ -110,7 +109,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     logs.setup(config.log_level, config.log_format)
-    heap.return_large_frees()  # a window's large blocks are freed every second
     plan = build_run(config)
     if not plan.inventory.devices:
         log.error("the %s source found no GPU", plan.spec.kind)

@@ -306,9 +306,6 @@ class Service:
                 extra = await loop.run_in_executor(None, self._labeller.labels)
                 self.model.set_extra_labels(extra)
             self._export(window)
-            # the window's rows (a copy of a second of every ring: 12 MB at 64 GPUs) are not
-            # kept through the wait for the next one
-            del window
         if pipeline.died:
             log.error("the sampler process died (%s); stopping", pipeline.sampler.exit_reason())
             return 1

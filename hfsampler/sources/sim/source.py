@@ -17,10 +17,10 @@ field may be given a read cost (``read_cost_s``): a read that includes it sleeps
 the GIL released, as a slow NVML query (ECC counts, retired pages) waits in the driver.
 
 A reader that comes back every millisecond is served from blocks of precomputed rows; the next
-block is computed ahead of need on a helper thread of the source's own (``ahead``, at the normal
-scheduler's priority), so the sampler's fast lane only copies rows and never stalls for a block
-(4.8 ms at 64 GPUs). Every row is a pure function of its millisecond: a block computed ahead holds
-the values one computed on the lane would.
+block is computed ahead of need on a helper thread of the source's own (``ahead``, at the
+priority of the lane that started it), so the sampler's fast lane only copies rows and never
+stalls for a block (4.8 ms at 64 GPUs). Every row is a pure function of its millisecond: a block
+computed ahead holds the values one computed on the lane would.
 """
 
 from __future__ import annotations

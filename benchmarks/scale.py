@@ -9,7 +9,7 @@ Each run is one `hfsampler run --source sim --gpus N`, default settings otherwis
 the service's). After ``--warmup`` seconds: /metrics read (the sampler's own counters), then the
 CPU of the parent (the service: windows, encoding, pushing) and of the sampler process (its
 lanes and the sim source's helper) from ``/proc/<pid>/stat`` over ``--seconds``, then /metrics
-again; nothing else scrapes it.
+again and each process's resident memory (``VmRSS``); nothing else scrapes it.
 
 The floor, before each run: a bare 1 kHz sleep loop in its own process doing nothing
 (``sampler.py``'s), under the scheduling the service's fast lane gets (SCHED_FIFO 1 where this
@@ -23,7 +23,7 @@ median of the rounds and their lowest and highest.
 
     python benchmarks/scale.py [--gpus 8,64] [--seconds 60] [--rounds 2] [--warmup 5]
                                [--peer-ref 88cdfd4 | --no-peer] [--capacity N]
-                               [--floor-seconds 10]
+                               [--floor-seconds 10] [--fields all]
                                [--out benchmarks/out/scale.json]
 """
 
@@ -79,6 +79,14 @@ def cpu_s(pid: int) -> float:
     return (int(after_comm[11]) + int(after_comm[12])) / CLK_TCK
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def children(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -103,20 +111,32 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def one_run(
-    tree: Path, gpus: int, seconds: float, warmup_s: float, sink: str, capacity: int | None
+    tree: Path,
+    gpus: int,
+    seconds: float,
+    warmup_s: float,
+    sink: str,
+    capacity: int | None,
+    fields: list[str] | None = None,
 ) -> dict[str, Any]:
     """One `hfsampler run` of ``tree``'s package: its CPU and counters over ``seconds``.
-    ``capacity``: the queue's ``queue_config.capacity`` (None: the default)."""
+    ``capacity``: the queue's ``queue_config.capacity`` (None: the default); ``fields``: the
+    config's ``fields`` (None: the default set)."""
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     args = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", str(gpus),
             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]  # fmt: skip
     with tempfile.TemporaryFile() as log, tempfile.NamedTemporaryFile("w", suffix=".yml") as cfg:
-        if capacity is None:
+        if capacity is None and fields is None:
             args += ["--remote-write", sink]
         else:
-            endpoint = {"url": sink, "queue_config": {"capacity": capacity}}
-            cfg.write(json.dumps({"remote_write": [endpoint]}))  # JSON is YAML
+            endpoint: dict[str, Any] = {"url": sink}
+            if capacity is not None:
+                endpoint["queue_config"] = {"capacity": capacity}
+            config: dict[str, Any] = {"remote_write": [endpoint]}
+            if fields is not None:
+                config["fields"] = fields
+            cfg.write(json.dumps(config))  # JSON is YAML
             cfg.flush()
             args += ["--config", cfg.name]
         # run in /tmp: the checkout's own package would come first on sys.path from its root
@@ -141,6 +161,7 @@ def one_run(
             wall1, parent1 = time.monotonic(), cpu_s(proc.pid)
             sampler1 = sum(cpu_s(c) for c in sampler)
             after = scrape(port)
+            parent_rss, sampler_rss = rss_mb(proc.pid), sum(rss_mb(c) for c in sampler)
         finally:
             proc.terminate()
             try:
@@ -165,6 +186,8 @@ def one_run(
         "parent_cpu_per_gpu_pct": parent_pct / gpus,
         "sampler_cpu_pct": sampler_pct,
         "sampler_cpu_per_gpu_pct": sampler_pct / gpus,
+        "parent_rss_mb": parent_rss,
+        "sampler_rss_mb": sampler_rss,
         "fast_ticks": ticks,
         "fast_missed": missed,
         "fast_missed_pct": 100 * missed / max(1.0, ticks + missed),
@@ -189,7 +212,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 MEASURES = ("parent_cpu_pct", "parent_cpu_per_gpu_pct", "sampler_cpu_pct",
             "sampler_cpu_per_gpu_pct", "fast_missed_pct", "floor_missed_pct",
-            "samples_sent_per_s", "samples_dropped")  # fmt: skip
+            "samples_sent_per_s", "samples_dropped", "parent_rss_mb",
+            "sampler_rss_mb")  # fmt: skip
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -208,7 +232,7 @@ def print_report(rows: list[dict[str, Any]]) -> None:
     print("\nmedian (lowest-highest) of the rounds; CPU in % of one core; missed: fast-lane ticks")
     print(f"{'side':<10}{'GPUs':>5}  {'parent CPU %':<20}{'parent %/GPU':<22}{'sampler CPU %':<22}"
           f"{'sampler %/GPU':<22}{'fast missed %':<24}{'floor missed %':<24}{'sent/s':>9}"
-          f"{'dropped':>9}")  # fmt: skip
+          f"{'dropped':>9}  {'parent RSS MB':<20}{'sampler RSS MB':<20}")  # fmt: skip
     for r in rows:
         print(f"{r['side']:<10}{r['gpus']:>5}  {cell(r['parent_cpu_pct'], '.1f'):<20}"
               f"{cell(r['parent_cpu_per_gpu_pct'], '.3f'):<22}"
@@ -217,7 +241,9 @@ def print_report(rows: list[dict[str, Any]]) -> None:
               f"{cell(r['fast_missed_pct'], '.3f'):<24}"
               f"{cell(r['floor_missed_pct'], '.3f'):<24}"
               f"{r['samples_sent_per_s']['median']:>9.0f}"
-              f"{r['samples_dropped']['median']:>9.0f}")  # fmt: skip
+              f"{r['samples_dropped']['median']:>9.0f}  "
+              f"{cell(r['parent_rss_mb'], '.1f'):<20}"
+              f"{cell(r['sampler_rss_mb'], '.1f'):<20}")  # fmt: skip
     by = {(r["side"], r["gpus"]): r for r in rows}
     sides = list(dict.fromkeys(r["side"] for r in rows))
     counts = sorted({r["gpus"] for r in rows})
@@ -255,9 +281,13 @@ def main(argv: list[str] | None = None) -> int:
         help="queue_config.capacity (default: hfsampler's; 64 GPUs overflow 10,000 every window, "
         "and a parent that drops samples does less work)",
     )
+    parser.add_argument(
+        "--fields", help="the config's fields, comma-separated (e.g. all; default: hfsampler's)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "scale.json")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.gpus.split(",") if x.strip()]
+    fields = [x.strip() for x in args.fields.split(",") if x.strip()] if args.fields else None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sink = f"http://127.0.0.1:{server.server_address[1]}/api/v1/write"
@@ -282,17 +312,26 @@ def main(argv: list[str] | None = None) -> int:
             for side, gpus in plan[shift:] + plan[:shift]:
                 print(f"round {k + 1}: {side}, {gpus} GPUs, {args.seconds:g} s ...", flush=True)
                 floor = platform_floor(args.floor_seconds, policy, 1)
-                r = one_run(sides[side], gpus, args.seconds, args.warmup, sink, args.capacity)
+                r = one_run(
+                    sides[side], gpus, args.seconds, args.warmup, sink, args.capacity, fields
+                )
                 runs.append({"side": side, "round": k + 1, **r, "floor": floor,
                              "floor_missed_pct": floor["missed_pct"]})  # fmt: skip
+                print(f"  fast missed {r['fast_missed_pct']:.3f}%, floor "
+                      f"{floor['missed_pct']:.3f}%, dropped {r['samples_dropped']:.0f}, "
+                      f"load average {r['loadavg']:.2f}",
+                      flush=True)  # fmt: skip
     server.shutdown()
     rows = summarize(runs)
     print_report(rows)
+    loads = [r["loadavg"] for r in runs]
+    print(f"load average (1 min) at the end of each run: {min(loads):.2f}-{max(loads):.2f}")
     report = {
         "benchmark": "scale",
         "params": {"gpus": counts, "seconds": args.seconds, "warmup_s": args.warmup,
                    "rounds": args.rounds, "peer_ref": None if args.no_peer else args.peer_ref,
-                   "queue_capacity": args.capacity, "floor_seconds": args.floor_seconds},
+                   "queue_capacity": args.capacity, "floor_seconds": args.floor_seconds,
+                   "fields": fields},
         "env": {"python": platform.python_version(), "cpus": os.cpu_count(),
                 "loadavg_before": loadavg_before, "loadavg_after": os.getloadavg()},
         "summary": rows,

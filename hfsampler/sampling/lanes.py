@@ -13,9 +13,13 @@ Python work between calls is cut into short turns (``GIL_SWITCH_S``) whenever th
 The lanes share no lock: what they share is the source, whose reads of different field sets are
 safe to run at once, and the status block, where each slot has one writer.
 
-The fast lane alone gets the real-time priority (SCHED_FIFO applies per thread): the slow lane is
-started before it is asked for, and every thread but the fast lane is put back on the normal
-scheduler should it have inherited a real-time one (``chrt``: the slow lane, numpy's threads).
+The GIL is a lock the fast lane must take on every tick, so every thread that takes it runs at the
+fast lane's real-time priority too (SCHED_FIFO applies per thread; the slow lane, and a helper a
+source starts from a lane, which inherits it): a normal-priority holder that the kernel preempts
+for another process keeps the fast lane waiting for the GIL for that process's time slice (at 64
+sim GPUs on a loaded 2-core machine, most of the missed ticks above the machine's own). No thread
+outranks the fast lane; threads that never take the GIL while busy (numpy's BLAS threads) are put
+back on the normal scheduler should they have inherited a real-time one (``chrt``).
 """
 
 from __future__ import annotations
@@ -145,9 +149,10 @@ def _inherited_realtime() -> int:
     return 0
 
 
-def _other_threads_to_normal() -> None:
-    """Every other thread of the process (numpy's BLAS threads, started at import, inherit a
-    chrt policy) back to the normal scheduler: none may outrank the fast lane."""
+def _share_priority(priority: int, gil_takers: Sequence[int]) -> None:
+    """The threads ``gil_takers`` (native ids) at the fast lane's ``priority`` (0: normal), every
+    other thread of the process (numpy's BLAS threads, started at import, inherit a chrt policy)
+    back to the normal scheduler: none may outrank the fast lane."""
     me = threading.get_native_id()
     with contextlib.suppress(OSError):
         for task in os.listdir("/proc/self/task"):
@@ -155,7 +160,9 @@ def _other_threads_to_normal() -> None:
             if tid == me:
                 continue
             with contextlib.suppress(AttributeError, OSError):
-                if os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
+                if priority and tid in gil_takers:
+                    os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(priority))
+                elif os.sched_getscheduler(tid) in (os.SCHED_FIFO, os.SCHED_RR):
                     os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
@@ -185,8 +192,8 @@ def run_lanes(
             sys.setswitchinterval(GIL_SWITCH_S)
             slow.thread.start()  # before asking for real-time: a new thread inherits the policy
         reduce_timer_slack()
-        s[RT_PRIORITY] = ask_realtime(plan.realtime_priority)
-        _other_threads_to_normal()
+        s[RT_PRIORITY] = priority = ask_realtime(plan.realtime_priority)
+        _share_priority(priority, [] if slow is None else [slow.thread.native_id or 0])
         if plan.spin_s is not None:
             spin_ns = int(plan.spin_s * 1e9)
         else:

@@ -35,7 +35,6 @@ from hfsampler.sampling.histogram_counts import (
 from hfsampler.sampling.plan import RunPlan
 from hfsampler.sampling.ring import RingRows
 from hfsampler.sampling.sampler import Sampler
-from hfsampler.sampling.stepping import SteppingSampler, VirtualClock
 from hfsampler.sampling.window import (
     WINDOW_GRACE_S,
     TickStats,
@@ -208,6 +207,18 @@ def rows_with_fields(inventory: Inventory, plan: GroupPlan) -> list[int]:
     return [int(r) for r in np.flatnonzero(inventory.supported[:, cols].any(axis=1))]
 
 
+def _stepping(plan: RunPlan, window_s: float, clock: Clock, cap: int) -> Sampler | None:
+    """A ``SteppingSampler`` for a test's ``VirtualClock`` (None for another clock), imported
+    only here: `run` and `record` never need it."""
+    from hfsampler.sampling.stepping import SteppingSampler, VirtualClock
+
+    if not isinstance(clock, VirtualClock):
+        return None
+    return SteppingSampler(
+        plan.spec, plan.inventory, plan.groups, window_s, clock, max_ring_bytes=cap
+    )
+
+
 class Pipeline:
     """The sampler, its rings' readers and the window clock of one `run` or `record`."""
 
@@ -228,10 +239,9 @@ class Pipeline:
         self._log = log
         window_s, cap = plan.config.window_s, plan.config.max_ring_bytes
         self.sampler: Sampler
-        if isinstance(clock, VirtualClock):
-            self.sampler = SteppingSampler(
-                plan.spec, plan.inventory, plan.groups, window_s, clock, max_ring_bytes=cap
-            )
+        stepping = None if isinstance(clock, WallClock) else _stepping(plan, window_s, clock, cap)
+        if stepping is not None:
+            self.sampler = stepping
         else:
             self.sampler = Sampler(
                 plan.spec,

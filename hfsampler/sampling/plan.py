@@ -19,7 +19,6 @@ import numpy.typing as npt
 from hfsampler.config.settings import Config
 from hfsampler.fields import Field, expand_mig, expand_xid
 from hfsampler.sampling.groups import GroupPlan, plan_groups
-from hfsampler.sampling.probe import apply_recommendation, probe
 from hfsampler.sampling.resolve import resolve_source
 from hfsampler.sources.base import Inventory, SourceSpec
 from hfsampler.sources.registry import open_source
@@ -78,6 +77,8 @@ def build_run(config: Config) -> RunPlan:
     """The run ``config`` asks for: every command that samples starts here."""
     spec = resolve_source(config)
     if config.auto_intervals:
+        from hfsampler.sampling.probe import apply_recommendation, probe  # for `auto` alone
+
         log.info("measuring refresh periods for --intervals auto (a few seconds)...")
         result = probe(spec, config.selected_fields(), window_s=config.window_s)
         config = apply_recommendation(config, result)

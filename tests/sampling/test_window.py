@@ -97,6 +97,28 @@ def test_reader_hands_out_rows_by_window_end() -> None:
         ring.close()
 
 
+def test_reader_after_a_step_back_of_the_wall_clock_hands_out_every_row_before_the_end() -> None:
+    """A row read after the clock stepped back sits behind rows past the window's end in the
+    ring: it is still the window's, and the rows past the end wait for the next."""
+    ring = Ring.create(16, 1, 1)
+    try:
+        reader = WindowReader(ring)
+        for t in (5, 15, 7, 25):  # 7: read after the clock stepped back from 15
+            values, driver_ts_us = ring.slot()
+            values[:] = t
+            driver_ts_us[:] = t  # a new sample each read, not a repeat
+            ring.commit(t, 0)
+        first = reader.take(10)
+        assert first.time_ns.tolist() == [5, 7]
+        assert first.values[:, 0, 0].tolist() == [5.0, 7.0]
+        second = reader.take(20)
+        assert second.time_ns.tolist() == [15]
+        assert second.values[:, 0, 0].tolist() == [15.0]
+        assert reader.take(30).time_ns.tolist() == [25]
+    finally:
+        ring.close()
+
+
 class _Clock:
     """A wall clock the test moves by hand."""
 

@@ -7,8 +7,6 @@ next block while the lane copies rows from the current one.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import threading
 import weakref
@@ -37,11 +35,12 @@ _Job = tuple[Callable[[], object], Ahead[object]]
 
 
 def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    """The helper thread: run each job asked for, until told to stop (None)."""
-    # Started from a lane that may already run under SCHED_FIFO, and a new thread inherits
-    # that: at the fast lane's priority it would hold a core the fast lane waits for.
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    """The helper thread: run each job asked for, until told to stop (None).
+
+    It keeps the scheduling of the lane that started it (a new thread inherits it): its numpy
+    work takes the GIL between calls, and at a lower priority than the fast lane's the kernel
+    would preempt it while it holds the GIL the fast lane waits for (``sampling.lanes``).
+    """
     while (job := jobs.get()) is not None:
         compute, ahead = job
         try:

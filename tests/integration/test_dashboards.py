@@ -17,6 +17,7 @@ import json
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,25 @@ def _feed_consumers(urls: Sequence[str], stop: threading.Event) -> None:
         stop.wait(1.0)
 
 
+def _wait_for_histograms(feed: str, proc: Any, log: Path, timeout_s: float = 60.0) -> None:
+    """Until ``feed``'s /metrics serves the power histograms (its first windows' page)."""
+    accept = (
+        "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"
+    )
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        try:
+            request = urllib.request.Request(f"http://{feed}/metrics", headers={"Accept": accept})
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                if b"DCGM_FI_DEV_POWER_USAGE_histogram" in resp.read():
+                    return
+        except OSError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    pytest.fail(f"no histograms on {feed}/metrics in {timeout_s:.0f} s")
+
+
 @pytest.fixture(scope="module")
 def fed_prometheuses(
     receivers_root: Path, prometheus_builds_here: dict[str, rx.PrometheusBuild]
@@ -141,18 +161,22 @@ def fed_prometheuses(
         stop = threading.Event()
         consumers = threading.Thread(target=_feed_consumers, args=(urls, stop), daemon=True)
         consumers.start()
+        # the plain run lasts until the MIG run is done, and that starts once the plain run's
+        # /metrics serves its histograms: the panels are asked while both feeds are live, and
+        # the histograms' rate() has scrapes behind it by then however slowly either started
         plain = rx.spawn_cli(
-            rx.sim_run_args(urls, listen=feed, gpus=3, duration="8s",
+            rx.sim_run_args(urls, listen=feed, gpus=3, duration="60s",
                             labels={**site, "feed": "plain"}, extra=["--config", str(config)]),
             logs / "plain.log",
         )  # fmt: skip
         try:
+            _wait_for_histograms(feed, plain, logs / "plain.log")
             args = rx.sim_run_args(
                 urls, listen="", gpus=3, duration="8s",
                 labels={**site, "feed": "mig"}, extra=["--sim-mig", "3g,2g,1g,1g"],
             )  # fmt: skip
             run = rx.run_cli(args, timeout_s=60).check()
-            assert plain.wait(timeout=60) == 0, (logs / "plain.log").read_text()
+            assert rx.stop_cli(plain) == 0, (logs / "plain.log").read_text()
         finally:
             rx.stop_cli(plain)
             stop.set()

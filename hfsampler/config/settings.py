@@ -280,7 +280,9 @@ class Config:
         None, yaml="consumers.pod_label_allowlist", type="regex", example="team|app",
         parse=as_text_or_none, reload="labels",
         doc="pod labels (keys matching this regex whole) added to a pod consumer's series, as "
-        "dcgm-exporter's --kubernetes-enable-pod-labels; needs container_runtime_socket",
+        "dcgm-exporter's --kubernetes-enable-pod-labels; needs container_runtime_socket; no "
+        "repeat of a repeat or of alternatives ((a+)+, (a|b)*): a pod's key could make it "
+        "run for hours",
     )  # fmt: skip
     consumers_dcgm_exporter_virtual_gpus: bool = key(
         False, yaml="consumers.dcgm_exporter_virtual_gpus", type="bool", example="true",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hfsampler.consumers import regex_cost
 from hfsampler.consumers.identity import Consumer, Kind, label_value, sanitize_label_name
 from hfsampler.errors import ConfigError
 
@@ -37,6 +38,10 @@ NAMESPACE_LABEL = "namespace"
 CONTAINER_LABEL = "container"
 ALLOWLIST_KEY = "consumers.pod_label_allowlist"  # the config key it will come from
 MAX_MESSAGE_BYTES = 64 << 20  # a node's worth of pods with their labels and annotations
+# A Kubernetes label key: a DNS-subdomain prefix (253), "/", a name (63). A longer key is none
+# the API server lets through, and is not matched: the allowlist's cost is bounded over this.
+MAX_KEY_CHARS = 317
+MAX_ALLOWLIST_PATHS = 200_000  # ".*team.*" over MAX_KEY_CHARS: about 100 000; a millisecond
 _SANDBOX_READY = 0
 
 
@@ -56,15 +61,24 @@ class RuntimeNames:
 
 
 def allowlist(pattern: str | None) -> re.Pattern[str] | None:
-    """The pod-label allowlist compiled; a pattern that is not a regex is the user's mistake."""
+    """The pod-label allowlist compiled; a pattern that is not a regex, or one that a pod's
+    label key could make backtrack for hours (``regex_cost``), is the user's mistake."""
     if not pattern:
         return None
     try:
-        return re.compile(pattern)
+        compiled = re.compile(pattern)
+        regex_cost.check(pattern, MAX_KEY_CHARS, MAX_ALLOWLIST_PATHS)
     except re.error as exc:
         raise ConfigError(
             ALLOWLIST_KEY, f"{pattern!r} is not a regex: {exc}", "a Python regex over label keys"
         ) from None
+    except regex_cost.TooCostly as exc:
+        raise ConfigError(
+            ALLOWLIST_KEY,
+            f"{pattern!r} could take far too long on a pod's label key: {exc}",
+            "list keys or prefixes without nested repeats, e.g. team|app|example\\.com/.*",
+        ) from None
+    return compiled
 
 
 def pod_labels(
@@ -76,7 +90,7 @@ def pod_labels(
         return ()
     out: dict[str, str] = {}
     for key in sorted(labels):
-        if not allow.fullmatch(key) or not labels[key]:
+        if len(key) > MAX_KEY_CHARS or not labels[key] or not allow.fullmatch(key):
             continue
         name = sanitize_label_name(key)
         if name is not None and name not in (POD_LABEL, NAMESPACE_LABEL, CONTAINER_LABEL):

@@ -52,6 +52,11 @@ def test_auto_reads_consumers_where_nvml_lists_processes() -> None:
         ("consumers: {pod_label_allowlist: 'team['}\n",
          "consumers.pod_label_allowlist: 'team[' is not a regex: unterminated character set at "
          "position 4 (a Python regex over label keys)"),
+        # a tenant's label key of 63 "a" and a "-" would hold the GIL for days
+        ("consumers: {pod_label_allowlist: '(a+)+$'}\n",
+         "consumers.pod_label_allowlist: '(a+)+$' could take far too long on a pod's label key: "
+         "a repeat of a repeat or of alternatives (e.g. (a+)+ or (a|b)*) (list keys or prefixes "
+         "without nested repeats, e.g. team|app|example\\.com/.*)"),
         ("procfs: host/proc\n",
          "procfs: 'host/proc' is not an absolute path (e.g. /proc, or /host/proc in a pod)"),
         ("container_runtime_socket: containerd.sock\n",

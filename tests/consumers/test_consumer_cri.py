@@ -154,6 +154,25 @@ def test_an_allowlist_that_is_not_a_regex() -> None:
         cri.allowlist("team(")
 
 
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(a|aa)*x", "(?:x*y)+", ".*a.*b.*c", "(ab|a)" * 20])
+def test_an_allowlist_a_label_key_could_make_backtrack_for_ever_is_refused(pattern: str) -> None:
+    with pytest.raises(ConfigError, match="could take far too long"):
+        cri.allowlist(pattern)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["team|app", r"app\.kubernetes\.io/.*", ".*team.*", "(team|owner)-[a-z]*", "x{2,9}"]
+)
+def test_allowlists_people_write_are_taken(pattern: str) -> None:
+    assert cri.allowlist(pattern) is not None
+
+
+def test_a_label_key_longer_than_kubernetes_allows_is_not_matched() -> None:
+    allow = cri.allowlist("a.*")
+    long_key = "a" * (cri.MAX_KEY_CHARS + 1)
+    assert cri.pod_labels({long_key: "x", "ab": "y"}, allow) == (("ab", "y"),)
+
+
 @pytest.mark.parametrize(
     ("key", "name"),
     [("app.kubernetes.io/name", "app_kubernetes_io_name"), ("team", "team"),

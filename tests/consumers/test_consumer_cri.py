@@ -176,7 +176,10 @@ def test_a_label_key_longer_than_kubernetes_allows_is_not_matched() -> None:
 @pytest.mark.parametrize(
     ("key", "name"),
     [("app.kubernetes.io/name", "app_kubernetes_io_name"), ("team", "team"),
-     ("9x", "_9x"), ("__meta", None), ("hpc_job", None), ("", None)],
+     ("9x", "_9x"), ("__meta", None), ("hpc_job", None), ("", None),
+     # a GPU's labels: GPU_I_ID on a whole GPU's consumer would pass it off as a MIG instance's
+     ("GPU_I_ID", None), ("MIG.UUID", None), ("UUID", None), ("gpu", None), ("instance", None),
+     ("__name__", None)],
 )  # fmt: skip
 def test_sanitised_label_names(key: str, name: str | None) -> None:
     assert sanitize_label_name(key) == name

@@ -106,6 +106,15 @@ def test_names_add_labels_but_never_replace_the_gpu_s() -> None:
                for s in out[0] if s.name == cs.ENERGY)  # fmt: skip
 
 
+def test_a_pod_s_labels_never_replace_the_operator_s_external_labels() -> None:
+    # a tenant's pod labelled cluster=c2 must not bill its GPU energy to another cluster
+    model = ConsumerSeries(SeriesRegistry(), external={"cluster": "c1", "pod": "ext"})
+    out = model.window([(GPU0, window(1.0, {1: 5.0}))],
+                       lambda c: {**c.labels(), "pod": "p", "cluster": "c2"})  # fmt: skip
+    energy = [dict(s.labels) for s in out[0] if s.name == cs.ENERGY]
+    assert energy == [{**GPU0, "hpc_job": "1", "pod": "p", "cluster": "c1"}]
+
+
 def test_no_memory_no_memory_series() -> None:
     model = ConsumerSeries(SeriesRegistry())
     use = WindowUse.of(1.0, [(1, 0, 50.0)], [(1, 0, None)])

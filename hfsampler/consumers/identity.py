@@ -63,6 +63,12 @@ class Consumer:
     uid: int | None = None
     command: str = ""
 
+    def __post_init__(self) -> None:
+        # Equal labels must mean an equal consumer, or two would share a series and send two
+        # samples of it at one timestamp: a process may name itself "" (PR_SET_NAME).
+        if self.kind is Kind.COMMAND and not self.command:
+            object.__setattr__(self, "command", UNKNOWN)
+
     @classmethod
     def unknown(cls) -> Consumer:
         return _UNKNOWN
@@ -77,7 +83,7 @@ class Consumer:
         if self.kind is Kind.UNIT:
             return {UNIT_LABEL: self.unit}
         if self.kind is Kind.COMMAND:
-            out = {COMMAND_LABEL: self.command or UNKNOWN}
+            out = {COMMAND_LABEL: self.command}
             if self.uid is not None:
                 out[UID_LABEL] = str(self.uid)
             return out

@@ -37,7 +37,7 @@ POD_LABEL = "pod"
 NAMESPACE_LABEL = "namespace"
 CONTAINER_LABEL = "container"
 ALLOWLIST_KEY = "consumers.pod_label_allowlist"  # the config key it will come from
-MAX_MESSAGE_BYTES = 64 << 20  # a node's worth of pods with their labels and annotations
+MAX_MESSAGE_BYTES = 16 << 20  # the kubelet's own limit on a CRI answer (its maxMsgSize)
 # A Kubernetes label key: a DNS-subdomain prefix (253), "/", a name (63). A longer key is none
 # the API server lets through, and is not matched: the allowlist's cost is bounded over this.
 MAX_KEY_CHARS = 317

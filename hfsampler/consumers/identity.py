@@ -94,8 +94,9 @@ _UNKNOWN = Consumer(Kind.UNKNOWN)
 
 
 def label_value(text: str) -> str:
-    """A value read from the host made fit for a label: one printable line, bounded."""
-    return one_line(text)[:MAX_VALUE_CHARS]
+    """A value read from the host made fit for a label: one printable line, bounded. Cut
+    before it is escaped too: a runtime's label value may be megabytes."""
+    return one_line(text[:MAX_VALUE_CHARS])[:MAX_VALUE_CHARS]
 
 
 def sanitize_label_name(name: str) -> str | None:

@@ -18,7 +18,13 @@ from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runt
 from hfsampler.consumers import cri  # noqa: E402
 from hfsampler.consumers.cri import CriNames  # noqa: E402
 from hfsampler.consumers.cri_pb import cri_pb2 as pb  # noqa: E402
-from hfsampler.consumers.identity import Consumer, Kind, sanitize_label_name  # noqa: E402
+from hfsampler.consumers.identity import (  # noqa: E402
+    MAX_VALUE_CHARS,
+    Consumer,
+    Kind,
+    label_value,
+    sanitize_label_name,
+)
 from hfsampler.errors import ConfigError  # noqa: E402
 
 __all__ = ["cri_dir", "fake_runtime"]  # fixtures
@@ -135,6 +141,42 @@ def test_slow_runtime_costs_at_most_the_timeout(fake_runtime: FakeRuntime) -> No
         assert names.labels(POD) == POD.labels()
     finally:
         names.close()
+
+
+def test_an_answer_larger_than_the_kubelet_takes_is_refused_keeping_the_last_names(
+    fake_runtime: FakeRuntime,
+) -> None:
+    # the kubelet refuses a CRI answer over 16 MiB; one that large is no runtime's to trust, and
+    # would cost memory and seconds of the GIL to read
+    _node(fake_runtime)
+    clock = Clock()
+    names = CriNames(str(fake_runtime.path), refresh_s=1.0, clock=clock, timeout_s=10.0)
+    try:
+        assert names.refresh_if_due()
+        fake_runtime.sandboxes[1].labels["huge"] = "x" * (cri.MAX_MESSAGE_BYTES + 1)
+        clock.now += 1.0
+        assert not names.refresh_if_due()
+        assert names.labels(POD)["pod"] == "trainer-0"
+    finally:
+        names.close()
+
+
+class _Counted(str):
+    """A str that counts the characters a reader iterated over."""
+
+    read = 0
+
+    def __iter__(self) -> Any:
+        for c in super().__iter__():
+            _Counted.read += 1
+            yield c
+
+
+def test_a_label_value_is_cut_before_it_is_escaped() -> None:
+    # a runtime's pod label value of megabytes: only what the label keeps is read
+    value = _Counted("\n" * 1_000_000)
+    assert label_value(value) == "\\n" * 64
+    assert _Counted.read <= MAX_VALUE_CHARS
 
 
 def test_missing_socket(cri_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -78,6 +78,25 @@ def test_its_procfs_tree_names_each_process(tmp_path: Path) -> None:
     assert not reader.faults
 
 
+def test_a_second_run_on_the_same_directory_leaves_the_first_s_tree_alone(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "proc"
+    first = _lists(root, [T0])
+    first.read()
+    live = sorted(p.name for p in root.iterdir())
+    assert len(live) > 2  # pid 1, the marker and the first run's processes
+    second = _lists(root, [T0 + 10 * S])  # other processes by then
+    second.read()
+    assert sorted(p.name for p in root.iterdir()) == live  # nothing deleted, nothing added
+    second.close()
+    first.close()
+    third = _lists(root, [T0])  # the first has gone: its tree is taken over
+    third.read()
+    assert (root / MARKER).exists()
+    third.close()
+
+
 @pytest.mark.parametrize("kind", ["a real procfs", "someone's files"])
 def test_it_never_writes_where_the_directory_is_not_its_own(tmp_path: Path, kind: str) -> None:
     root = tmp_path / "proc"

@@ -177,9 +177,11 @@ class CriNames:
         )
         self._rpc_error: type[Exception] = grpc.RpcError
         self._names = RuntimeNames({}, {})
+        self._answer: tuple[Any, Any] | None = None  # the last answer, for a new allowlist
         self._asked_at: float | None = None
         self._failing = False
         self._lock = threading.Lock()  # one refresh at a time
+        self._names_lock = threading.Lock()  # the allowlist and the names made with it
         if not os.path.exists(socket_path):
             log.warning("container runtime socket %s does not exist (yet): pod and container "
                         "names appear once it does; mount the runtime's socket into the pod",
@@ -218,11 +220,22 @@ class CriNames:
                         label_value(str(detail)),
                     )
                 return False
-            self._names = names_from(sandboxes, containers, self._allow)
+            with self._names_lock:
+                self._answer = (sandboxes, containers)
+                self._names = names_from(sandboxes, containers, self._allow)
             if self._failing:
                 self._failing = False
                 log.info("container runtime %s answers again", label_value(self.socket_path))
             return True
+
+    def set_allowlist(self, pattern: str | None) -> None:
+        """A reload's allowlist: the names last known take it at once (no ask of the runtime),
+        so the consumers' series the reload starts carry the new pod labels from the first."""
+        allow = allowlist(pattern)
+        with self._names_lock:
+            self._allow = allow
+            if self._answer is not None:
+                self._names = names_from(*self._answer, allow)
 
     def close(self) -> None:
         self._channel.close()

@@ -174,6 +174,7 @@ class ConsumerRun:
                 if self.attribution.names is not None:
                     self.attribution.names.close()
                 self.attribution.names = old.names
+                old.names.set_allowlist(config.consumers_pod_label_allowlist)
             elif old.names is not None:
                 old.names.close()
 

@@ -55,6 +55,21 @@ def check(mode: str, procfs: str, socket: str | None, max_per_gpu: int, allow: s
     allowlist(allow)  # a ConfigError naming consumers.pod_label_allowlist when it is no regex
 
 
+def warnings(socket: str | None, allow: str | None, virtual_gpus: bool) -> list[str]:
+    """Consumer keys accepted that do nothing: pod labels and per-pod series need the pods'
+    names, which only the container runtime's socket gives."""
+    if socket is not None:
+        return []
+    out = []
+    if allow:
+        out.append(f"{ALLOWLIST_KEY} is not used: container_runtime_socket is not set, so no "
+                   "pod's labels are known")  # fmt: skip
+    if virtual_gpus:
+        out.append("consumers.dcgm_exporter_virtual_gpus is not used: container_runtime_socket "
+                   "is not set, so no pod is named")  # fmt: skip
+    return out
+
+
 def enabled(mode: str, source_kind: str) -> bool:
     """Whether a run of ``source_kind`` (the resolved source: nvml, sim, ...) reads consumers."""
     if mode == "auto":
@@ -62,4 +77,6 @@ def enabled(mode: str, source_kind: str) -> bool:
     return mode == "on"
 
 
-__all__ = ["ALLOWLIST_KEY", "CONSUMERS_KEY", "MAX_PER_GPU_KEY", "MODES", "as_mode", "check"]
+__all__ = [
+    "ALLOWLIST_KEY", "CONSUMERS_KEY", "MAX_PER_GPU_KEY", "MODES", "as_mode", "check", "warnings"
+]  # fmt: skip

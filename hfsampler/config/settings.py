@@ -474,6 +474,11 @@ class Config:
             bool(self.listen),
             [ep.send_native_histograms for ep in self.remote_write],
         )
+        out += consumer_keys.warnings(
+            self.container_runtime_socket,
+            self.consumers_pod_label_allowlist,
+            self.consumers_dcgm_exporter_virtual_gpus,
+        )
         if self.web_config_file is not None and not self.listen:
             out.append("web_config_file is not used: listen is empty, so no /metrics is served")
         default_max = QueueConfig().max_shards

@@ -76,6 +76,23 @@ def test_a_bad_consumer_key_is_one_line_naming_it_exit_2(
     assert capsys.readouterr().err == f"hfsampler: error: {message}\n"
 
 
+def test_pod_keys_without_the_runtime_s_socket_are_said_to_do_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "hfsampler.yml"
+    config.write_text("consumers: {pod_label_allowlist: team, dcgm_exporter_virtual_gpus: true}\n")
+    assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: consumers.pod_label_allowlist is not used: container_runtime_socket" in out
+    assert "warning: consumers.dcgm_exporter_virtual_gpus is not used" in out
+    config.write_text(
+        "consumers: {pod_label_allowlist: team, dcgm_exporter_virtual_gpus: true}\n"
+        "container_runtime_socket: /run/containerd/containerd.sock\n"
+    )
+    assert main(["check-config", str(config)]) == 0
+    assert "is not used" not in capsys.readouterr().out
+
+
 def test_a_reload_rebuilds_the_consumer_series_and_restarts_for_the_reading() -> None:
     old = from_mapping({})
     plan = plan_reload(old, from_mapping({"consumers": {"max_per_gpu": 4}}))

@@ -187,7 +187,7 @@ class SimConsumerLists:
 
 def _lock(marker: Path) -> int | None:
     """The marker's descriptor with an exclusive flock on it; None where another run holds it."""
-    fd = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -204,6 +204,8 @@ def _claim(root: Path) -> int | None:
     nothing there yet); None where it may not."""
     fd: int | None = None
     try:
+        if root.is_dir() and _not_ours(root):
+            return None
         if root.is_dir() and (root / MARKER).exists():
             fd = _lock(root / MARKER)
             if fd is None:
@@ -220,7 +222,9 @@ def _claim(root: Path) -> int | None:
                      "they are; give procfs: an empty directory to see the sim's consumers",
                      root, MARKER)  # fmt: skip
             return None
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if _not_ours(root):  # made by someone else a moment ago
+            return None
         fd = _lock(root / MARKER)
         if fd is None:  # another run made it a moment ago
             return None
@@ -232,6 +236,20 @@ def _claim(root: Path) -> int | None:
         if fd is not None:
             os.close(fd)
         return None
+
+
+def _not_ours(root: Path) -> bool:
+    """Whether ``root`` is another user's, or others may write in it: they could put a link
+    where the sim writes a process (its pids are predictable), and have it write, as this user,
+    wherever the link points. Said once; the sim then writes nothing there."""
+    st = root.stat()
+    others_write = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid())
+    if st.st_uid == os.geteuid() and not others_write:
+        return False
+    log.warning("procfs %s is not the sim's to write: it belongs to uid %d or others may write "
+                "in it (mode %o); its processes are looked up there as they are; give procfs: "
+                "an empty directory of your own", root, st.st_uid, st.st_mode & 0o777)  # fmt: skip
+    return True
 
 
 def _write_process(root: Path, p: SimProcess) -> None:

@@ -13,9 +13,10 @@ containerd), a systemd service, a user's command.
 
 The tree is written under ``procfs`` (``/proc/PID/{stat,status,cgroup}`` and pid 1 in the host's
 PID namespace) only where that directory is the sim's: missing, empty, or holding the marker file
-``MARKER``, and not another run's (a run holds a ``flock`` on the marker while it runs: a second
-run on the same directory would delete the first's processes and write its own over them); a
-real procfs is never written to (its pids are looked up as they are, and the sim's,
+``MARKER``; this user's, that no one else may write in (they could put links where it writes);
+and not another run's (a run holds a ``flock`` on the marker while it runs: a second run on the
+same directory would delete the first's processes and write its own over them); a real procfs
+is never written to (its pids are looked up as they are, and the sim's,
 above 3 000 000, are not there: their consumer is unknown). A process's files stay ``GRACE_S``
 after it left, as a real procfs would not: a window's lookup then still finds a process that
 started and left inside the window.

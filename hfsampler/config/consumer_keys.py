@@ -9,6 +9,8 @@ The same key is ``consumers.enabled`` inside the block, so ``consumers: false`` 
 
 from __future__ import annotations
 
+import os
+
 from hfsampler.consumers.cri import ALLOWLIST_KEY, allowlist
 from hfsampler.errors import ConfigError
 
@@ -41,6 +43,10 @@ def check(mode: str, procfs: str, socket: str | None, max_per_gpu: int, allow: s
     if not procfs.startswith("/"):
         raise ConfigError(
             "procfs", f"{procfs!r} is not an absolute path", "e.g. /proc, or /host/proc in a pod"
+        )
+    if os.path.exists(procfs) and not os.path.isdir(procfs):  # missing: not mounted here yet
+        raise ConfigError(
+            "procfs", f"{procfs!r} is not a directory", "e.g. /proc, or /host/proc in a pod"
         )
     if socket is not None and not socket.startswith("/"):
         raise ConfigError(

@@ -41,6 +41,20 @@ def test_auto_reads_consumers_where_nvml_lists_processes() -> None:
     assert not enabled("off", "nvml")
 
 
+def test_a_procfs_that_is_a_file_is_one_line_naming_it_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "hfsampler.yml"
+    config.write_text(f"procfs: {config}\n")
+    assert main(["check-config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"hfsampler: error: procfs: '{config}' is not a directory (e.g. /proc, or /host/proc in "
+        "a pod)\n"
+    )
+    config.write_text(f"procfs: {tmp_path / 'not-mounted-here'}\n")  # a DaemonSet's, checked here
+    assert main(["check-config", str(config)]) == 0
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -9,6 +9,8 @@ The same key is ``consumers.enabled`` inside the block, so ``consumers: false`` 
 
 from __future__ import annotations
 
+import os
+
 from hfsampler.consumers.cri import ALLOWLIST_KEY, allowlist
 from hfsampler.errors import ConfigError
 
@@ -42,6 +44,10 @@ def check(mode: str, procfs: str, socket: str | None, max_per_gpu: int, allow: s
         raise ConfigError(
             "procfs", f"{procfs!r} is not an absolute path", "e.g. /proc, or /host/proc in a pod"
         )
+    if os.path.exists(procfs) and not os.path.isdir(procfs):  # missing: not mounted here yet
+        raise ConfigError(
+            "procfs", f"{procfs!r} is not a directory", "e.g. /proc, or /host/proc in a pod"
+        )
     if socket is not None and not socket.startswith("/"):
         raise ConfigError(
             "container_runtime_socket",
@@ -55,6 +61,21 @@ def check(mode: str, procfs: str, socket: str | None, max_per_gpu: int, allow: s
     allowlist(allow)  # a ConfigError naming consumers.pod_label_allowlist when it is no regex
 
 
+def warnings(socket: str | None, allow: str | None, virtual_gpus: bool) -> list[str]:
+    """Consumer keys accepted that do nothing: pod labels and per-pod series need the pods'
+    names, which only the container runtime's socket gives."""
+    if socket is not None:
+        return []
+    out = []
+    if allow:
+        out.append(f"{ALLOWLIST_KEY} is not used: container_runtime_socket is not set, so no "
+                   "pod's labels are known")  # fmt: skip
+    if virtual_gpus:
+        out.append("consumers.dcgm_exporter_virtual_gpus is not used: container_runtime_socket "
+                   "is not set, so no pod is named")  # fmt: skip
+    return out
+
+
 def enabled(mode: str, source_kind: str) -> bool:
     """Whether a run of ``source_kind`` (the resolved source: nvml, sim, ...) reads consumers."""
     if mode == "auto":
@@ -62,4 +83,6 @@ def enabled(mode: str, source_kind: str) -> bool:
     return mode == "on"
 
 
-__all__ = ["ALLOWLIST_KEY", "CONSUMERS_KEY", "MAX_PER_GPU_KEY", "MODES", "as_mode", "check"]
+__all__ = [
+    "ALLOWLIST_KEY", "CONSUMERS_KEY", "MAX_PER_GPU_KEY", "MODES", "as_mode", "check", "warnings"
+]  # fmt: skip

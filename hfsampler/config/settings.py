@@ -280,7 +280,9 @@ class Config:
         None, yaml="consumers.pod_label_allowlist", type="regex", example="team|app",
         parse=as_text_or_none, reload="labels",
         doc="pod labels (keys matching this regex whole) added to a pod consumer's series, as "
-        "dcgm-exporter's --kubernetes-enable-pod-labels; needs container_runtime_socket",
+        "dcgm-exporter's --kubernetes-enable-pod-labels; needs container_runtime_socket; no "
+        "repeat of a repeat or of alternatives ((a+)+, (a|b)*): a pod's key could make it "
+        "run for hours",
     )  # fmt: skip
     consumers_dcgm_exporter_virtual_gpus: bool = key(
         False, yaml="consumers.dcgm_exporter_virtual_gpus", type="bool", example="true",
@@ -471,6 +473,11 @@ class Config:
             bool(self.histogram_fields()),
             bool(self.listen),
             [ep.send_native_histograms for ep in self.remote_write],
+        )
+        out += consumer_keys.warnings(
+            self.container_runtime_socket,
+            self.consumers_pod_label_allowlist,
+            self.consumers_dcgm_exporter_virtual_gpus,
         )
         if self.web_config_file is not None and not self.listen:
             out.append("web_config_file is not used: listen is empty, so no /metrics is served")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hfsampler.consumers import regex_cost
 from hfsampler.consumers.identity import Consumer, Kind, label_value, sanitize_label_name
 from hfsampler.errors import ConfigError
 
@@ -36,7 +37,11 @@ POD_LABEL = "pod"
 NAMESPACE_LABEL = "namespace"
 CONTAINER_LABEL = "container"
 ALLOWLIST_KEY = "consumers.pod_label_allowlist"  # the config key it will come from
-MAX_MESSAGE_BYTES = 64 << 20  # a node's worth of pods with their labels and annotations
+MAX_MESSAGE_BYTES = 16 << 20  # the kubelet's own limit on a CRI answer (its maxMsgSize)
+# A Kubernetes label key: a DNS-subdomain prefix (253), "/", a name (63). A longer key is none
+# the API server lets through, and is not matched: the allowlist's cost is bounded over this.
+MAX_KEY_CHARS = 317
+MAX_ALLOWLIST_PATHS = 200_000  # ".*team.*" over MAX_KEY_CHARS: about 100 000; a millisecond
 _SANDBOX_READY = 0
 
 
@@ -56,15 +61,24 @@ class RuntimeNames:
 
 
 def allowlist(pattern: str | None) -> re.Pattern[str] | None:
-    """The pod-label allowlist compiled; a pattern that is not a regex is the user's mistake."""
+    """The pod-label allowlist compiled; a pattern that is not a regex, or one that a pod's
+    label key could make backtrack for hours (``regex_cost``), is the user's mistake."""
     if not pattern:
         return None
     try:
-        return re.compile(pattern)
+        compiled = re.compile(pattern)
+        regex_cost.check(pattern, MAX_KEY_CHARS, MAX_ALLOWLIST_PATHS)
     except re.error as exc:
         raise ConfigError(
             ALLOWLIST_KEY, f"{pattern!r} is not a regex: {exc}", "a Python regex over label keys"
         ) from None
+    except regex_cost.TooCostly as exc:
+        raise ConfigError(
+            ALLOWLIST_KEY,
+            f"{pattern!r} could take far too long on a pod's label key: {exc}",
+            "list keys or prefixes without nested repeats, e.g. team|app|example\\.com/.*",
+        ) from None
+    return compiled
 
 
 def pod_labels(
@@ -76,7 +90,7 @@ def pod_labels(
         return ()
     out: dict[str, str] = {}
     for key in sorted(labels):
-        if not allow.fullmatch(key) or not labels[key]:
+        if len(key) > MAX_KEY_CHARS or not labels[key] or not allow.fullmatch(key):
             continue
         name = sanitize_label_name(key)
         if name is not None and name not in (POD_LABEL, NAMESPACE_LABEL, CONTAINER_LABEL):
@@ -163,9 +177,11 @@ class CriNames:
         )
         self._rpc_error: type[Exception] = grpc.RpcError
         self._names = RuntimeNames({}, {})
+        self._answer: tuple[Any, Any] | None = None  # the last answer, for a new allowlist
         self._asked_at: float | None = None
         self._failing = False
         self._lock = threading.Lock()  # one refresh at a time
+        self._names_lock = threading.Lock()  # the allowlist and the names made with it
         if not os.path.exists(socket_path):
             log.warning("container runtime socket %s does not exist (yet): pod and container "
                         "names appear once it does; mount the runtime's socket into the pod",
@@ -204,11 +220,22 @@ class CriNames:
                         label_value(str(detail)),
                     )
                 return False
-            self._names = names_from(sandboxes, containers, self._allow)
+            with self._names_lock:
+                self._answer = (sandboxes, containers)
+                self._names = names_from(sandboxes, containers, self._allow)
             if self._failing:
                 self._failing = False
                 log.info("container runtime %s answers again", label_value(self.socket_path))
             return True
+
+    def set_allowlist(self, pattern: str | None) -> None:
+        """A reload's allowlist: the names last known take it at once (no ask of the runtime),
+        so the consumers' series the reload starts carry the new pod labels from the first."""
+        allow = allowlist(pattern)
+        with self._names_lock:
+            self._allow = allow
+            if self._answer is not None:
+                self._names = names_from(*self._answer, allow)
 
     def close(self) -> None:
         self._channel.close()

@@ -28,6 +28,14 @@ IDENTITY_LABELS = frozenset(
      CONSUMER_LABEL}
 )  # fmt: skip
 
+# A GPU row's labels (export.metrics.gpu_labels: dcgm-exporter's, a MIG instance's, the host's
+# by default): a pod label of one of these names would pass a whole GPU's consumer off as a MIG
+# instance's (GPU_I_ID where the row has none) or as another host's, so pod labels never take them.
+GPU_LABELS = frozenset(
+    {"gpu", "UUID", "device", "modelName", "Hostname", "hostname", "instance", "pci_bus_id",
+     "DCGM_FI_DRIVER_VERSION", "GPU_I_ID", "GPU_I_PROFILE", "MIG_UUID"}
+)  # fmt: skip
+
 MAX_VALUE_CHARS = 128  # a label value taken from the host (a unit, a command) is cut here
 _INVALID_LABEL_CHARS = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -55,6 +63,12 @@ class Consumer:
     uid: int | None = None
     command: str = ""
 
+    def __post_init__(self) -> None:
+        # Equal labels must mean an equal consumer, or two would share a series and send two
+        # samples of it at one timestamp: a process may name itself "" (PR_SET_NAME).
+        if self.kind is Kind.COMMAND and not self.command:
+            object.__setattr__(self, "command", UNKNOWN)
+
     @classmethod
     def unknown(cls) -> Consumer:
         return _UNKNOWN
@@ -69,7 +83,7 @@ class Consumer:
         if self.kind is Kind.UNIT:
             return {UNIT_LABEL: self.unit}
         if self.kind is Kind.COMMAND:
-            out = {COMMAND_LABEL: self.command or UNKNOWN}
+            out = {COMMAND_LABEL: self.command}
             if self.uid is not None:
                 out[UID_LABEL] = str(self.uid)
             return out
@@ -80,18 +94,19 @@ _UNKNOWN = Consumer(Kind.UNKNOWN)
 
 
 def label_value(text: str) -> str:
-    """A value read from the host made fit for a label: one printable line, bounded."""
-    return one_line(text)[:MAX_VALUE_CHARS]
+    """A value read from the host made fit for a label: one printable line, bounded. Cut
+    before it is escaped too: a runtime's label value may be megabytes."""
+    return one_line(text[:MAX_VALUE_CHARS])[:MAX_VALUE_CHARS]
 
 
 def sanitize_label_name(name: str) -> str | None:
     """A Kubernetes label key as a metric label name, as dcgm-exporter's
     ``--kubernetes-enable-pod-labels`` makes it: every character outside ``[a-zA-Z0-9_]``
     becomes ``_`` and a leading digit gets a ``_`` before it. None for a name Prometheus keeps
-    for itself (``__``) or that would replace an identity label."""
+    for itself (``__``), or that would replace or forge an identity or GPU label."""
     out = _INVALID_LABEL_CHARS.sub("_", name)
     if out[:1].isdigit():
         out = "_" + out
-    if not out or out.startswith("__") or out in IDENTITY_LABELS:
+    if not out or out.startswith("__") or out in IDENTITY_LABELS or out in GPU_LABELS:
         return None
     return out

@@ -174,6 +174,7 @@ class ConsumerRun:
                 if self.attribution.names is not None:
                     self.attribution.names.close()
                 self.attribution.names = old.names
+                old.names.set_allowlist(config.consumers_pod_label_allowlist)
             elif old.names is not None:
                 old.names.close()
 
@@ -258,8 +259,13 @@ class ConsumerRun:
         return out
 
     def end(self) -> tuple[list[Series], list[float]]:
-        """Stale markers for every consumer series: the last thing sent at shutdown."""
-        return self.attribution.end()
+        """Stale markers for every consumer series: the last thing sent at shutdown, a reload's
+        old series too where no window came after it to end them."""
+        with self._lock:
+            series, values = self.attribution.end()
+            ended, self._ended = self._ended, []
+        self._registry.forget(ended)
+        return ended + series, [STALE_NAN] * len(ended) + values
 
     def close(self) -> None:
         self._stop.set()

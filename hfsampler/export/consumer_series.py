@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hfsampler.consumers.identity import CONSUMER_LABEL, Consumer
+from hfsampler.consumers.identity import CONSUMER_LABEL, IDENTITY_LABELS, Consumer
 from hfsampler.consumers.split import ConsumerShare, WindowSplit
 from hfsampler.series import STALE_NAN, Series, SeriesRegistry, with_external_labels
 
@@ -104,7 +104,11 @@ class ConsumerSeries:
         return self.registry.series(name, with_external_labels(labels, self.external))
 
     def _place(self, row_labels: Mapping[str, str], consumer_labels: Mapping[str, str]) -> _Place:
-        labels = {**consumer_labels, **row_labels}  # the GPU's own labels are never replaced
+        # The GPU's own labels are never replaced, nor the operator's external ones by a pod's
+        # labels (a tenant's pod labelled cluster=... would bill another cluster).
+        own = IDENTITY_LABELS.union(VIRTUAL_LABELS)
+        kept = {k: v for k, v in consumer_labels.items() if k not in self.external or k in own}
+        labels = {**kept, **row_labels}
         place = _Place(self._series(SM_RATIO, labels), self._series(MEMORY_USED, labels),
                        self._series(ENERGY, labels))  # fmt: skip
         place.energy_j = self._carried.pop(place.energy.id, 0.0)

@@ -205,7 +205,7 @@ def compare_html(base: Summary, new: Summary) -> str:
         entries = [(f"{s['name']}: ", s) for s in delta_["steps"]]
         body += ["<h3>Steps</h3>", pages.html_table(_rows(entries, STEP_MEASURES), heads)]
     if delta_["consumers"]:
-        entries = [(f"{html.escape(c['consumer'])}: ", c) for c in delta_["consumers"]]
+        entries = [(f"{c['consumer']}: ", c) for c in delta_["consumers"]]  # html_table escapes
         body += ["<h3>Consumers, all GPUs</h3>",
                  pages.html_table(_rows(entries, CONSUMER_MEASURES), heads)]  # fmt: skip
     body += pages.figure_html([power_overlay(base, new)])

@@ -100,7 +100,7 @@ def _gpu_rows(gpu: Mapping[str, Any], per_gpu: bool = True) -> list[tuple[str, l
             memory = c.get("memory_high_water_bytes")
             cells += [fmt(None if sm is None else sm * 100, " %"),
                       fmt(None if memory is None else memory / 2**20, " MiB", 0)]  # fmt: skip
-        rows.append((html.escape(_display(c["labels"])), cells))
+        rows.append((_display(c["labels"]), cells))  # html_table escapes it
     rest = [f"{fmt(gpu['unattributed_j'], ' J', 1)} ({fmt(gpu['unattributed_wh'], ' Wh', 4)})",
             _share(gpu["unattributed_j"], gpu["energy_j"]), "-"]  # fmt: skip
     if per_gpu:
@@ -126,7 +126,7 @@ def consumers_html(d: Mapping[str, Any] | None) -> str:
         out.append(f"<h3>{html.escape(title)}</h3>")
         out.append(html_table(_gpu_rows(gpu), [*HEAD, "mean SM share", "memory high-water"]))
     if len(d["gpus"]) > 1:
-        rows = [(html.escape(_display(c["labels"])), [_energy(c), fmt(c["peak_power_w"], " W")])
+        rows = [(_display(c["labels"]), [_energy(c), fmt(c["peak_power_w"], " W")])
                 for c in d["consumers"]]  # fmt: skip
         out.append("<h3>All GPUs</h3>")
         out.append(html_table(rows, ["consumer", "energy", "peak power (window mean, summed)"]))

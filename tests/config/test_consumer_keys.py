@@ -41,6 +41,20 @@ def test_auto_reads_consumers_where_nvml_lists_processes() -> None:
     assert not enabled("off", "nvml")
 
 
+def test_a_procfs_that_is_a_file_is_one_line_naming_it_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "hfsampler.yml"
+    config.write_text(f"procfs: {config}\n")
+    assert main(["check-config", str(config)]) == 2
+    assert capsys.readouterr().err == (
+        f"hfsampler: error: procfs: '{config}' is not a directory (e.g. /proc, or /host/proc in "
+        "a pod)\n"
+    )
+    config.write_text(f"procfs: {tmp_path / 'not-mounted-here'}\n")  # a DaemonSet's, checked here
+    assert main(["check-config", str(config)]) == 0
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -52,6 +66,11 @@ def test_auto_reads_consumers_where_nvml_lists_processes() -> None:
         ("consumers: {pod_label_allowlist: 'team['}\n",
          "consumers.pod_label_allowlist: 'team[' is not a regex: unterminated character set at "
          "position 4 (a Python regex over label keys)"),
+        # a tenant's label key of 63 "a" and a "-" would hold the GIL for days
+        ("consumers: {pod_label_allowlist: '(a+)+$'}\n",
+         "consumers.pod_label_allowlist: '(a+)+$' could take far too long on a pod's label key: "
+         "a repeat of a repeat or of alternatives (e.g. (a+)+ or (a|b)*) (list keys or prefixes "
+         "without nested repeats, e.g. team|app|example\\.com/.*)"),
         ("procfs: host/proc\n",
          "procfs: 'host/proc' is not an absolute path (e.g. /proc, or /host/proc in a pod)"),
         ("container_runtime_socket: containerd.sock\n",
@@ -69,6 +88,23 @@ def test_a_bad_consumer_key_is_one_line_naming_it_exit_2(
     config.write_text(text)
     assert main(["check-config", str(config)]) == 2
     assert capsys.readouterr().err == f"hfsampler: error: {message}\n"
+
+
+def test_pod_keys_without_the_runtime_s_socket_are_said_to_do_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "hfsampler.yml"
+    config.write_text("consumers: {pod_label_allowlist: team, dcgm_exporter_virtual_gpus: true}\n")
+    assert main(["check-config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: consumers.pod_label_allowlist is not used: container_runtime_socket" in out
+    assert "warning: consumers.dcgm_exporter_virtual_gpus is not used" in out
+    config.write_text(
+        "consumers: {pod_label_allowlist: team, dcgm_exporter_virtual_gpus: true}\n"
+        "container_runtime_socket: /run/containerd/containerd.sock\n"
+    )
+    assert main(["check-config", str(config)]) == 0
+    assert "is not used" not in capsys.readouterr().out
 
 
 def test_a_reload_rebuilds_the_consumer_series_and_restarts_for_the_reading() -> None:

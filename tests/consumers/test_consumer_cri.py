@@ -18,7 +18,13 @@ from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runt
 from hfsampler.consumers import cri  # noqa: E402
 from hfsampler.consumers.cri import CriNames  # noqa: E402
 from hfsampler.consumers.cri_pb import cri_pb2 as pb  # noqa: E402
-from hfsampler.consumers.identity import Consumer, Kind, sanitize_label_name  # noqa: E402
+from hfsampler.consumers.identity import (  # noqa: E402
+    MAX_VALUE_CHARS,
+    Consumer,
+    Kind,
+    label_value,
+    sanitize_label_name,
+)
 from hfsampler.errors import ConfigError  # noqa: E402
 
 __all__ = ["cri_dir", "fake_runtime"]  # fixtures
@@ -137,6 +143,42 @@ def test_slow_runtime_costs_at_most_the_timeout(fake_runtime: FakeRuntime) -> No
         names.close()
 
 
+def test_an_answer_larger_than_the_kubelet_takes_is_refused_keeping_the_last_names(
+    fake_runtime: FakeRuntime,
+) -> None:
+    # the kubelet refuses a CRI answer over 16 MiB; one that large is no runtime's to trust, and
+    # would cost memory and seconds of the GIL to read
+    _node(fake_runtime)
+    clock = Clock()
+    names = CriNames(str(fake_runtime.path), refresh_s=1.0, clock=clock, timeout_s=10.0)
+    try:
+        assert names.refresh_if_due()
+        fake_runtime.sandboxes[1].labels["huge"] = "x" * (cri.MAX_MESSAGE_BYTES + 1)
+        clock.now += 1.0
+        assert not names.refresh_if_due()
+        assert names.labels(POD)["pod"] == "trainer-0"
+    finally:
+        names.close()
+
+
+class _Counted(str):
+    """A str that counts the characters a reader iterated over."""
+
+    read = 0
+
+    def __iter__(self) -> Any:
+        for c in super().__iter__():
+            _Counted.read += 1
+            yield c
+
+
+def test_a_label_value_is_cut_before_it_is_escaped() -> None:
+    # a runtime's pod label value of megabytes: only what the label keeps is read
+    value = _Counted("\n" * 1_000_000)
+    assert label_value(value) == "\\n" * 64
+    assert _Counted.read <= MAX_VALUE_CHARS
+
+
 def test_missing_socket(cri_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, "hfsampler.consumers.cri"):
         names = CriNames(str(cri_dir / "nothing.sock"), timeout_s=0.5)
@@ -154,10 +196,32 @@ def test_an_allowlist_that_is_not_a_regex() -> None:
         cri.allowlist("team(")
 
 
+@pytest.mark.parametrize("pattern", ["(a+)+$", "(a|aa)*x", "(?:x*y)+", ".*a.*b.*c", "(ab|a)" * 20])
+def test_an_allowlist_a_label_key_could_make_backtrack_for_ever_is_refused(pattern: str) -> None:
+    with pytest.raises(ConfigError, match="could take far too long"):
+        cri.allowlist(pattern)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["team|app", r"app\.kubernetes\.io/.*", ".*team.*", "(team|owner)-[a-z]*", "x{2,9}"]
+)
+def test_allowlists_people_write_are_taken(pattern: str) -> None:
+    assert cri.allowlist(pattern) is not None
+
+
+def test_a_label_key_longer_than_kubernetes_allows_is_not_matched() -> None:
+    allow = cri.allowlist("a.*")
+    long_key = "a" * (cri.MAX_KEY_CHARS + 1)
+    assert cri.pod_labels({long_key: "x", "ab": "y"}, allow) == (("ab", "y"),)
+
+
 @pytest.mark.parametrize(
     ("key", "name"),
     [("app.kubernetes.io/name", "app_kubernetes_io_name"), ("team", "team"),
-     ("9x", "_9x"), ("__meta", None), ("hpc_job", None), ("", None)],
+     ("9x", "_9x"), ("__meta", None), ("hpc_job", None), ("", None),
+     # a GPU's labels: GPU_I_ID on a whole GPU's consumer would pass it off as a MIG instance's
+     ("GPU_I_ID", None), ("MIG.UUID", None), ("UUID", None), ("gpu", None), ("instance", None),
+     ("__name__", None)],
 )  # fmt: skip
 def test_sanitised_label_names(key: str, name: str | None) -> None:
     assert sanitize_label_name(key) == name

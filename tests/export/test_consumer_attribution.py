@@ -12,10 +12,14 @@ pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for the CRI cli
 
 from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runtime
 
+from hfsampler.config.loader import from_mapping
 from hfsampler.consumers.split import WindowUse
 from hfsampler.export import consumer_series as cs
 from hfsampler.export.consumer_attribution import ConsumerAttribution
+from hfsampler.export.consumer_run import ConsumerRun
+from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, is_stale
+from hfsampler.sources.sim.consumers import SimConsumerLists
 
 __all__ = ["cri_dir", "fake_runtime"]  # fixtures
 
@@ -64,3 +68,21 @@ def test_two_gpus_shared_by_a_pod_a_job_and_a_user(
         assert len(registry) == 0
     finally:
         attribution.close()
+
+
+def test_a_shutdown_right_after_a_reload_ends_the_series_the_reload_left(tmp_path: Path) -> None:
+    # a reload's old series wait for the next window to end; a shutdown before it must end them
+
+    root = t.host_procfs(tmp_path / "proc")
+    t.add_process(root, 10, t.SLURM_V2)
+    registry = SeriesRegistry()
+    config = from_mapping({"procfs": str(root), "consumers": True})
+    lists = SimConsumerLists(1, 0, str(tmp_path / "sim"), lambda: 0)
+    run = ConsumerRun(config, lists, registry, {"hostname": "n1"}, (), SelfMetrics())
+    use = WindowUse.of(10.0, [(10, 0, 50.0)], [(10, 0, 1.0)])
+    live, _ = run.attribution.window([({"gpu": "0", "UUID": "GPU-0"}, use)])
+    run.reconfigure(from_mapping({"procfs": str(root), "consumers": {"max_per_gpu": 2}}), {})
+    ended, values = run.end()
+    assert {s.id for s in live} <= {s.id for s in ended}
+    assert all(is_stale(v) for v in values)
+    run.close()

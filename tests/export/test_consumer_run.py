@@ -310,6 +310,57 @@ async def test_a_reload_of_max_per_gpu_ends_the_series_and_folds_the_rest(
     assert list(folded.values()) == [1.0]
 
 
+async def test_a_reload_of_the_pod_label_allowlist_relabels_the_pods_series(
+    tmp_path: Path, fake: FakeNvml, fake_runtime: FakeRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    root = t.host_procfs(tmp_path / "proc")
+    t.add_process(root, 10, t.K8S_SYSTEMD_CONTAINERD)
+    fake.gpus[0].processes = [FakeProcess(10, 2 * GIB, 60.0)]
+    fake_runtime.sandboxes = [
+        FakeSandbox("sb1", t.POD_UID, "trainer-0", "ml", labels={"team": "vision", "app": "t"})
+    ]
+    fake_runtime.containers = [FakeContainer(t.CONTAINER_ID, "sb1", "train")]
+    started = start_ns()
+    clock = VirtualClock(started)
+    fake.clock_us = lambda: clock.now_ns() // 1000
+    path = tmp_path / "hfsampler.yml"
+    parser, _ = build_parser()
+    argv = ["run", "--source", "nvml", "--config", str(path), "--duration", "5s"]
+    async with ConformanceReceiver() as rx:
+        config: dict[str, object] = {
+            "intervals": {"fast": "10ms"}, "procfs": str(root), "listen": "",
+            "remote_write": [{"url": rx.url}], "container_runtime_socket": str(fake_runtime.path),
+            "consumers": {"pod_label_allowlist": "team"},
+        }  # fmt: skip
+        path.write_text(yaml.safe_dump(config))
+        service = Service(build_run(config_from_args(parser.parse_args(argv))), clock=clock,
+                          loader=lambda: config_from_args(parser.parse_args(argv)))  # fmt: skip
+
+        def change() -> None:
+            path.write_text(yaml.safe_dump({**config, "consumers": {"pod_label_allowlist": "app"}}))
+            service.request_reload()
+
+        async def reloaded() -> None:
+            for _ in range(3000):
+                if "configuration reloaded" in caplog.text:
+                    return
+                await asyncio.sleep(0.01)
+            raise AssertionError("not reloaded in 30 s")
+
+        clock.at(started + 2 * S + S // 2, change)
+        clock.at(started + 3 * S + S // 2, reloaded)
+        assert await service.run() == 0
+    rx.assert_conformant()
+    energy = rx.series_named(cs.ENERGY, gpu="0")
+    by_team = [s for lb, s in energy.items() if dict(lb).get("team") == "vision"]
+    by_app = [s for lb, s in energy.items() if dict(lb).get("app") == "t"]
+    assert len(by_team) == 1
+    assert is_stale_marker(by_team[0][-1][1])  # ended at the reload
+    assert len(by_app) == 1  # the new allowlist's label from the window after the reload
+    assert by_app[0][0][0] == by_team[0][-1][0]  # one ends where the other starts
+
+
 def test_the_queues_are_sized_for_the_consumers_series_too(tmp_path: Path, fake: FakeNvml) -> None:
     clock = VirtualClock(start_ns())
     url = "http://127.0.0.1:9/api/v1/write"

@@ -106,6 +106,31 @@ def test_names_add_labels_but_never_replace_the_gpu_s() -> None:
                for s in out[0] if s.name == cs.ENERGY)  # fmt: skip
 
 
+def test_a_pod_s_labels_never_replace_the_operator_s_external_labels() -> None:
+    # a tenant's pod labelled cluster=c2 must not bill its GPU energy to another cluster
+    model = ConsumerSeries(SeriesRegistry(), external={"cluster": "c1", "pod": "ext"})
+    out = model.window([(GPU0, window(1.0, {1: 5.0}))],
+                       lambda c: {**c.labels(), "pod": "p", "cluster": "c2"})  # fmt: skip
+    energy = [dict(s.labels) for s in out[0] if s.name == cs.ENERGY]
+    assert energy == [{**GPU0, "hpc_job": "1", "pod": "p", "cluster": "c1"}]
+
+
+def test_two_consumers_named_alike_are_one_series_not_two_samples_at_one_timestamp() -> None:
+    # a process may name itself "" (prctl PR_SET_NAME): its command label is then "unknown",
+    # as another's named "unknown" is; two samples of one series at one timestamp would have a
+    # receiver refuse the write
+    nameless = Consumer(Kind.COMMAND, uid=1000, command="")
+    named = Consumer(Kind.COMMAND, uid=1000, command="unknown")
+    use = WindowUse.of(10.0, [(1, 0, 20.0), (2, 0, 30.0)], [(1, 0, 1.0), (2, 0, 2.0)])
+    out = ConsumerSeries(SeriesRegistry()).window(
+        [(GPU0, split(use, {1: nameless, 2: named}))], labels_of
+    )
+    ids = [s.id for s in out[0]]
+    assert len(ids) == len(set(ids))
+    energy = [v for s, v in zip(*out, strict=True) if s.name == cs.ENERGY]
+    assert energy == [pytest.approx(10.0)]
+
+
 def test_no_memory_no_memory_series() -> None:
     model = ConsumerSeries(SeriesRegistry())
     use = WindowUse.of(1.0, [(1, 0, 50.0)], [(1, 0, None)])

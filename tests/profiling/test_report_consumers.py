@@ -241,6 +241,27 @@ def test_the_page_tables_each_gpus_consumers(
     assert t.CONTAINER_ID not in section  # cut as docker ps shows it: the JSON keeps it whole
 
 
+def test_a_consumer_s_name_is_escaped_once_on_the_report_s_and_the_compare_s_page(
+    tmp_path: Path,
+) -> None:
+    # a process may name itself R&D<1>: the pages show that, not "R&amp;D&lt;1&gt;"
+    named = Consumer(Kind.COMMAND, uid=1000, command="R&D<1>")
+
+    def windows(t0: int, t1: int) -> ConsumerWindow:
+        use = WindowUse.of(0.0, [(10, t0 // 1000, 50.0)], [(10, 1, 1.0 * GIB)])
+        return ConsumerWindow(t0, t1, {0: use}, {10: named})
+
+    path = tmp_path / "named.hfs"
+    synthesize(path, 1, 3, quantize=True, start_ns=START_NS, consumers=windows)
+    for argv, page in (([str(path)], tmp_path / "r.html"), ([str(path)] * 2, tmp_path / "c.html")):
+        done = hfsampler("report", *argv, "-o", str(page))
+        assert done.returncode == 0, done.stderr
+        text = page.read_text()
+        assert "R&amp;D&lt;1&gt;" in text
+        assert "&amp;amp;" not in text
+        assert "&amp;lt;" not in text
+
+
 def test_a_procfs_that_cannot_be_read_leaves_the_consumers_unknown(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

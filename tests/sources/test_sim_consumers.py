@@ -3,6 +3,7 @@ are the GPU's own shared out, and a procfs tree naming them written only where i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,57 @@ def test_its_procfs_tree_names_each_process(tmp_path: Path) -> None:
     kinds = {c.kind.value for c in reader.consumers(pids).values()}
     assert "unknown" not in kinds
     assert not reader.faults
+
+
+def test_a_second_run_on_the_same_directory_leaves_the_first_s_tree_alone(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "proc"
+    first = _lists(root, [T0])
+    first.read()
+    live = sorted(p.name for p in root.iterdir())
+    assert len(live) > 2  # pid 1, the marker and the first run's processes
+    second = _lists(root, [T0 + 10 * S])  # other processes by then
+    second.read()
+    assert sorted(p.name for p in root.iterdir()) == live  # nothing deleted, nothing added
+    second.close()
+    first.close()
+    third = _lists(root, [T0])  # the first has gone: its tree is taken over
+    third.read()
+    assert (root / MARKER).exists()
+    third.close()
+
+
+@pytest.mark.parametrize("whose", ["another user's", "writable by others"])
+def test_it_never_writes_in_a_directory_others_may_write_in(tmp_path: Path, whose: str) -> None:
+    # its tree from an earlier run, but others could have put links where it writes next
+    root = tmp_path / "proc"
+    first = _lists(root, [T0])
+    first.read()
+    first.close()
+    if whose == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("giving a directory to another user needs root")
+        os.chown(root, 4242, 4242)
+    else:
+        root.chmod(0o777)
+    before = sorted(p.name for p in root.iterdir())
+    later = _lists(root, [T0 + 10 * S])  # other processes by then
+    later.read()
+    later.close()
+    assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_a_directory_its_own_group_may_write_in_is_still_its_own(tmp_path: Path) -> None:
+    # umask 002 with a group of one's own (Debian's user private groups): not the others'
+    root = tmp_path / "proc"
+    root.mkdir()
+    root.chmod(0o775)
+    os.chown(root, -1, os.getegid())
+    lists = _lists(root, [T0])
+    lists.read()
+    lists.close()
+    assert (root / MARKER).exists()
 
 
 @pytest.mark.parametrize("kind", ["a real procfs", "someone's files"])

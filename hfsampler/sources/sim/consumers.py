@@ -13,7 +13,10 @@ containerd), a systemd service, a user's command.
 
 The tree is written under ``procfs`` (``/proc/PID/{stat,status,cgroup}`` and pid 1 in the host's
 PID namespace) only where that directory is the sim's: missing, empty, or holding the marker file
-``MARKER``; a real procfs is never written to (its pids are looked up as they are, and the sim's,
+``MARKER``; this user's, that no one else may write in (they could put links where it writes);
+and not another run's (a run holds a ``flock`` on the marker while it runs: a second run on the
+same directory would delete the first's processes and write its own over them); a real procfs
+is never written to (its pids are looked up as they are, and the sim's,
 above 3 000 000, are not there: their consumer is unknown). A process's files stay ``GRACE_S``
 after it left, as a real procfs would not: a window's lookup then still finds a process that
 started and left inside the window.
@@ -21,6 +24,7 @@ started and left inside the window.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -83,7 +87,8 @@ class SimConsumerLists:
         self._sim = SimSource(gpus=gpus, seed=seed)
         self._weights = np.arange(per_gpu, 0, -1, dtype=np.float64) / (per_gpu * (per_gpu + 1) / 2)
         self._root = Path(procfs)
-        self._writable = _claim(self._root)
+        self._lock_fd = _claim(self._root)
+        self._writable = self._lock_fd is not None
         self._written: dict[int, SimProcess] = {}
         self._rows: dict[tuple[int, int], int] = {}  # (gpu, slot) -> the row it runs on
         self._since_ns: int | None = None
@@ -165,6 +170,9 @@ class SimConsumerLists:
 
     def close(self) -> None:
         self._sim.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # the flock goes with it: a later run may take the tree
+            self._lock_fd = None
 
     def _write_tree(self, present: list[SimProcess], now_ns: int) -> None:
         for p in present:
@@ -178,26 +186,71 @@ class SimConsumerLists:
             del self._written[p.pid]
 
 
-def _claim(root: Path) -> bool:
-    """Whether the sim may write its tree at ``root``: its own, or nothing there yet."""
+def _lock(marker: Path) -> int | None:
+    """The marker's descriptor with an exclusive flock on it; None where another run holds it."""
+    fd = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _claim(root: Path) -> int | None:
+    """The locked marker's descriptor where the sim may write its tree at ``root`` (its own, or
+    nothing there yet); None where it may not."""
+    fd: int | None = None
+    try:
+        if root.is_dir() and _not_ours(root):
+            return None
         if root.is_dir() and (root / MARKER).exists():
+            fd = _lock(root / MARKER)
+            if fd is None:
+                log.info("procfs %s is another run's made-up tree: its processes are looked up "
+                         "there as they are; give this run a directory of its own",
+                         root)  # fmt: skip
+                return None
             for child in root.iterdir():  # a tree from an earlier run: its processes are gone
                 if child.is_dir() and child.name.isdigit() and child.name != "1":
                     shutil.rmtree(child, ignore_errors=True)
-            return True
+            return fd
         if root.exists() and (not root.is_dir() or any(root.iterdir())):
             log.info("procfs %s is not the sim's (no %s): its processes are looked up there as "
                      "they are; give procfs: an empty directory to see the sim's consumers",
                      root, MARKER)  # fmt: skip
-            return False
-        root.mkdir(parents=True, exist_ok=True)
-        (root / MARKER).write_text("a made-up procfs tree of hfsampler's sim source\n")
+            return None
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if _not_ours(root):  # made by someone else a moment ago
+            return None
+        fd = _lock(root / MARKER)
+        if fd is None:  # another run made it a moment ago
+            return None
+        os.write(fd, b"a made-up procfs tree of hfsampler's sim source\n")
         _write_process(root, SimProcess(1, -1, -1, 0, 0, "0::/init.scope\n", "systemd", 0))
-        return True
+        return fd
     except OSError as exc:
         log.warning("cannot write the sim's procfs tree at %s: %s", root, exc.strerror)
+        if fd is not None:
+            os.close(fd)
+        return None
+
+
+def _not_ours(root: Path) -> bool:
+    """Whether ``root`` is another user's, or others may write in it: they could put a link
+    where the sim writes a process (its pids are predictable), and have it write, as this user,
+    wherever the link points. Said once; the sim then writes nothing there."""
+    st = root.stat()
+    others_write = st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid())
+    if st.st_uid == os.geteuid() and not others_write:
         return False
+    log.warning("procfs %s is not the sim's to write: it belongs to uid %d or others may write "
+                "in it (mode %o); its processes are looked up there as they are; give procfs: "
+                "an empty directory of your own", root, st.st_uid, st.st_mode & 0o777)  # fmt: skip
+    return True
 
 
 def _write_process(root: Path, p: SimProcess) -> None:

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from hfsampler.histograms import NativeHistogram
-from hfsampler.remote_write.protowrite import field, varint
+from hfsampler.remote_write.protowrite import field, varint, zigzag
 from hfsampler.series import Family, Series, Snapshot, is_stale
 
 CONTENT_TYPE = (
@@ -57,10 +57,6 @@ _TAG_SPAN_LENGTH = b"\x10"  # BucketSpan.length = 2, uint32
 _DOUBLE = struct.Struct("<d")
 
 
-def _zigzag(value: int) -> int:
-    return (value << 1) ^ (value >> 63)
-
-
 def _double(tag: bytes, value: float) -> bytes:
     return tag + _DOUBLE.pack(value)
 
@@ -79,13 +75,13 @@ def label_bytes(s: Series, dropped: frozenset[str]) -> bytes:
 
 def _spans(tag: bytes, spans: tuple[tuple[int, int], ...]) -> bytes:
     return b"".join(
-        field(tag, _TAG_SPAN_OFFSET + varint(_zigzag(o)) + _TAG_SPAN_LENGTH + varint(n))
+        field(tag, _TAG_SPAN_OFFSET + varint(zigzag(o)) + _TAG_SPAN_LENGTH + varint(n))
         for o, n in spans
     )
 
 
 def _deltas(tag: bytes, deltas: tuple[int, ...]) -> bytes:
-    return b"".join(tag + varint(_zigzag(d)) for d in deltas)
+    return b"".join(tag + varint(zigzag(d)) for d in deltas)
 
 
 def histogram_message(h: NativeHistogram) -> bytes:
@@ -96,7 +92,7 @@ def histogram_message(h: NativeHistogram) -> bytes:
         (
             _TAG_SAMPLE_COUNT + varint(h.count),
             _double(_TAG_SAMPLE_SUM, h.sum),
-            _TAG_SCHEMA + varint(_zigzag(h.schema)),
+            _TAG_SCHEMA + varint(zigzag(h.schema)),
             _double(_TAG_ZERO_THRESHOLD, h.zero_threshold),
             _TAG_ZERO_COUNT + varint(h.zero_count),
             _spans(_TAG_NEGATIVE_SPAN, h.negative_spans),

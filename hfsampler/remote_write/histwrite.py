@@ -26,6 +26,7 @@ from hfsampler.remote_write.protowrite import (
     field,
     varint,
     varint_len,
+    zigzag,
 )
 
 # Tags: (field_number << 3) | wire_type (0 varint, 1 64-bit, 2 length-delimited).
@@ -46,11 +47,6 @@ _TAG_START_TIMESTAMP = b"\x88\x01"  # start_timestamp = 17 (2.0 only), int64
 _TAG_SPAN_OFFSET = b"\x08"  # BucketSpan.offset = 1, sint32
 _TAG_SPAN_LENGTH = b"\x10"  # BucketSpan.length = 2, uint32
 _DOUBLE = struct.Struct("<d")
-
-
-def zigzag(value: int) -> int:
-    """The sint32/sint64 encoding: 0, -1, 1, -2, ... as 0, 1, 2, 3, ..."""
-    return (value << 1) ^ (value >> 63) if value < 0 else value << 1
 
 
 def _double(tag: bytes, value: float) -> bytes:

@@ -57,6 +57,11 @@ SMALL_LIMIT = 1 << 14
 SMALL_VARINTS = [varint(i) for i in range(SMALL_LIMIT)]
 
 
+def zigzag(value: int) -> int:
+    """The sint32/sint64 encoding: 0, -1, 1, -2, ... as 0, 1, 2, 3, ..."""
+    return (value << 1) ^ (value >> 63) if value < 0 else value << 1
+
+
 def varint_len(value: int) -> int:
     """How many bytes ``varint(value)`` takes, for a value of at least 0."""
     return 1 if value < 0x80 else (value.bit_length() + 6) // 7

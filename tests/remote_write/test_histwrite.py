@@ -26,9 +26,9 @@ from hfsampler.remote_write.histwrite import (
     histogram_entry_v1,
     histogram_entry_v2,
     histogram_message,
-    zigzag,
 )
 from hfsampler.remote_write.prompb import writev2_pb2
+from hfsampler.remote_write.protowrite import zigzag
 
 VALUES = st.floats(allow_nan=False, allow_infinity=True, min_value=None, max_value=None)
 

@@ -9,7 +9,7 @@ way), ``histogram_count`` is the last one, and ``histogram_quantile`` over both 
 and by the recording rules, lands in the bucket of the fake's exact quantile, within the schema's
 error. The same run pushes to the same Prometheus with ``send_native_histograms`` (Remote-Write
 2.0 to Prometheus 3, 1.0 to 2.42), told apart from the scraped series by having no ``job``:
-every pushed count is one that was served too, and the pushed quantiles are the scraped ones.
+every count served was pushed too, and the pushed quantiles are the scraped ones.
 The fake's driver power moves among five levels (300 to 304 W, a GPU's index in mW above)
 every 100 ms, so a GPU has ten distinct samples a second.
 """
@@ -124,11 +124,15 @@ def _stored(fed: Fed, selector: str = SCRAPED) -> dict[str, list[tuple[float, in
 def test_every_stored_histogram_is_one_that_was_served(fed: Fed) -> None:
     stored = _stored(fed)
     assert sorted(stored) == ["0", "1"]
+    # a window's count, as the test's polls saw it served or as the push (every window) holds it:
+    # a loaded machine can delay a poll past a window that Prometheus's scrape caught
+    windows = {gpu: {c for _, c in samples} for gpu, samples in _stored(fed, PUSHED).items()}
     for gpu, samples in stored.items():
         counts = [c for _, c in samples]
         assert len(counts) >= RUN_S // 2, counts
         assert counts == sorted(counts)  # cumulative: never a reset within a run
-        assert set(counts) <= fed.served[gpu]  # each exactly as hfsampler counted it
+        seen = fed.served[gpu] | windows.get(gpu, set())
+        assert set(counts) <= seen  # each exactly as hfsampler counted it
         # ten distinct samples a second (the fake's 100 ms refresh), every one counted
         (t0, c0), (t1, c1) = samples[0], samples[-1]
         assert abs((c1 - c0) / (t1 - t0) - 10) < 2
@@ -147,14 +151,17 @@ def test_histogram_count_is_the_number_of_distinct_samples(fed: Fed) -> None:
         assert labels["cluster"] == "it"  # the floats' labels; the scrape adds instance
 
 
-def test_every_pushed_histogram_is_one_that_was_served(fed: Fed) -> None:
+def test_every_served_histogram_was_pushed(fed: Fed) -> None:
+    """The push holds every window, the test's polls of /metrics only those it caught (not the
+    last, pushed at shutdown after /metrics closed, nor one a slow poll missed): whatever was
+    served was pushed, as counted."""
     pushed = _stored(fed, PUSHED)
     assert sorted(pushed) == ["0", "1"]
     for gpu, samples in pushed.items():
         counts = [c for _, c in samples]
         assert len(counts) >= RUN_S // 2, counts  # one a window
         assert counts == sorted(counts)
-        assert set(counts) <= fed.served[gpu]
+        assert fed.served[gpu] - {0} <= set(counts), (sorted(fed.served[gpu]), counts)
         (t0, c0), (t1, c1) = samples[0], samples[-1]
         assert abs((c1 - c0) / (t1 - t0) - 10) < 2
 

@@ -35,7 +35,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,7 +47,13 @@ from typing import Any
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from drain import rss_mib  # noqa: E402  (one reading of /proc for every benchmark)
+from receivers import free_port  # noqa: E402
+from sampler import cpu_seconds, may_set_fifo, platform_floor  # noqa: E402  (its bare loop)
+
 SAMPLE = re.compile(r"^(hfsampler_[a-z_]+)\{([^}]*)\} (\S+)$")
 STARTUP_S = 60.0  # the service answers /metrics within this, or the run failed
 
@@ -63,28 +68,6 @@ class _Sink(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def cpu_s(pid: int) -> float:
-    """utime + stime of every thread of a process, in seconds."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    after_comm = text[text.rindex(")") + 2 :].split()
-    return (int(after_comm[11]) + int(after_comm[12])) / CLK_TCK
-
-
-def rss_mb(pid: int) -> float:
-    """A process's resident memory (``VmRSS``), in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def children(pid: int) -> list[int]:
@@ -122,7 +105,7 @@ def one_run(
     """One `hfsampler run` of ``tree``'s package: its CPU and counters over ``seconds``.
     ``capacity``: the queue's ``queue_config.capacity`` (None: the default); ``fields``: the
     config's ``fields`` (None: the default set)."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(tree)}
     args = [sys.executable, "-m", "hfsampler", "run", "--source", "sim", "--gpus", str(gpus),
             "--listen", f"127.0.0.1:{port}", "--log-level", "warning"]  # fmt: skip
@@ -155,13 +138,13 @@ def one_run(
             time.sleep(warmup_s)
             sampler = [c for c in children(proc.pid) if "resource_tracker" not in _cmdline(c)]
             before = scrape(port)
-            wall0, parent0 = time.monotonic(), cpu_s(proc.pid)
-            sampler0 = sum(cpu_s(c) for c in sampler)
+            wall0, parent0 = time.monotonic(), cpu_seconds(f"/proc/{proc.pid}/stat")
+            sampler0 = sum(cpu_seconds(f"/proc/{c}/stat") for c in sampler)
             time.sleep(seconds)
-            wall1, parent1 = time.monotonic(), cpu_s(proc.pid)
-            sampler1 = sum(cpu_s(c) for c in sampler)
+            wall1, parent1 = time.monotonic(), cpu_seconds(f"/proc/{proc.pid}/stat")
+            sampler1 = sum(cpu_seconds(f"/proc/{c}/stat") for c in sampler)
             after = scrape(port)
-            parent_rss, sampler_rss = rss_mb(proc.pid), sum(rss_mb(c) for c in sampler)
+            parent_rss, sampler_rss = rss_mib(proc.pid), sum(rss_mib(c) for c in sampler)
         finally:
             proc.terminate()
             try:
@@ -294,9 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     loadavg_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        sys.path.insert(0, str(Path(__file__).parent))
-        from sampler import may_set_fifo, platform_floor  # the bare loop sampler.py measures
-
         sides: dict[str, Path] = {"this": REPO}
         if not args.no_peer:
             from record import export_peer  # here: it puts this tree on sys.path

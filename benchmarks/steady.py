@@ -41,22 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 import receivers as rx  # noqa: E402  (the integration tests' receiver harness)
-from drain import find_vmagent, terminate  # noqa: E402  (one way to find and stop the peer)
+from drain import find_vmagent, rss_mib, terminate  # noqa: E402  (one way for every benchmark)
+from sampler import cpu_seconds  # noqa: E402
 
 SETTLE_S = 5.0  # a started vmagent's first scrapes and its queue's setup, left out
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def sampler_of(pid: int) -> int:
@@ -120,12 +108,15 @@ def stored(receiver: rx.Receiver, window_s: int) -> dict[str, float]:
 
 
 def phase(pids: dict[str, int], seconds: float) -> dict[str, dict[str, float]]:
-    before = {name: cpu_s(pid) for name, pid in pids.items()}
+    before = {name: cpu_seconds(f"/proc/{pid}/stat") for name, pid in pids.items()}
     started = time.monotonic()
     time.sleep(seconds)
     took = time.monotonic() - started
     return {
-        name: {"cpu_pct": 100 * (cpu_s(pid) - before[name]) / took, "rss_mb": rss_mb(pid)}
+        name: {
+            "cpu_pct": 100 * (cpu_seconds(f"/proc/{pid}/stat") - before[name]) / took,
+            "rss_mb": rss_mib(pid),
+        }
         for name, pid in pids.items()
     }
 

@@ -231,10 +231,6 @@ class HistogramAccumulator:
         self._sum = 0.0
         self._snapshots = 0
 
-    @property
-    def count(self) -> int:
-        return self._count
-
     def add(self, values: FloatArray) -> None:
         """Count a window's samples (any shape; NaN, meaning no distinct sample, is skipped)."""
         add_window([self], np.asarray(values, dtype=np.float64).reshape(-1, 1))

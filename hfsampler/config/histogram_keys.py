@@ -33,7 +33,9 @@ def select_histograms(
         if token.strip().lower() in _GROUPS:  # a group: its sampled gauges
             wanted.update(f.name for f in chosen if f.kind is catalogue.Kind.GAUGE)
             continue
-        f = chosen[0]
+        # the field named, not one it brought along (``requires``), which may come first
+        required = {r for g in chosen for r in g.requires}
+        f = next(g for g in chosen if g.name not in required)
         if f.kind is not catalogue.Kind.GAUGE:
             raise ConfigError(
                 HISTOGRAMS_KEY,

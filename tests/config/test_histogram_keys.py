@@ -42,6 +42,8 @@ def test_a_group_is_its_sampled_gauges() -> None:
     [
         ("histograms: [TOTAL_ENERGY_CONSUMPTION]\n", "is a counter"),
         ("histograms: [nope]\n", "unknown field 'nope'"),
+        # the field named, not the first of those it requires
+        ("histograms: [DCGM_EXP_XID_ERRORS_TOTAL]\n", "DCGM_EXP_XID_ERRORS_TOTAL is a counter"),
         ("fields: [POWER_USAGE]\nhistograms: [GPU_TEMP]\n", "DCGM_FI_DEV_GPU_TEMP is not sampled"),
         ("histograms: [POWER_USAGE]\nhistogram_relative_error: 0\n", "out of range"),
         ("histograms: [POWER_USAGE]\nhistogram_relative_error: 5%\n", "expected a number"),

@@ -28,9 +28,9 @@ from hfsampler.sampling.stepping import VirtualClock
 
 pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for the CRI client")
 
-from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runtime
+from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, fake_runtime
 
-__all__ = ["cri_dir", "fake_runtime"]  # fixtures
+__all__ = ["fake_runtime"]  # fixtures
 
 S = 10**9
 GIB = 1 << 30

@@ -43,13 +43,12 @@ class ConsumerAttribution:
         runtime_socket: str | None = None,
         pod_label_allowlist: str | None = None,
         max_per_gpu: int = DEFAULT_MAX_PER_GPU,
-        runtime_timeout_s: float = 1.0,
         virtual_gpus: bool = False,
     ) -> None:
         self.procfs = ProcfsReader(procfs)
         self.names: CriNames | None = None
         if runtime_socket:
-            self.names = CriNames(runtime_socket, pod_label_allowlist, runtime_timeout_s)
+            self.names = CriNames(runtime_socket, pod_label_allowlist)
         self.series = ConsumerSeries(registry, external, max_per_gpu, virtual_gpus=virtual_gpus)
 
     def refresh_names(self) -> None:

@@ -204,6 +204,14 @@ def _raise_priority() -> bool:
     return True
 
 
+@pytest.fixture
+def sock_dir() -> Generator[Path]:
+    """A fresh directory for a test's Unix sockets (a fake kubelet's, a fake container
+    runtime's): a socket's path is limited to 108 bytes, which pytest's tmp_path can pass."""
+    with tempfile.TemporaryDirectory(prefix="hfs-sock") as d:
+        yield Path(d)
+
+
 @pytest.fixture(scope="module")
 def gpu_check() -> ModuleType:
     """benchmarks/gpu_check.py as a module, so tests run its measurements against the fake NVML."""

@@ -43,13 +43,16 @@ class ConsumerAttribution:
         runtime_socket: str | None = None,
         pod_label_allowlist: str | None = None,
         max_per_gpu: int = DEFAULT_MAX_PER_GPU,
-        runtime_timeout_s: float = 1.0,
         virtual_gpus: bool = False,
+        reader: ProcfsReader | None = None,
+        names: CriNames | None = None,
     ) -> None:
-        self.procfs = ProcfsReader(procfs)
-        self.names: CriNames | None = None
-        if runtime_socket:
-            self.names = CriNames(runtime_socket, pod_label_allowlist, runtime_timeout_s)
+        """``reader`` and ``names``: a predecessor's (a reload), with their caches and what they
+        said, in place of new ones for ``procfs`` and ``runtime_socket``."""
+        self.procfs = reader if reader is not None else ProcfsReader(procfs)
+        self.names = names
+        if names is None and runtime_socket:
+            self.names = CriNames(runtime_socket, pod_label_allowlist)
         self.series = ConsumerSeries(registry, external, max_per_gpu, virtual_gpus=virtual_gpus)
 
     def refresh_names(self) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from hfsampler import selfmetrics as sm
 from hfsampler.config import consumer_keys
 from hfsampler.config.settings import Config
+from hfsampler.consumers.cri import CriNames
 from hfsampler.consumers.procfs import ProcfsReader
 from hfsampler.consumers.split import WindowUse
 from hfsampler.export.consumer_attribution import ConsumerAttribution, GpuWindow
@@ -133,9 +134,9 @@ class ConsumerRun:
         self.set_devices(devices)
 
     def _attribution(
-        self, config: Config, procfs: ProcfsReader | None = None
+        self, config: Config, reader: ProcfsReader | None = None, names: CriNames | None = None
     ) -> ConsumerAttribution:
-        made = ConsumerAttribution(
+        return ConsumerAttribution(
             self._registry,
             config.external_labels,
             procfs=config.procfs,
@@ -143,10 +144,9 @@ class ConsumerRun:
             pod_label_allowlist=config.consumers_pod_label_allowlist,
             max_per_gpu=config.consumers_max_per_gpu,
             virtual_gpus=config.consumers_dcgm_exporter_virtual_gpus,
+            reader=reader,  # its cache and the faults it said carry over
+            names=names,
         )
-        if procfs is not None:  # its cache and the faults it said carry over
-            made.procfs = procfs
-        return made
 
     def set_devices(self, devices: Sequence[DeviceInfo]) -> None:
         """The rows now: a MIG slot's new instance is read on its own handle from here on."""
@@ -168,15 +168,14 @@ class ConsumerRun:
             ended, _ = old.series.end_all(forget=False)
             self._ended += ended
             self._host = dict(host)
-            self.attribution = self._attribution(config, old.procfs)
+            names = old.names
+            if names is not None and config.container_runtime_socket == names.socket_path:
+                names.set_allowlist(config.consumers_pod_label_allowlist)
+            elif names is not None:
+                names.close()
+                names = None
+            self.attribution = self._attribution(config, old.procfs, names)
             self.attribution.series.take_over(counters)
-            if old.names is not None and config.container_runtime_socket == old.names.socket_path:
-                if self.attribution.names is not None:
-                    self.attribution.names.close()
-                self.attribution.names = old.names
-                old.names.set_allowlist(config.consumers_pod_label_allowlist)
-            elif old.names is not None:
-                old.names.close()
 
     def start(self, window_s: float) -> None:
         """Read the lists on a thread of their own, ``READS_PER_WINDOW`` times per window."""

@@ -13,7 +13,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for the CRI client")
 
-from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runtime  # noqa: E402
+from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, fake_runtime  # noqa: E402
 
 from hfsampler.consumers import cri  # noqa: E402
 from hfsampler.consumers.cri import CriNames  # noqa: E402
@@ -27,7 +27,7 @@ from hfsampler.consumers.identity import (  # noqa: E402
 )
 from hfsampler.errors import ConfigError  # noqa: E402
 
-__all__ = ["cri_dir", "fake_runtime"]  # fixtures
+__all__ = ["fake_runtime"]  # fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 POD = Consumer(Kind.POD, pod_uid=t.POD_UID, container_id=t.CONTAINER_ID)
@@ -179,9 +179,9 @@ def test_a_label_value_is_cut_before_it_is_escaped() -> None:
     assert _Counted.read <= MAX_VALUE_CHARS
 
 
-def test_missing_socket(cri_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_socket(sock_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, "hfsampler.consumers.cri"):
-        names = CriNames(str(cri_dir / "nothing.sock"), timeout_s=0.5)
+        names = CriNames(str(sock_dir / "nothing.sock"), timeout_s=0.5)
         try:
             t0 = time.monotonic()
             assert not names.refresh_if_due()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import procfs_trees as t
@@ -154,21 +155,21 @@ def test_consumer_reads_gather_a_window_per_device(fake: FakeNvml, tmp_path: Pat
     reads = ConsumerReads([(calls.device_handle(0), "GPU 0")])
     clock.now_us = start - PERIOD_US + 1
     reads.read()  # before the window: the driver's older samples are not the window's
-    reads.take([0.0])
+    reads.take()
     for k in range(10):
         clock.now_us = start + k * PERIOD_US + 1
         reads.read()
-    (first,) = reads.take([100.0])
+    (first,) = reads.take()
     for k in range(10, 20):
         clock.now_us = start + k * PERIOD_US + 1
         reads.read()
-    (second,) = reads.take([100.0])
+    (second,) = reads.take()
     root = t.host_procfs(tmp_path)
     t.add_process(root, 100, t.K8S_CGROUPFS)
     t.add_process(root, 200, t.SLURM_V1)
     consumers = ProcfsReader(str(root)).consumers([100, 200])
     pod, job = consumers[100], consumers[200]
-    by = {s.consumer: s for s in split(first, consumers).shares}
+    by = {s.consumer: s for s in split(replace(first, energy_j=100.0), consumers).shares}
     assert by[pod].sm_ratio == pytest.approx(0.4)
     assert by[job].sm_ratio == pytest.approx(0.15)
     assert by[pod].memory_used_bytes == 3 * GIB  # in two lists, counted once
@@ -192,7 +193,7 @@ def test_consumer_reads_degrade(fake: FakeNvml, caplog: pytest.LogCaptureFixture
         reads.read()
         del gpu.errors["nvmlDeviceGetComputeRunningProcesses_v3"]
         reads.read()
-    (use,) = reads.take([10.0])
+    (use,) = reads.take()
     assert len(use.mem_pid) == 3  # three good reads of one process; the failed ones skipped
     assert len(use.util_pid) == 0
     said = [r.getMessage() for r in caplog.records]
@@ -200,5 +201,5 @@ def test_consumer_reads_degrade(fake: FakeNvml, caplog: pytest.LogCaptureFixture
     assert sum("no per-process utilisation" in m for m in said) == 1
     assert sum("cannot list" in m for m in said) == 1
     assert sum("listed again" in m for m in said) == 1
-    got = split(use, {100: Consumer(Kind.HPC_JOB, hpc_job="1")})
+    got = split(replace(use, energy_j=10.0), {100: Consumer(Kind.HPC_JOB, hpc_job="1")})
     assert got.unattributed_j == 10.0  # no utilisation: nobody is charged

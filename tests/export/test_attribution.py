@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -75,13 +74,6 @@ class FakeKubelet:
 
     def stop(self) -> None:
         self._server.stop(grace=None).wait()
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to 108 bytes: pytest's tmp_path can be longer
-    with tempfile.TemporaryDirectory(prefix="hfs-k") as d:
-        yield Path(d)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("grpc", reason="pip install 'hfsampler[k8s]' for the CRI client")
 
-from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runtime
+from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, fake_runtime
 
 from hfsampler.config.loader import from_mapping
 from hfsampler.consumers.split import WindowUse
@@ -21,7 +21,7 @@ from hfsampler.selfmetrics import SelfMetrics
 from hfsampler.series import SeriesRegistry, is_stale
 from hfsampler.sources.sim.consumers import SimConsumerLists
 
-__all__ = ["cri_dir", "fake_runtime"]  # fixtures
+__all__ = ["fake_runtime"]  # fixtures
 
 GIB = float(1 << 30)
 GPU0 = {"gpu": "0", "UUID": "GPU-0"}

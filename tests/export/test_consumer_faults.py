@@ -14,7 +14,7 @@ import procfs_trees as t
 import pytest
 import yaml
 from conformance import ConformanceReceiver, is_stale_marker
-from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, cri_dir, fake_runtime
+from fake_cri import FakeContainer, FakeRuntime, FakeSandbox, fake_runtime
 from fake_nvml import FakeNvml, FakeProcess, install, make_fake
 from inprocess import start_ns
 
@@ -26,7 +26,7 @@ from hfsampler.export.service import Service
 from hfsampler.sampling.plan import build_run
 from hfsampler.sampling.stepping import VirtualClock
 
-__all__ = ["cri_dir", "fake_runtime"]  # fixtures
+__all__ = ["fake_runtime"]  # fixtures
 
 S = 10**9
 GIB = 1 << 30

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 from google.protobuf.internal.decoder import _DecodeVarint  # type: ignore[attr-defined]
-from inprocess import free_port, run_plan, start_ns
+from inprocess import free_port, reloaded, run_plan, start_ns
 
 from hfsampler import fields
 from hfsampler.cli.main import build_parser
@@ -320,17 +319,10 @@ async def test_a_run_serves_its_histograms_to_a_protobuf_scrape_and_a_reload_add
         path.write_text(yaml.safe_dump({"histograms": [INSTANT, "GPU_TEMP"]}))
         service.request_reload()
 
-    async def reloaded() -> None:
-        for _ in range(3000):
-            if "configuration reloaded" in caplog.text:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("not reloaded in 30 s")
-
     for k in range(1, 7):
         clock.at(started + k * S + S // 2, lambda k=k: scrape(k))
     clock.at(started + 3 * S + S // 4, reload)
-    clock.at(started + 3 * S + S // 3, reloaded)
+    clock.at(started + 3 * S + S // 3, lambda: reloaded(caplog))
     assert await service.run() == 0
     assert [k for k, _, _ in pages] == [1, 2, 3, 4, 5, 6]
     counts = []

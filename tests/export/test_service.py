@@ -5,7 +5,6 @@ What only a real process shows (signals, exit codes, a killed sampler) is in tes
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import logging
 import math
@@ -16,7 +15,7 @@ import aiohttp
 import pytest
 import yaml
 from conformance import ConformanceReceiver
-from inprocess import free_port, run_plan, start_ns
+from inprocess import free_port, reloaded, run_plan, start_ns
 
 from hfsampler import selfmetrics as sm
 from hfsampler.cli.main import build_parser
@@ -227,15 +226,8 @@ async def test_a_changed_endpoint_loses_no_window_while_it_is_replaced(
                 path.write_text(yaml.safe_dump(config))
                 service.request_reload()
 
-        async def reloaded() -> None:  # the windows up to here were made while it ran
-            for _ in range(3000):
-                if "configuration reloaded" in caplog.text:
-                    return
-                await asyncio.sleep(0.01)
-            raise AssertionError("not reloaded in 30 s")
-
         clock.at(started + 2 * S + S // 2, change)
-        clock.at(started + 4 * S + S // 2, reloaded)
+        clock.at(started + 4 * S + S // 2, lambda: reloaded(caplog))
         assert await service.run() == 0
     err = caplog.text
     a.assert_conformant()

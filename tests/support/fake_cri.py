@@ -5,7 +5,6 @@ optionally slow (``delay_s``) or refusing (``fail_with``), counting its calls.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -101,15 +100,8 @@ class FakeRuntime:
 
 
 @pytest.fixture
-def cri_dir() -> Iterator[Path]:
-    # Unix socket paths are limited to 108 bytes: pytest's tmp_path can be longer
-    with tempfile.TemporaryDirectory(prefix="hfs-cri") as d:
-        yield Path(d)
-
-
-@pytest.fixture
-def fake_runtime(cri_dir: Path) -> Iterator[FakeRuntime]:
-    runtime = FakeRuntime(cri_dir / "containerd.sock")
+def fake_runtime(sock_dir: Path) -> Iterator[FakeRuntime]:  # sock_dir: conftest's
+    runtime = FakeRuntime(sock_dir / "containerd.sock")
     runtime.start()
     try:
         yield runtime

@@ -12,6 +12,7 @@ subprocess tests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import logging
@@ -88,6 +89,16 @@ def hfsampler(*argv: str) -> Exited:
 def start_ns() -> int:
     """A start a minute ago, 0.3 s into a second (so the first window is a part one)."""
     return (time.time_ns() // 10**9 - 60) * 10**9 + 300_000_000
+
+
+async def reloaded(caplog: pytest.LogCaptureFixture) -> None:
+    """Until the service has logged its reload (a clock action: the windows up to it were made
+    while the reload ran); at most 30 s of real time."""
+    for _ in range(3000):
+        if "configuration reloaded" in caplog.text:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reloaded in 30 s")
 
 
 def run_plan(*argv: str) -> RunPlan:

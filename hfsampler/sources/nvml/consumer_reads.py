@@ -56,12 +56,12 @@ class ConsumerReads:
             if d.util:
                 self._read_util(d)
 
-    def take(self, energy_j: Sequence[float]) -> list[WindowUse]:
-        """Each device's window from the reads since the last take, with its energy (J, the
-        window's, from the millisecond power); the reads start again empty."""
+    def take(self) -> list[WindowUse]:
+        """Each device's window from the reads since the last take (``energy_j`` 0: the
+        window's energy is the caller's to add); the reads start again empty."""
         out = []
-        for d, joules in zip(self._devices, energy_j, strict=True):
-            out.append(WindowUse.of(joules, d.samples, d.entries))
+        for d in self._devices:
+            out.append(WindowUse.of(0.0, d.samples, d.entries))
             d.samples, d.entries = [], []
         return out
 
@@ -162,7 +162,7 @@ class NvmlConsumerLists:
         self._reads.read()
 
     def take(self) -> dict[int, WindowUse]:
-        uses = self._reads.take([0.0] * len(self._rows))
+        uses = self._reads.take()
         return dict(zip(self._rows, uses, strict=True))
 
     def close(self) -> None:

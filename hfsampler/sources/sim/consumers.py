@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hfsampler.consumers.procfs import INIT_PID_NS
 from hfsampler.consumers.split import WindowUse
 from hfsampler.fields import FB_USED, GPU_UTIL
 from hfsampler.sources.base import DeviceInfo
@@ -43,7 +44,6 @@ from hfsampler.sources.sim.source import SimSource
 log = logging.getLogger(__name__)
 
 MARKER = ".hfsampler-sim-procfs"
-INIT_PID_NS = "pid:[4026531836]"  # the host's PID namespace, as procfs's reader checks
 PID_BASE = 3_000_000  # above what a default pid_max (4 194 304 at most) hands out soon
 PID_SPAN = 1_000_000
 DEFAULT_PER_GPU = 3
